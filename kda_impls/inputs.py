@@ -1,0 +1,153 @@
+"""The inputs of one KDA decode step, and a generator of realistic random ones."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass
+class DecodeInputs:
+    """One decode token per sequence; the pool ``state`` is updated in place at rows ``slots``.
+
+    q, k ``[B, H, K]``; v ``[B, HV, V]``; a (raw gate input) ``[B, HV, K]``; b (beta logit)
+    ``[B, HV]``; A_log ``[HV]`` fp32; dt_bias ``[HV, K]`` or ``[HV*K]`` fp32; state
+    ``[N, HV, V, K]`` (only its slot stride may be non-compact); slots ``[B]`` int32 with
+    -1 marking a padding row; scale defaults to ``K ** -0.5``.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    state: torch.Tensor
+    slots: torch.Tensor
+    scale: float | None = None
+
+    @property
+    def B(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def H(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def K(self) -> int:
+        return self.q.shape[2]
+
+    @property
+    def HV(self) -> int:
+        return self.v.shape[1]
+
+    @property
+    def V(self) -> int:
+        return self.v.shape[2]
+
+    @property
+    def N(self) -> int:
+        return self.state.shape[0]
+
+    @property
+    def effective_scale(self) -> float:
+        return self.K**-0.5 if self.scale is None else float(self.scale)
+
+    @property
+    def slot_stride(self) -> int:
+        """Elements between consecutive slots of the pool."""
+        return self.state.stride(0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "scale"}
+
+    def pool_span(self) -> torch.Tensor:
+        """The pool's whole storage range (slots and the padding between them) as a 1-D view."""
+        span = (self.N - 1) * self.slot_stride + self.HV * self.V * self.K if self.N else 0
+        return self.state.as_strided((span,), (1,), self.state.storage_offset())
+
+    def clone(self) -> "DecodeInputs":
+        """A deep copy whose pool keeps the same layout (slot stride, padding bytes)."""
+        span = self.pool_span().clone()
+        state = span.as_strided(self.state.shape, self.state.stride(), 0)
+        copies = {name: t.clone() for name, t in self.tensors().items() if name != "state"}
+        return DecodeInputs(**copies, state=state, scale=self.scale)
+
+    def nbytes(self, out_dtype: torch.dtype | None = None) -> int:
+        """Bytes a decode step must move: live state rows read and written once, every other input
+        read once, the output written once."""
+        live = int((self.slots >= 0).sum())
+        state_row = self.HV * self.V * self.K * self.state.element_size()
+        small = sum(t.numel() * t.element_size() for name, t in self.tensors().items() if name != "state")
+        out = self.B * self.HV * self.V * torch.empty((), dtype=out_dtype or self.v.dtype).element_size()
+        return 2 * live * state_row + small + out
+
+
+def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
+    return x + torch.log(-torch.expm1(-x))
+
+
+def make_inputs(
+    B: int,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    *,
+    state_dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype = torch.bfloat16,
+    slot_pad: int = 0,
+    n_slots: int | None = None,
+    pad_rows: int = 0,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> DecodeInputs:
+    """Random inputs distributed as in a trained Kimi-Linear layer.
+
+    The pool is a strided view of one flat buffer with slot stride ``HV*V*K + slot_pad``; the
+    padding holds random bits too, so a kernel that writes it is caught bit-for-bit. ``slots`` is
+    a random choice of ``B`` distinct slots out of ``n_slots`` (default ``2*B``, so untouched
+    slots exist), with ``pad_rows`` random rows set to -1. ``dtype`` is that of q, k, v, a, b.
+    """
+    if not 0 <= pad_rows <= B:
+        raise ValueError(f"pad_rows must be in [0, B={B}]; got {pad_rows}")
+    n_slots = max(2 * B, 1) if n_slots is None else n_slots
+    if n_slots < B:
+        raise ValueError(f"n_slots={n_slots} must be >= B={B} (every row needs its own slot)")
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape, dt=dtype):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dt)
+
+    q, k = randn(B, H, K), randn(B, H, K)
+    v = randn(B, HV, V)
+    a = randn(B, HV, K)
+    b = randn(B, HV)
+    # Mamba/KDA initialisation: A in [1, 16], dt log-uniform in [1e-3, 1e-1]
+    A_log = torch.log(torch.empty(HV).uniform_(1.0, 16.0, generator=gen))
+    dt = torch.exp(torch.empty(HV, K).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+    dt_bias = _inverse_softplus(dt)
+
+    per_slot = HV * V * K
+    stride = per_slot + slot_pad
+    flat = randn(max(n_slots * stride, 1), dt=state_dtype) * 0.5
+    state = flat.as_strided((n_slots, HV, V, K), (stride, V * K, K, 1))
+
+    slots = torch.randperm(n_slots, generator=gen)[:B].to(torch.int32)
+    slots[torch.randperm(B, generator=gen)[:pad_rows]] = -1
+
+    dev = torch.device(device)
+    moved = {
+        name: t.to(dev)
+        for name, t in dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, slots=slots).items()
+    }
+    state = flat.to(dev).as_strided(state.shape, state.stride(), 0)
+    return DecodeInputs(**moved, state=state)
