@@ -71,7 +71,8 @@ class DecodeInputs:
 
     def pool_span(self) -> torch.Tensor:
         """The pool's whole storage range (slots and the padding between them) as a 1-D view."""
-        span = (self.N - 1) * self.slot_stride + self.HV * self.V * self.K if self.N else 0
+        per_slot = self.state[0].numel() if self.N else 0
+        span = (self.N - 1) * self.slot_stride + per_slot if self.N else 0
         return self.state.as_strided((span,), (1,), self.state.storage_offset())
 
     def clone(self) -> "DecodeInputs":

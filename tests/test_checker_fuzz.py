@@ -1,0 +1,87 @@
+"""Property-based fuzz of the contract checker against an independent oracle written from the
+rules' text: check() refuses exactly the broken inputs, modifies nothing when it refuses, and
+inputs it accepts decode correctly."""
+
+import math
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kda_impls import Capabilities, ContractError, DecodeInputs, get, verify
+from kda_impls.naive import NaiveTorch
+
+
+class Aligned(NaiveTorch):
+    name = "aligned"
+    capabilities = Capabilities(devices=("cpu",), slot_stride_multiple=8, base_alignment=32)
+
+
+@st.composite
+def decode_inputs(draw):
+    B = draw(st.integers(1, 5))
+    H = draw(st.integers(1, 2))
+    HV = H * draw(st.integers(1, 3)) + draw(st.sampled_from([0, 0, 0, 1]))
+    K, V = draw(st.sampled_from([4, 8])), draw(st.sampled_from([4, 8]))
+    N = B + draw(st.integers(0, 3))
+    per_slot = HV * V * K
+    stride = per_slot + draw(st.integers(-3, 9))
+    swapped = draw(st.booleans()) and draw(st.booleans())
+    offset = draw(st.sampled_from([0, 0, 1, 16]))
+    act = draw(st.sampled_from([torch.bfloat16, torch.float32, torch.bfloat16, torch.float64]))
+    gate = draw(st.sampled_from([torch.float32, torch.float32, torch.bfloat16]))
+    slot_dtype = draw(st.sampled_from([torch.int32, torch.int32, torch.int32, torch.int64]))
+    slots = draw(st.lists(st.integers(-2, N), min_size=B, max_size=B))
+    if draw(st.booleans()):  # mostly-valid slots: distinct, in range, some -1
+        slots = [s if draw(st.booleans()) else -1 for s in draw(st.permutations(range(N)))[:B]]
+    scale = draw(st.sampled_from([None, None, 0.5, 0.0, -1.0, math.nan, math.inf]))
+
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    flat = torch.randn(offset + max(N - 1, 0) * max(stride, 1) + per_slot, generator=g).bfloat16()
+    inner = (V * K, 1, V) if swapped else (V * K, K, 1)
+    state = flat.as_strided((N, HV, V, K), (stride, *inner), offset)
+    x = DecodeInputs(
+        q=torch.randn(B, H, K, generator=g).to(act), k=torch.randn(B, H, K, generator=g).to(act),
+        v=torch.randn(B, HV, V, generator=g).to(act), a=torch.randn(B, HV, K, generator=g).to(act),
+        b=torch.randn(B, HV, generator=g).to(act), A_log=torch.randn(HV, generator=g).to(gate),
+        dt_bias=torch.randn(HV, K, generator=g), state=state,
+        slots=torch.tensor(slots, dtype=slot_dtype), scale=scale,
+    )
+    live = [s for s in slots if s >= 0]
+    rules_broken = {
+        "gva": HV % H != 0,
+        "dtype": act == torch.float64 or gate != torch.float32,
+        "slots": slot_dtype != torch.int32,
+        "state-inner-strides": swapped,
+        "slot-overlap": N > 1 and stride < per_slot,
+        "slot-range": any(s < -1 or s >= N for s in slots),
+        "slot-duplicate": len(set(live)) != len(live),
+        "scale": scale is not None and not (math.isfinite(scale) and scale > 0),
+        "pool-alignment": stride % 8 != 0 or (offset * 2) % 32 != 0,  # Aligned only
+    }
+    return x, rules_broken
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(decode_inputs(), st.sampled_from(["naive", "aligned"]))
+def test_checker_refuses_exactly_the_broken_inputs(case, which):
+    x, rules_broken = case
+    impl = get("naive") if which == "naive" else Aligned()
+    if which == "naive":
+        rules_broken.pop("pool-alignment")
+    broken = {rule for rule, is_broken in rules_broken.items() if is_broken}
+    before = {n: t.clone() for n, t in x.tensors().items()}
+    pool = x.pool_span().clone()
+    try:
+        impl.check(x)
+    except ContractError as err:
+        assert broken, f"refused valid inputs: {err}"
+        assert err.rule in broken, f"reported {err.rule!r}, but broken rules are {broken}: {err}"
+        assert str(err).startswith(f"{impl.label} ")
+        for n, t in x.tensors().items():
+            assert torch.equal(t, before[n]), f"{n} modified by a refused check"
+        assert torch.equal(x.pool_span().view(torch.int16), pool.view(torch.int16))
+        return
+    assert not broken, f"accepted inputs that break {broken}"
+    verdict = verify(impl, x)
+    assert verdict.ok, verdict

@@ -1,0 +1,222 @@
+"""One test per contract rule: the error type, the rule, a message naming expected and got, and
+nothing modified (the pool bit for bit, every other input)."""
+
+import re
+
+import pytest
+import torch
+
+from kda_impls import Capabilities, ContractError, Unsupported, get, make_inputs
+from kda_impls.naive import NaiveTorch
+
+
+class Strict(NaiveTorch):
+    """The naive math behind restrictive capabilities, like a fixed-layout kernel's."""
+
+    name = "strict"
+    capabilities = Capabilities(devices=("cpu",), state_dtypes=(torch.bfloat16,), k_values=(16, 32),
+                                v_values=(16, 32), k_equals_v=True, gva=False, slot_stride_multiple=16,
+                                base_alignment=32)
+
+
+def inputs(**kw):
+    shape = dict(B=4, H=2, HV=2, K=16, V=16)
+    shape.update({k: kw.pop(k) for k in list(kw) if k in shape})
+    return make_inputs(**shape, slot_pad=kw.pop("slot_pad", 16), pad_rows=kw.pop("pad_rows", 1), seed=7, **kw)
+
+
+def expect_refusal(impl, x, rule, pattern):
+    before = {n: t.clone() for n, t in x.tensors().items()}
+    pool = x.pool_span().clone() if x.state.dim() == 4 else None
+    with pytest.raises(ContractError) as err:
+        impl.bind(x)
+    assert err.value.rule == rule
+    assert str(err.value).startswith(impl.label + " ")
+    assert re.search(pattern, str(err.value)), str(err.value)
+    for n, t in x.tensors().items():
+        assert t.is_meta or torch.equal(t, before[n]), f"{n} was modified"
+    if pool is not None:
+        assert torch.equal(x.pool_span().view(torch.int16), pool.view(torch.int16))
+    return err.value
+
+
+def test_valid_inputs_pass():
+    get("naive").check(inputs())
+    Strict().check(inputs())
+
+
+def test_rank():
+    x = inputs()
+    x.q = x.q[:, 0].contiguous()
+    expect_refusal(get("naive"), x, "rank", r"q must be 3-D \[B, H, K\]; got shape \(4, 16\)")
+
+
+@pytest.mark.parametrize("name, mutate, pattern", [
+    ("k", lambda t: t[:, :1].contiguous(), r"k shape must be \(4, 2, 16\).*got \(4, 1, 16\)"),
+    ("v", lambda t: t[:3].contiguous(), r"v shape must be \(4, 2, 16\).*got \(3, 2, 16\)"),
+    ("a", lambda t: t[..., :8].contiguous(), r"a shape must be \(4, 2, 16\).*got \(4, 2, 8\)"),
+    ("b", lambda t: t[:, :1].contiguous(), r"b shape must be \(4, 2\).*got \(4, 1\)"),
+    ("A_log", lambda t: t[:1].contiguous(), r"A_log shape must be \(2,\).*got \(1,\)"),
+    ("slots", lambda t: t[:3].contiguous(), r"slots shape must be \(4,\).*got \(3,\)"),
+    ("dt_bias", lambda t: t[:, :8].contiguous(), r"dt_bias shape must be \[HV, K\]=\(2, 16\) or \[HV\*K\]=\(32,\); got \(2, 8\)"),
+])
+def test_shapes_must_agree(name, mutate, pattern):
+    x = inputs()
+    setattr(x, name, mutate(getattr(x, name)))
+    expect_refusal(get("naive"), x, "shape", pattern)
+
+
+def test_state_shape_must_agree():
+    x = inputs(slot_pad=0)
+    x.state = x.state[:, :, :8]
+    expect_refusal(get("naive"), x, "shape", r"state shape must be \(8, 2, 16, 16\).*got \(8, 2, 8, 16\)")
+
+
+def test_hv_multiple_of_h():
+    x = make_inputs(2, 2, 3, 16, 16, seed=1)
+    expect_refusal(get("naive"), x, "gva", r"HV must be a multiple of H; got HV=3, H=2")
+
+
+def test_activation_dtypes_must_match():
+    x = inputs()
+    x.k = x.k.float()
+    expect_refusal(get("naive"), x, "dtype", r"k dtype must match q's bfloat16; got float32")
+
+
+def test_activation_dtype_must_be_floating():
+    x = inputs()
+    for name in ("q", "k", "v", "a", "b"):
+        setattr(x, name, getattr(x, name).to(torch.float64))
+    expect_refusal(get("naive"), x, "dtype", r"q dtype must be one of bf16/fp16/fp32; got float64")
+
+
+@pytest.mark.parametrize("name", ["A_log", "dt_bias"])
+def test_gate_parameters_fp32(name):
+    x = inputs()
+    setattr(x, name, getattr(x, name).bfloat16())
+    expect_refusal(get("naive"), x, "dtype", rf"{name} dtype must be float32; got bfloat16")
+
+
+def test_slots_int32():
+    x = inputs()
+    x.slots = x.slots.long()
+    expect_refusal(get("naive"), x, "slots", r"slots dtype must be int32; got int64")
+
+
+def test_devices_must_match():
+    x = inputs()
+    x.b = torch.empty(x.b.shape, dtype=x.b.dtype, device="meta")
+    expect_refusal(get("naive"), x, "device", r"b must be on the state's device cpu; got meta")
+
+
+def test_inputs_contiguous():
+    x = inputs()
+    x.v = x.v.transpose(0, 1).contiguous().transpose(0, 1)
+    expect_refusal(get("naive"), x, "contiguous", r"v must be contiguous; got strides")
+
+
+def test_state_inner_strides_compact():
+    x = make_inputs(2, 1, 2, 128, 128, slot_pad=0, seed=2)
+    x.state = x.state.transpose(2, 3)  # V and K swapped: a [N, HV, K, V] pool passed as [N, HV, V, K]
+    expect_refusal(get("naive"), x, "state-inner-strides",
+                   r"^naive state inner strides must be compact \(V\*K, K, 1\)=\(16384, 128, 1\); "
+                   r"got \(16384, 1, 128\) \(only the slot stride may be non-compact\)$")
+
+
+def test_slots_must_not_overlap():
+    x = inputs(slot_pad=0)
+    x.state = x.state.as_strided(x.state.shape, (100, *x.state.stride()[1:]))
+    expect_refusal(get("naive"), x, "slot-overlap", r"slot stride must be >= HV\*V\*K=512 elements .*got 100")
+
+
+def test_slot_stride_multiple():
+    x = inputs(slot_pad=8)
+    expect_refusal(Strict(), x, "pool-alignment",
+                   r"^strict state slot stride 520 elements must be a multiple of 16 and the base byte "
+                   r"offset 0 a multiple of 32 ")
+
+
+def test_base_alignment():
+    x = inputs(slot_pad=16)
+    flat = x.pool_span()
+    shifted = torch.empty(flat.numel() + 8, dtype=flat.dtype)
+    assert shifted.data_ptr() % 32 == 0
+    shifted[8:].copy_(flat)  # the same pool, starting 16 bytes into a 32-byte-aligned buffer
+    x.state = shifted.as_strided(x.state.shape, x.state.stride(), 8)
+    expect_refusal(Strict(), x, "pool-alignment", r"slot stride 528 elements must be a multiple of 16 and "
+                                                  r"the base byte offset 16 a multiple of 32")
+
+
+def test_state_dtype():
+    x = inputs(state_dtype=torch.float32)
+    expect_refusal(Strict(), x, "state-dtype", r"state dtype must be bfloat16; got float32")
+
+
+def test_k_equals_v():
+    x = inputs(V=32)
+    expect_refusal(Strict(), x, "head-dims", r"needs K == V; got K=16, V=32")
+
+
+def test_head_dim_values():
+    x = inputs(K=64, V=64)
+    expect_refusal(Strict(), x, "head-dims", r"K must be one of \(16, 32\); got K=64")
+
+
+def test_gva_capability():
+    x = inputs(H=1)
+    expect_refusal(Strict(), x, "gva", r"needs H == HV \(no grouped value heads\); got H=1, HV=2")
+
+
+@pytest.mark.parametrize("bad, pattern", [
+    (-2, r"slots values must be in \[-1, N=8\); got min -2"),
+    (8, r"slots values must be in \[-1, N=8\); got min .*max 8"),
+])
+def test_slot_range(bad, pattern):
+    x = inputs()
+    x.slots[0] = bad
+    expect_refusal(get("naive"), x, "slot-range", pattern)
+
+
+def test_slot_duplicates():
+    x = inputs(pad_rows=0)
+    x.slots[1] = x.slots[0]
+    expect_refusal(get("naive"), x, "slot-duplicate", rf"got repeated slots \[{int(x.slots[0])}\]")
+
+
+def test_repeated_padding_rows_are_fine():
+    x = inputs(pad_rows=3)
+    get("naive").check(x)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+def test_scale(scale):
+    x = inputs()
+    x.scale = scale
+    expect_refusal(get("naive"), x, "scale", r"scale must be finite and > 0")
+
+
+def test_out_buffer():
+    x = inputs()
+    with pytest.raises(ContractError, match=r"out must be a contiguous \(4, 2, 16\) bfloat16 tensor") as err:
+        get("naive").bind(x, out=torch.empty(4, 2, 16, dtype=torch.float32))
+    assert err.value.rule == "out"
+
+
+def test_unsupported_reasons_and_bind():
+    x = inputs(state_dtype=torch.float32)
+    assert "state dtype float32 not supported (supports bfloat16)" == Strict().unsupported(x)
+
+    class GpuOnly(NaiveTorch):
+        name = "gpu-only"
+        capabilities = Capabilities(devices=("cuda",))
+
+    if not torch.cuda.is_available():
+        assert GpuOnly().unsupported(inputs()) == "needs a CUDA GPU; none is available"
+        with pytest.raises(Unsupported, match="gpu-only: needs a CUDA GPU"):
+            GpuOnly().bind(inputs())
+
+    class NeedsPackage(NaiveTorch):
+        name = "needs-package"
+        capabilities = Capabilities(packages=("surely_not_installed_kda_pkg",))
+
+    assert NeedsPackage().unsupported(inputs()).startswith("package not installed: surely_not_installed_kda_pkg")
