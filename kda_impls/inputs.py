@@ -123,32 +123,32 @@ def make_inputs(
     n_slots = max(2 * B, 1) if n_slots is None else n_slots
     if n_slots < B:
         raise ValueError(f"n_slots={n_slots} must be >= B={B} (every row needs its own slot)")
-    gen = torch.Generator().manual_seed(seed)
+    dev = torch.device(device)
+    # drawn on the target device: a pool of gigabytes would take seconds on the CPU
+    gen = torch.Generator(device=dev).manual_seed(seed)
 
-    def randn(*shape, dt=dtype):
-        return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dt)
+    def rand(*shape, dt=torch.float32, normal=True):
+        t = torch.empty(*shape, dtype=torch.float32, device=dev)
+        if normal:
+            t.normal_(generator=gen)
+        else:
+            t.uniform_(generator=gen)
+        return t.to(dt)
 
-    q, k = randn(B, H, K), randn(B, H, K)
-    v = randn(B, HV, V)
-    a = randn(B, HV, K)
-    b = randn(B, HV)
-    # Mamba/KDA initialisation: A in [1, 16], dt log-uniform in [1e-3, 1e-1]
-    A_log = torch.log(torch.empty(HV).uniform_(1.0, 16.0, generator=gen))
-    dt = torch.exp(torch.empty(HV, K).uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+    q, k = rand(B, H, K, dt=dtype), rand(B, H, K, dt=dtype)
+    v = rand(B, HV, V, dt=dtype)
+    a = rand(B, HV, K, dt=dtype)
+    b = rand(B, HV, dt=dtype)
+    # Mamba/KDA initialisation: A uniform in [1, 16], dt log-uniform in [1e-3, 1e-1]
+    A_log = torch.log(1.0 + 15.0 * rand(HV, normal=False))
+    dt = torch.exp(math.log(1e-3) + (math.log(1e-1) - math.log(1e-3)) * rand(HV, K, normal=False))
     dt_bias = _inverse_softplus(dt)
 
     per_slot = HV * V * K
     stride = per_slot + slot_pad
-    flat = randn(max(n_slots * stride, 1), dt=state_dtype) * 0.5
+    flat = (rand(max(n_slots * stride, 1)) * 0.5).to(state_dtype)
     state = flat.as_strided((n_slots, HV, V, K), (stride, V * K, K, 1))
 
-    slots = torch.randperm(n_slots, generator=gen)[:B].to(torch.int32)
-    slots[torch.randperm(B, generator=gen)[:pad_rows]] = -1
-
-    dev = torch.device(device)
-    moved = {
-        name: t.to(dev)
-        for name, t in dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, slots=slots).items()
-    }
-    state = flat.to(dev).as_strided(state.shape, state.stride(), 0)
-    return DecodeInputs(**moved, state=state)
+    slots = torch.randperm(n_slots, generator=gen, device=dev)[:B].to(torch.int32)
+    slots[torch.randperm(B, generator=gen, device=dev)[:pad_rows]] = -1
+    return DecodeInputs(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, slots=slots)
