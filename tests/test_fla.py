@@ -1,0 +1,130 @@
+"""The fla adapter against the reference: on the CPU fla's own Triton kernel runs under
+TRITON_INTERPRET=1 (tests/conftest.py sets it), so shapes stay small; on a GPU the same cases run
+compiled. Also its reasons for not running, and that fla is never handed a slot of -1."""
+
+import importlib.util
+import inspect
+import sys
+import types
+
+import pytest
+import torch
+
+from kda_impls import get, make_inputs, rel_err, verify
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_fla = pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla-core is not installed")
+
+CASES = [
+    dict(B=4, H=2, HV=4, K=64, V=64, slot_pad=16, pad_rows=1),  # GVA, padded pool, a -1 row
+    dict(B=3, H=2, HV=2, K=32, V=64, dtype=torch.float32),  # K < V, compact pool, fp32 activations
+    dict(B=2, H=1, HV=2, K=48, V=32, slot_pad=8, pad_rows=1),  # K not a power of two, V < K
+    dict(B=4, H=1, HV=4, K=32, V=32, slot_pad=32, pad_rows=2, n_slots=9),  # GVA 4:1, -1 rows
+    dict(B=1, H=1, HV=1, K=64, V=64, n_slots=1),  # a one-slot pool
+    dict(B=3, H=1, HV=2, K=16, V=16, pad_rows=3),  # no live row
+]
+
+
+@needs_fla
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_matches_reference(case, state_dtype):
+    x = make_inputs(**case, state_dtype=state_dtype, device=DEVICE, seed=13)
+    assert get("fla").unsupported(x) is None
+    verdict = verify(get("fla"), x)
+    assert verdict.ok, verdict
+
+
+@needs_fla
+@pytest.mark.interpreter
+def test_fp32_throughout_is_fp32_accurate():
+    x = make_inputs(4, 2, 4, 32, 32, state_dtype=torch.float32, dtype=torch.float32, slot_pad=16, pad_rows=1,
+                    device=DEVICE, seed=14)
+    verdict = verify(get("fla"), x)
+    assert verdict.ok and verdict.err_out <= 1e-5 and verdict.err_state <= 1e-5, verdict
+
+
+@needs_fla
+@pytest.mark.interpreter
+def test_never_passes_a_negative_slot(monkeypatch):
+    """fla 0.6.0 does not skip slot -1: it reads and writes the state one slot stride before the pool."""
+    from kda_impls import fla_kda
+
+    real = fla_kda._fused_recurrent_kda_fwd()
+    seen = []
+
+    def spy(**kw):
+        seen.append(kw["ssm_state_indices"].clone())
+        return real(**kw)
+
+    monkeypatch.setattr(fla_kda, "_fused_recurrent_kda_fwd", lambda: spy)
+    x = make_inputs(5, 1, 2, 16, 16, slot_pad=16, pad_rows=2, device=DEVICE, seed=15)
+    verdict = verify(get("fla"), x)
+    assert verdict.ok, verdict
+    assert len(seen) == 1 and torch.equal(seen[0], x.slots[x.slots >= 0])
+
+
+@needs_fla
+@pytest.mark.interpreter
+@pytest.mark.parametrize("pad_rows", [0, 2])
+def test_repeated_launches_read_the_current_inputs(pad_rows):
+    """Two steps through one launcher, with new activations in between, match two naive steps."""
+    x = make_inputs(4, 2, 4, 32, 32, state_dtype=torch.float32, slot_pad=16, pad_rows=pad_rows, device=DEVICE,
+                    seed=16)
+    y = x.clone()
+    fla_step, naive_step = get("fla").bind(x), get("naive").bind(y)
+    for step in range(2):
+        out_fla, out_naive = fla_step(), naive_step()
+        assert rel_err(out_fla, out_naive) <= 1e-2, step
+        for t in (x.q, x.v, x.a, y.q, y.v, y.a):
+            t.mul_(-1)
+    assert rel_err(x.pool_span(), y.pool_span()) <= 1e-5
+
+
+@pytest.fixture
+def without_fla(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fla" else real(name, *a))
+
+
+def test_reason_when_fla_is_missing(without_fla):
+    assert get("fla").unsupported(make_inputs(2, 1, 2, 16, 16, seed=17)) == \
+        "package not installed: fla (pip install -e .[fla])"
+
+
+@needs_fla
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter matters on the CPU only")
+def test_reasons_on_cpu_without_the_interpreter(monkeypatch):
+    x = make_inputs(2, 1, 2, 16, 16, seed=17)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delitem(sys.modules, "fla.ops.kda.fused_recurrent", raising=False)
+    assert get("fla").unsupported(x) == "on the CPU fla's Triton kernel runs only under TRITON_INTERPRET=1 (not set)"
+
+    compiled_kernel = types.SimpleNamespace(fn=object())  # what fla holds when imported without the interpreter
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setitem(sys.modules, "fla.ops.kda.fused_recurrent",
+                        types.SimpleNamespace(fused_recurrent_kda_fwd_kernel=compiled_kernel))
+    assert get("fla").unsupported(x) == ("on the CPU fla's Triton kernel runs only under TRITON_INTERPRET=1, which "
+                                         "must be set before fla is imported (fla was imported without it)")
+
+
+@needs_fla
+def test_versions():
+    import fla
+
+    versions = get("fla").versions()
+    assert versions["fla-core"] == fla.__version__
+    assert {"torch", "triton"} <= set(versions)
+
+
+@needs_fla
+def test_every_argument_is_a_named_parameter():
+    """fused_recurrent_kda_fwd takes **kwargs, which would silently swallow a misspelt argument."""
+    from kda_impls import fla_kda
+
+    x = make_inputs(2, 1, 2, 16, 16, seed=18)
+    passed = {"q", "k", "v", "g", "beta", "ssm_state_indices", "out", *get("fla").library_arguments(x)}
+    parameters = inspect.signature(fla_kda._fused_recurrent_kda_fwd()).parameters
+    named = {n for n, p in parameters.items() if p.kind != p.VAR_KEYWORD}
+    assert passed <= named, passed - named

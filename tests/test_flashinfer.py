@@ -1,0 +1,248 @@
+"""The flashinfer adapter: its contract rules and reasons on any machine, how it wires the library's
+in-place pool path (checked on the CPU without calling it), and against the reference on a GPU."""
+
+import importlib.util
+import inspect
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kda_impls import ContractError, get, make_inputs, verify
+from kda_impls.flashinfer_kda import recurrent_kda_entry_point
+
+PACKAGES = ("flashinfer", "cutlass", "tvm_ffi")
+flashinfer_installed = importlib.util.find_spec("flashinfer") is not None
+
+
+def expect_refusal(x, rule, pattern):
+    before = {n: t.clone() for n, t in x.tensors().items()}
+    pool = x.pool_span().clone()
+    with pytest.raises(ContractError) as err:
+        get("flashinfer").check(x)
+    assert err.value.rule == rule
+    assert re.search(pattern, str(err.value)), str(err.value)
+    assert torch.equal(x.pool_span().view(torch.int16), pool.view(torch.int16)), "the pool was modified"
+    for n, t in x.tensors().items():
+        assert torch.equal(t, before[n]), f"{n} was modified"
+
+
+def shifted_16_bytes(x):
+    """The same pool, starting 16 bytes into a 32-byte-aligned buffer."""
+    flat = x.pool_span()
+    buffer = torch.empty(flat.numel() + 8, dtype=flat.dtype)
+    assert buffer.data_ptr() % 32 == 0
+    buffer[8:].copy_(flat)
+    return buffer.as_strided(x.state.shape, x.state.stride(), 8)
+
+
+def test_inner_strides_must_be_compact():
+    x = make_inputs(2, 1, 2, 128, 128, slot_pad=0, seed=2)
+    x.state = x.state.transpose(2, 3)  # a [N, HV, K, V] pool passed as [N, HV, V, K]
+    expect_refusal(x, "state-inner-strides",
+                   r"^flashinfer recurrent_kda state inner strides must be compact \(V\*K, K, 1\)=\(16384, 128, 1\); "
+                   r"got \(16384, 1, 128\) \(only the slot stride may be non-compact\)$")
+
+
+def test_slot_stride_must_be_a_multiple_of_16():
+    # per slot + 8 elements: the library itself fails with an opaque "Invalid mH.strides[0]"
+    x = make_inputs(2, 2, 2, 64, 64, slot_pad=8, seed=2)
+    expect_refusal(x, "pool-alignment",
+                   r"^flashinfer recurrent_kda state slot stride 8200 elements must be a multiple of 16 and the "
+                   r"base byte offset 0 a multiple of 32 ")
+
+
+def test_pool_base_must_be_32_byte_aligned():
+    x = make_inputs(2, 2, 2, 64, 64, slot_pad=16, seed=2)
+    x.state = shifted_16_bytes(x)
+    expect_refusal(x, "pool-alignment",
+                   r"^flashinfer recurrent_kda state slot stride 8208 elements must be a multiple of 16 and the "
+                   r"base byte offset 16 a multiple of 32 ")
+
+
+@pytest.mark.parametrize("shape, kw, rule, pattern", [
+    ((2, 2, 2, 64, 64), dict(state_dtype=torch.float32), "state-dtype", r"state dtype must be bfloat16; got float32"),
+    ((2, 2, 2, 64, 128), {}, "head-dims", r"needs K == V; got K=64, V=128"),
+    ((2, 2, 2, 32, 32), {}, "head-dims", r"K must be one of \(64, 128\); got K=32"),
+])
+def test_declared_capabilities(shape, kw, rule, pattern):
+    expect_refusal(make_inputs(*shape, slot_pad=16, seed=3, **kw), rule, "^flashinfer recurrent_kda " + pattern)
+
+
+@pytest.mark.parametrize("shape, slot_pad", [
+    ((3, 2, 8, 64, 64), 0), ((3, 4, 4, 128, 128), 16), ((1, 1, 2, 64, 64), 64),
+])
+def test_valid_pools_pass(shape, slot_pad):
+    get("flashinfer").check(make_inputs(*shape, slot_pad=slot_pad, pad_rows=1, seed=4))
+
+
+def test_declares_what_it_runs_on():
+    caps = get("flashinfer").capabilities
+    assert caps.devices == ("cuda",)
+    assert caps.min_compute_capability == (9, 0)  # documented for SM100, measured correct on the H200
+    assert caps.packages == PACKAGES
+
+
+@pytest.fixture
+def fake_packages(monkeypatch):
+    """Pretend exactly the given flashinfer packages are installed."""
+    real = importlib.util.find_spec
+
+    def install(*present):
+        def find_spec(name, *args):
+            if name in PACKAGES:
+                return real("torch") if name in present else None
+            return real(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+    return install
+
+
+def test_reason_when_packages_are_missing(fake_packages):
+    x = make_inputs(2, 2, 2, 64, 64, seed=5)
+    fake_packages()
+    assert get("flashinfer").unsupported(x) == \
+        "package not installed: flashinfer, cutlass, tvm_ffi (pip install -e .[flashinfer])"
+    fake_packages("flashinfer", "tvm_ffi")
+    assert get("flashinfer").unsupported(x) == "package not installed: cutlass (pip install -e .[flashinfer])"
+
+
+def test_reason_off_cuda(fake_packages):
+    fake_packages(*PACKAGES)
+    reason = get("flashinfer").unsupported(make_inputs(2, 2, 2, 64, 64, seed=5))
+    if torch.cuda.is_available():
+        assert reason == "runs on cuda; inputs are on cpu"
+    else:
+        assert reason == "needs a CUDA GPU; none is available"
+
+
+def misaligned(t):
+    """A contiguous copy of ``t`` starting 2 bytes past a 32-byte boundary."""
+    buffer = torch.empty(t.numel() * t.element_size() + 32, dtype=torch.uint8)
+    start = (-buffer.data_ptr()) % 32 + 2
+    return buffer[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t)
+
+
+def test_reasons_beyond_the_capabilities():
+    impl = get("flashinfer")
+    x = make_inputs(2, 2, 2, 64, 64, dtype=torch.float16, seed=6)
+    assert impl._extra_unsupported(x) == \
+        "q/k/v/a/b must be bfloat16 (the kernel's only activation dtype); got float16"
+
+    x = make_inputs(2, 2, 2, 64, 64, seed=6)
+    x.q = misaligned(x.q)
+    assert impl._extra_unsupported(x) == \
+        "q must start 32-byte aligned (the kernel is compiled assuming it); its byte offset is 2"
+
+    # under GVA the adapter passes its own gate buffer instead of a, A_log and dt_bias
+    x = make_inputs(2, 1, 2, 64, 64, seed=6)
+    x.a = misaligned(x.a)
+    assert "a must start" not in (impl._extra_unsupported(x) or "")
+    x = make_inputs(2, 2, 2, 64, 64, seed=6)
+    x.a = misaligned(x.a)
+    assert impl._extra_unsupported(x).startswith("a must start 32-byte aligned")
+
+    x = make_inputs(2, 2, 2, 64, 64, seed=6)
+    x.state = x.state[:0]
+    x.slots.fill_(-1)
+    impl.check(x)
+    assert impl._extra_unsupported(x) == "the pool has no slots, and flashinfer reads slot 0 for rows with slot -1"
+
+
+@pytest.mark.skipif(flashinfer_installed, reason="flashinfer is installed")
+def test_reason_when_flashinfer_does_not_import():
+    reason = get("flashinfer")._extra_unsupported(make_inputs(2, 2, 2, 64, 64, seed=6))
+    assert reason.startswith("flashinfer does not import: ")
+
+
+def test_versions():
+    versions = get("flashinfer").versions()
+    assert set(versions) == {"torch", "flashinfer-python", "nvidia-cutlass-dsl", "apache-tvm-ffi"}
+    if not flashinfer_installed:
+        assert versions["flashinfer-python"] == "not installed"
+
+
+def arguments(H, HV, B=3, K=64, slot_pad=16):
+    x = make_inputs(B, H, HV, K, K, slot_pad=slot_pad, pad_rows=1, seed=8)
+    out = torch.empty(B, HV, K, dtype=torch.bfloat16)
+    return x, out, *get("flashinfer").library_arguments(x, out)
+
+
+@pytest.mark.parametrize("H, HV", [(4, 4), (1, 4)])
+def test_the_library_updates_the_pool_in_place(H, HV):
+    x, out, kw, _ = arguments(H, HV)
+    assert kw["initial_state"] is x.state and kw["ssm_state_indices"] is x.slots
+    assert torch.equal(kw["cu_seqlens"], torch.arange(4, dtype=torch.int32))
+    for name, source in (("q", x.q), ("k", x.k), ("v", x.v), ("beta", x.b), ("output", out)):
+        assert kw[name].shape == (1, *source.shape), name
+        assert kw[name].data_ptr() == source.data_ptr(), f"{name} must be a view, not a copy"
+    assert kw["beta_is_logit"] and kw["use_qk_l2norm_in_kernel"] and not kw["output_final_state"]
+    assert kw["scale"] == x.effective_scale
+
+
+def test_equal_heads_gate_in_kernel():
+    x, _, kw, prepare = arguments(4, 4)
+    assert prepare is None and kw["use_gate_in_kernel"]
+    assert kw["g"].data_ptr() == x.a.data_ptr() and kw["A_log"] is x.A_log
+    assert kw["dt_bias"].shape == (4 * 64,) and kw["dt_bias"].data_ptr() == x.dt_bias.data_ptr()
+
+
+def test_gva_gate_per_value_head():
+    x, _, kw, prepare = arguments(1, 4)
+    assert not kw["use_gate_in_kernel"] and "A_log" not in kw and "dt_bias" not in kw
+    prepare()
+    dt_bias = x.dt_bias.double().view(4, 64)
+    want = -torch.exp(x.A_log.double())[:, None] * F.softplus(x.a.double() + dt_bias)
+    got = kw["g"][0].double()
+    assert kw["g"].dtype == torch.bfloat16
+    assert torch.allclose(got, want, rtol=2 ** -8, atol=1e-30)
+    # the library's in-kernel gate would give every value head of the group q/k head 0's parameters
+    by_qk_head = -torch.exp(x.A_log.double()[0]) * F.softplus(x.a.double() + dt_bias[0])
+    assert not torch.allclose(by_qk_head, want, rtol=0.1)
+
+
+@pytest.mark.skipif(not flashinfer_installed, reason="flashinfer is not installed")
+@pytest.mark.parametrize("H, HV", [(4, 4), (1, 4)])
+def test_arguments_bind_to_the_installed_signature(H, HV):
+    _, _, kw, _ = arguments(H, HV)
+    signature = inspect.signature(recurrent_kda_entry_point())
+    signature.bind(**kw)
+    named = {n for n, p in signature.parameters.items() if p.kind != p.VAR_KEYWORD}
+    assert set(kw) <= named, f"swallowed by **kwargs: {set(kw) - named}"
+
+
+GPU_CASES = [
+    dict(B=1, H=16, HV=16, K=128, V=128),  # the grouped-CTA kernel (B * HV < 128)
+    dict(B=8, H=8, HV=32, K=64, V=64, slot_pad=16, pad_rows=2),  # GVA, one-warp D64
+    dict(B=64, H=32, HV=32, K=128, V=128, slot_pad=64, pad_rows=8),  # one-warp D128, -1 rows
+    dict(B=8, H=4, HV=16, K=128, V=128, slot_pad=16, pad_rows=1, n_slots=9),  # GVA, grouped
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_matches_reference_on_gpu(case):
+    x = make_inputs(**case, device="cuda", seed=9)
+    reason = get("flashinfer").unsupported(x)
+    if reason:
+        pytest.skip(reason)
+    verdict = verify(get("flashinfer"), x)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("K, B, HV", [(64, 4, 8), (128, 4, 8), (64, 8, 32), (128, 8, 32)])  # grouped, one-warp
+def test_rows_with_slot_minus_one_leave_slot_0_alone(K, B, HV):
+    """The library reads slot 0 for -1 rows; verify() checks that slot 0, untouched here, keeps its bits."""
+    x = make_inputs(B, HV, HV, K, K, slot_pad=16, n_slots=2 * B, device="cuda", seed=10)
+    x.slots = torch.arange(1, B + 1, dtype=torch.int32, device="cuda")
+    x.slots[::2] = -1
+    reason = get("flashinfer").unsupported(x)
+    if reason:
+        pytest.skip(reason)
+    verdict = verify(get("flashinfer"), x)
+    assert verdict.ok, verdict
