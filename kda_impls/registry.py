@@ -12,6 +12,9 @@ from .contract import Implementation
 
 IMPLEMENTATIONS = {
     "naive": "kda_impls.naive:NaiveTorch",
+    "fla": "kda_impls.fla_kda:FlaKDA",
+    "flashinfer": "kda_impls.flashinfer_kda:FlashInferKDA",
+    "triton": "kda_impls.triton_kda:TritonKDA",
 }
 
 

@@ -1,0 +1,263 @@
+"""Our Triton KDA decode kernel: one fused launch per step, the pool updated in place.
+
+Each program owns one batch row, a group of ``heads`` consecutive value heads and one V-tile of
+``BV`` rows of each head's ``[V, K]`` state; K is one tile (K <= 256), so every reduction is
+within the program. It reads its state tile once, decays it, applies the delta rule, writes it
+back through ``slots`` and writes the output tile: the state crosses memory exactly twice, which
+is the floor for a memory-bound step. A row whose slot is -1 writes zeros to its output, every
+state access masked off.
+
+The tile shape (``BV``, ``heads``, ``num_warps``, ``num_stages``) comes from the committed table
+in :mod:`kda_impls.triton_tuning`, keyed by shape, state dtype and batch size; the environment
+variable ``KDA_TRITON_CONFIG`` (e.g. ``"BV=32,num_warps=4"``) overrides any of its fields for
+every shape. Both are resolved when the launcher is bound, never inside it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields, replace
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from .contract import Capabilities, Implementation
+from .inputs import DecodeInputs
+from .reference import L2_EPS
+from .triton_tuning import TABLE
+
+CONFIG_ENV = "KDA_TRITON_CONFIG"
+HEAD_DIMS = (16, 32, 64, 128, 256)
+# Softplus is linear past this (torch's threshold too): exp would overflow long before it matters.
+SOFTPLUS_LINEAR_ABOVE = 20.0
+
+
+@triton.jit
+def _kda_decode_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
+    slot_stride, HV, GROUP, scale,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
+    L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+):
+    V_TILES: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    v_tile = pid % V_TILES
+    head_groups = HV // HEADS
+    first_head = (pid // V_TILES) % head_groups * HEADS
+    # int64 from here on: row * HV * V overflows int32 for very large batches
+    row = (pid // V_TILES // head_groups).to(tl.int64)
+    H = HV // GROUP
+    offs_k = tl.arange(0, K)
+    offs_v = v_tile * BV + tl.arange(0, BV)
+    tile = offs_v[:, None] * K + offs_k[None, :]  # [BV, K], K contiguous: 16-byte vector accesses
+
+    slot = tl.load(slots_ptr + row)
+    # A -1 row masks every state access (no read, no write) and stores zeros. Straight-line code
+    # rather than a branch on the slot: the small inputs load while the slot is still in flight,
+    # and their math overlaps the state load, which is the only thing that waits for the slot.
+    # The mask is a [BV, K] splat, which the compiler sees as uniform along K (16-byte accesses
+    # stay), and which Triton's interpreter accepts where it rejects a scalar mask.
+    live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0
+    slot_state = state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride
+
+    # With NUM_STAGES > 1 the compiler prefetches the next heads' tiles while this one computes.
+    for j in tl.range(0, HEADS, num_stages=NUM_STAGES):
+        hv = first_head + j
+        h = hv // GROUP
+        row_hv = row * HV + hv
+        q = tl.load(q_ptr + (row * H + h) * K + offs_k).to(tl.float32)
+        k = tl.load(k_ptr + (row * H + h) * K + offs_k).to(tl.float32)
+        a = tl.load(a_ptr + row_hv * K + offs_k).to(tl.float32)
+        dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
+        A_log = tl.load(A_log_ptr + hv)
+        beta_logit = tl.load(b_ptr + row_hv).to(tl.float32)
+        v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
+        head_state = slot_state + hv * (V * K) + tile
+        S = tl.load(head_state, mask=live, other=0.0, eviction_policy="evict_first").to(tl.float32)
+
+        q = q * (scale / tl.sqrt(tl.sum(q * q) + L2_EPS))
+        k = k / tl.sqrt(tl.sum(k * k) + L2_EPS)
+        x = a + dt_bias
+        softplus = tl.where(x > SOFTPLUS_LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
+        decay = tl.exp(-tl.exp(A_log) * softplus)  # [K]: the state decays along K
+        beta = tl.sigmoid(beta_logit)
+
+        S = S * decay[None, :]
+        u = beta * (v - tl.sum(S * k[None, :], axis=1))
+        S = S + u[:, None] * k[None, :]
+        o = tl.sum(S * q[None, :], axis=1)
+
+        tl.store(head_state, S.to(state_ptr.dtype.element_ty), mask=live, eviction_policy="evict_first")
+        tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """How the kernel tiles one step. ``BV``: state rows per tile (power of two); ``heads``:
+    consecutive value heads one program walks through; ``num_stages``: how many of those heads'
+    loads are in flight at once (1: none ahead); ``num_warps``: warps per program."""
+
+    BV: int
+    heads: int = 1
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def __str__(self) -> str:
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+    @classmethod
+    def parse(cls, text: str, base: "TileConfig", source: str = CONFIG_ENV) -> "TileConfig":
+        """``base`` with the fields named in ``text`` (``"BV=32,num_warps=4"``) replaced."""
+        allowed = {f.name for f in fields(cls)}
+        changes = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            name, sep, value = (s.strip() for s in item.partition("="))
+            if not sep or name not in allowed:
+                raise ValueError(f"{source}={text!r}: {item!r} is not NAME=VALUE with NAME one of "
+                                 f"{', '.join(sorted(allowed))}")
+            try:
+                changes[name] = int(value)
+            except ValueError:
+                raise ValueError(f"{source}={text!r}: {name} must be an integer; got {value!r}") from None
+        config = replace(base, **changes)
+        config.validate(source=f"{source}={text!r}")
+        return config
+
+    def validate(self, source: str = "tile config") -> None:
+        def power_of_two(n):
+            return n >= 1 and n & (n - 1) == 0
+
+        if not (power_of_two(self.BV) and self.BV <= 256):
+            raise ValueError(f"{source}: BV must be a power of two in 1..256; got {self.BV}")
+        if not (power_of_two(self.num_warps) and self.num_warps <= 32):
+            raise ValueError(f"{source}: num_warps must be a power of two in 1..32; got {self.num_warps}")
+        if not 1 <= self.heads <= 256:
+            raise ValueError(f"{source}: heads must be in 1..256; got {self.heads}")
+        if not 1 <= self.num_stages <= 8:
+            raise ValueError(f"{source}: num_stages must be in 1..8; got {self.num_stages}")
+
+    def fitted(self, HV: int, V: int) -> "TileConfig":
+        """This config made legal for a shape: a tile no taller than V, a head group dividing HV."""
+        return replace(self, BV=min(self.BV, V), heads=math.gcd(self.heads, HV))
+
+
+def table_key(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int) -> tuple:
+    # fp16 state moves the same bytes as bf16, so it shares bf16's entries.
+    dtype = "float32" if state_dtype == torch.float32 else "bfloat16"
+    return (dtype, HV, K, V, B)
+
+
+def heuristic_config(K: int, V: int, element_size: int, B: int, HV: int) -> TileConfig:
+    """The config for a shape the table lacks: 64 bytes of state per thread (four 16-byte loads in
+    flight), 8 KiB tiles, halved below B=16 so that small batches still spread over the SMs; heads
+    smaller than a tile are grouped, their loads pipelined two deep."""
+    tile_bytes = 8192 if B >= 16 else 4096
+    head_bytes = V * K * element_size
+    BV = max(1, min(V, tile_bytes // (K * element_size)))
+    heads = math.gcd(HV, max(1, tile_bytes // head_bytes)) if BV == V else 1
+    num_warps = max(1, min(8, BV * K * element_size // (64 * 32)))
+    return TileConfig(BV=BV, heads=heads, num_warps=num_warps, num_stages=2 if heads > 1 else 1)
+
+
+def choose_config(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int) -> TileConfig:
+    """The table's entry for this shape and state dtype at the tabled batch size nearest ``B`` (in
+    log2; ties go to the larger), else :func:`heuristic_config`."""
+    dtype = table_key(state_dtype, HV, K, V, B)[0]
+    tabled = {key[4]: text for key, text in TABLE.items() if key[:4] == (dtype, HV, K, V)}
+    if not tabled:
+        return heuristic_config(K, V, torch.empty((), dtype=state_dtype).element_size(), B, HV)
+    log_b = math.log2(max(B, 1))
+    nearest = min(tabled, key=lambda b: (abs(math.log2(b) - log_b), -b))
+    source = f"triton_tuning.TABLE{(dtype, HV, K, V, nearest)}"
+    return TileConfig.parse(tabled[nearest], TileConfig(BV=V), source=source)
+
+
+def _built_for_interpreter() -> bool:
+    return isinstance(_kda_decode_kernel, InterpretedFunction)
+
+
+class TritonKDA(Implementation):
+    """``config``: force one tile config for every shape (tuning); None uses ``KDA_TRITON_CONFIG``
+    over the tuning table."""
+
+    name = "triton"
+    capabilities = Capabilities(devices=("cuda", "cpu"),
+                                state_dtypes=(torch.bfloat16, torch.float16, torch.float32),
+                                k_values=HEAD_DIMS, v_values=HEAD_DIMS,
+                                min_compute_capability=(8, 0), packages=("triton",))
+
+    def __init__(self, config: TileConfig | None = None):
+        if config is not None:
+            config.validate()
+        self.forced_config = config
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__, "triton": triton.__version__}
+
+    def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
+        interpreted = _built_for_interpreter()
+        if inputs.device.type == "cpu":
+            if interpreted:
+                return None
+            reason = "Triton runs on CPU only under TRITON_INTERPRET=1"
+            if os.environ.get("TRITON_INTERPRET"):
+                return reason + ", set before kda_impls.triton_kda is imported (here it was set later)"
+            if not torch.cuda.is_available():
+                return reason + " (no CUDA GPU is available here)"
+            return reason
+        if interpreted:
+            return ("TRITON_INTERPRET=1 was set when kda_impls.triton_kda was imported: the kernel would be "
+                    "interpreted on the CPU, not compiled for the GPU (unset it to run on CUDA)")
+        if torch.version.cuda is None:
+            return "needs a CUDA build of torch (the kernel is built and tuned for NVIDIA GPUs only)"
+        return None
+
+    def config_for(self, inputs: DecodeInputs) -> TileConfig:
+        """The tile config a launcher bound to ``inputs`` uses (forced, else env over table)."""
+        if self.forced_config is not None:
+            config = self.forced_config
+        else:
+            config = choose_config(inputs.state.dtype, inputs.HV, inputs.K, inputs.V, inputs.B)
+            override = os.environ.get(CONFIG_ENV)
+            if override:
+                config = TileConfig.parse(override, config)
+        return config.fitted(inputs.HV, inputs.V)
+
+    def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
+        config = self.config_for(inputs)
+        if inputs.B == 0:
+            return lambda: out
+        grid, args, meta = kernel_arguments(inputs, out, config)
+        if inputs.device.type == "cuda":
+            compile_kernel(inputs, out, config)
+        kernel = _kda_decode_kernel[grid]
+
+        def launch() -> torch.Tensor:
+            kernel(*args, **meta)
+            return out
+
+        return launch
+
+
+def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig):
+    """``(grid, args, meta)`` of the launch: everything but the launch itself."""
+    grid = (inputs.B * (inputs.HV // config.heads) * (inputs.V // config.BV),)
+    args = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
+            inputs.slots, out, inputs.slot_stride, inputs.HV, inputs.HV // inputs.H, inputs.effective_scale)
+    meta = dict(K=inputs.K, V=inputs.V, BV=config.BV, HEADS=config.heads, NUM_STAGES=config.num_stages,
+                L2_EPS=L2_EPS, SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
+    return grid, args, meta
+
+
+def compile_kernel(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig):
+    """Compile (or fetch from Triton's cache) and load the CUDA kernel for these inputs; returns
+    Triton's compiled kernel (``n_regs``, ``n_spills``, ``metadata``). Done at bind time so that
+    neither the first timed launch nor a CUDA-graph capture compiles or loads a module."""
+    grid, args, meta = kernel_arguments(inputs, out, config)
+    with torch.cuda.device(inputs.device):
+        compiled = _kda_decode_kernel.warmup(*args, grid=grid, **meta)
+        compiled._init_handles()  # the module load Triton would otherwise do at the first launch
+    return compiled

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Run the Triton KDA decode kernel once per tile config on a small padded pool with -1 rows, for
+compute-sanitizer. Each run is also checked by kda_impls.verify; exits 1 if any is wrong.
+
+    compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+
+Torch's caching allocator is switched off (before torch starts) so that every tensor is its own
+allocation: an access past the pool then lands outside any allocation, where memcheck sees it,
+rather than in a neighbouring tensor's block.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_impls import make_inputs, verify  # noqa: E402
+from kda_impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
+
+# The table's choice, several V-tiles, and a pipelined head group (cp.async into shared memory:
+# the case racecheck is for).
+CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_warps=4, num_stages=2)]
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 2
+    failures = 0
+    for state_dtype in (torch.bfloat16, torch.float32):
+        for config in CONFIGS:
+            # GVA (H=2, HV=4), K != V, 16 elements of padding per slot, 2 of 6 rows -1; the first
+            # and last slots of the pool are live, so an overrun either way leaves the allocation.
+            inputs = make_inputs(6, 2, 4, 64, 128, state_dtype=state_dtype, slot_pad=16, n_slots=8, device="cuda",
+                                 seed=3)
+            inputs.slots = torch.tensor([7, -1, 2, 0, -1, 5], dtype=torch.int32, device="cuda")
+            impl = TritonKDA(config)
+            verdict = verify(impl, inputs)
+            torch.cuda.synchronize()
+            status = "ok" if verdict.ok else "WRONG"
+            print(f"{str(state_dtype):15} {str(impl.config_for(inputs)):40} {status} {verdict}")
+            failures += not verdict.ok
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

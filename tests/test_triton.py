@@ -1,0 +1,307 @@
+"""Our Triton KDA decode kernel against the float64 reference.
+
+Small shapes run wherever the kernel can: on the GPU when there is one, else on the CPU under
+TRITON_INTERPRET=1 (tests/conftest.py sets it before any kernel module is imported). The tests
+marked ``gpu`` are the H200 grid, CUDA-graph capture and the config override on real hardware.
+Every check goes through kda_impls.verify: output poisoned with NaN, state and output against the
+reference, untouched slots and the padding between slots compared bit for bit.
+"""
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kda_impls import ContractError, get, make_inputs, reference, rel_err, verify
+from kda_impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, choose_config, heuristic_config,
+                                  table_key)
+from kda_impls.triton_tuning import TABLE
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+REPO = Path(__file__).resolve().parents[1]
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(autouse=True)
+def no_config_override(monkeypatch):
+    monkeypatch.delenv(CONFIG_ENV, raising=False)
+
+
+def runnable(inputs):
+    reason = get("triton").unsupported(inputs)
+    if reason:
+        pytest.skip(reason)
+    return inputs
+
+
+SMALL_CASES = {
+    "gva-k<v-padded": dict(B=4, H=2, HV=4, K=32, V=64, slot_pad=16, pad_rows=1),
+    "k>v-odd-pad": dict(B=3, H=2, HV=2, K=64, V=16, slot_pad=7, pad_rows=1, n_slots=9),
+    "tiny-heads-grouped": dict(B=4, H=1, HV=8, K=16, V=16, slot_pad=3, n_slots=6),
+    "all-rows-padding": dict(B=2, H=1, HV=2, K=16, V=32, pad_rows=2),
+    "one-row-one-slot": dict(B=1, H=1, HV=2, K=32, V=32, n_slots=1),
+    "largest-k": dict(B=2, H=1, HV=2, K=256, V=64, slot_pad=16, pad_rows=1),
+}
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("case", SMALL_CASES.values(), ids=SMALL_CASES.keys())
+def test_matches_reference(case, state_dtype):
+    inputs = runnable(make_inputs(**case, state_dtype=state_dtype, device=DEVICE, seed=5))
+    verdict = verify(get("triton"), inputs)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_activation_and_fp16_state_dtypes(dtype):
+    inputs = runnable(make_inputs(3, 2, 4, 32, 16, state_dtype=torch.float16, dtype=dtype, slot_pad=8, pad_rows=1,
+                                  device=DEVICE, seed=9))
+    verdict = verify(get("triton"), inputs)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.interpreter
+def test_fp32_everything_is_fp32_accurate():
+    inputs = runnable(make_inputs(4, 2, 4, 64, 32, state_dtype=torch.float32, dtype=torch.float32, slot_pad=16,
+                                  pad_rows=1, device=DEVICE, seed=2))
+    verdict = verify(get("triton"), inputs)
+    assert verdict.ok, verdict
+    assert verdict.err_out <= 1e-5 and verdict.err_state <= 1e-5, verdict
+
+
+# Every way the program mapping can cut a step: several V-tiles, head groups walked with and
+# without pipelining, a group size that only gcd() makes legal, a tile taller than V.
+FORCED = [
+    TileConfig(BV=8, num_warps=1),
+    TileConfig(BV=16, heads=2, num_warps=2, num_stages=2),
+    TileConfig(BV=32, heads=4, num_warps=4, num_stages=3),
+    TileConfig(BV=64, heads=3, num_warps=2, num_stages=1),
+    TileConfig(BV=256, num_warps=8),
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("config", FORCED, ids=str)
+def test_forced_tile_configs(config):
+    inputs = runnable(make_inputs(3, 3, 6, 32, 32, state_dtype=torch.bfloat16, slot_pad=16, pad_rows=1,
+                                  device=DEVICE, seed=13))
+    verdict = verify(TritonKDA(config), inputs)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.interpreter
+def test_slot_order_and_scale_are_honoured():
+    inputs = runnable(make_inputs(4, 1, 2, 16, 16, state_dtype=torch.float32, n_slots=8, device=DEVICE, seed=4))
+    inputs.slots = torch.tensor([7, 0, 5, 2], dtype=torch.int32, device=DEVICE)  # descending, gaps
+    inputs.scale = 0.3
+    verdict = verify(get("triton"), inputs)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.interpreter
+def test_writes_the_given_out_buffer_and_returns_it():
+    inputs = runnable(make_inputs(3, 1, 2, 16, 32, slot_pad=4, pad_rows=1, device=DEVICE, seed=3))
+    ref_out, ref_rows = reference(inputs)
+    out = torch.full((3, 2, 32), float("nan"), dtype=inputs.v.dtype, device=DEVICE)
+    assert get("triton").decode(inputs, out=out) is out
+    live = inputs.slots >= 0
+    assert rel_err(out[live], ref_out[live]) <= 1e-2
+    assert (out[~live] == 0).all()
+    assert rel_err(inputs.state[inputs.slots[live].long()], ref_rows[live]) <= 1e-2
+
+
+@pytest.mark.interpreter
+def test_rejects_a_wrong_out_buffer():
+    inputs = runnable(make_inputs(2, 1, 2, 16, 16, device=DEVICE))
+    with pytest.raises(ContractError):
+        get("triton").bind(inputs, out=torch.empty(2, 2, 8, dtype=inputs.v.dtype, device=DEVICE))
+
+
+# ---- where it runs ------------------------------------------------------------------------------
+
+def test_head_dims_outside_16_to_256_powers_of_two_are_unsupported():
+    reason = get("triton").unsupported(make_inputs(1, 1, 1, 48, 32))
+    assert reason and "K=48" in reason
+
+
+def test_cpu_without_interpreter_says_why():
+    code = ("from kda_impls import get, make_inputs; "
+            "print(get('triton').unsupported(make_inputs(2, 1, 2, 16, 16)))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "Triton runs on CPU only under TRITON_INTERPRET=1" in result.stdout
+
+
+def test_versions_name_torch_and_triton():
+    assert set(get("triton").versions()) == {"torch", "triton"}
+
+
+# ---- tile config: table, heuristic, override ---------------------------------------------------------
+
+def test_table_entries_parse_and_fit_their_shapes():
+    for (dtype, HV, K, V, B), text in TABLE.items():
+        config = TileConfig.parse(text, TileConfig(BV=V), source="TABLE")
+        assert config.fitted(HV, V) == config, (dtype, HV, K, V, B, text)
+
+
+def test_table_lookup_takes_the_nearest_tabled_batch():
+    tabled = sorted({key[4] for key in TABLE if key[:4] == ("bfloat16", 32, 128, 128)})
+    assert tabled, "the table should cover the headline shape"
+    for B in (1, 3, 16, 40, 100, 1000):
+        nearest = min(tabled, key=lambda b: (abs((b / B) if b > B else (B / b)), -b))
+        want = TileConfig.parse(TABLE[("bfloat16", 32, 128, 128, nearest)], TileConfig(BV=128))
+        assert choose_config(torch.bfloat16, 32, 128, 128, B) == want
+
+
+def test_fp16_state_uses_the_bf16_rows():
+    assert table_key(torch.float16, 32, 128, 128, 64) == table_key(torch.bfloat16, 32, 128, 128, 64)
+
+
+def test_heuristic_configs_are_legal():
+    for K, V, esize, B, HV in itertools.product((16, 64, 256), (16, 128, 256), (2, 4), (1, 64), (1, 6, 48)):
+        config = heuristic_config(K, V, esize, B, HV)
+        config.validate()
+        assert config.fitted(HV, V) == config
+
+
+def test_untabled_shapes_use_the_heuristic():
+    assert not any(key[1:4] == (48, 256, 64) for key in TABLE)
+    assert choose_config(torch.float32, 48, 256, 64, 8) == heuristic_config(256, 64, 4, 8, 48)
+
+
+def test_config_override_from_the_environment(monkeypatch):
+    inputs = make_inputs(1, 32, 32, 128, 128, n_slots=1, device="cpu")
+    monkeypatch.setenv(CONFIG_ENV, "BV=16, num_warps=2")
+    config = TritonKDA().config_for(inputs)
+    tabled = choose_config(torch.bfloat16, 32, 128, 128, 1)
+    assert config == TileConfig(BV=16, heads=tabled.heads, num_warps=2, num_stages=tabled.num_stages)
+    monkeypatch.setenv(CONFIG_ENV, "BV=256,heads=5")  # fitted to the shape: BV <= V, heads | HV
+    assert TritonKDA().config_for(inputs).BV == 128 and TritonKDA().config_for(inputs).heads == 1
+
+
+@pytest.mark.parametrize("text, complaint", [
+    ("BV=24", "BV must be a power of two"),
+    ("num_warps=3", "num_warps must be a power of two"),
+    ("num_stages=0", "num_stages must be in 1..8"),
+    ("BV=thirty", "BV must be an integer"),
+    ("tile=32", "is not NAME=VALUE"),
+    ("BV", "is not NAME=VALUE"),
+])
+def test_bad_config_override_is_a_clear_error_at_bind(monkeypatch, text, complaint):
+    inputs = make_inputs(2, 1, 2, 16, 16, device=DEVICE)
+    monkeypatch.setenv(CONFIG_ENV, text)
+    with pytest.raises(ValueError, match=complaint) as raised:
+        TritonKDA().config_for(inputs)
+    assert CONFIG_ENV in str(raised.value)
+
+
+def test_forced_config_is_validated():
+    with pytest.raises(ValueError, match="BV must be a power of two"):
+        TritonKDA(TileConfig(BV=12))
+
+
+def test_tune_script_regenerates_a_loadable_table(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import triton_tune
+    finally:
+        sys.path.pop(0)
+    rows = [dict(state_dtype="bfloat16", HV=32, K=128, V=128, B=B, slot_pad=0, config=config, status="ok",
+                 us=us, pct_copy=90.0, best=str(best))
+            for B, config, us, best in [(64, "BV=32,heads=1,num_warps=4,num_stages=1", 30.0, True),
+                                        (64, "BV=16,heads=1,num_warps=2,num_stages=1", 33.0, False),
+                                        (1, "BV=16,heads=2,num_warps=2,num_stages=2", 2.0, True)]]
+    csv_path = tmp_path / "triton_tune.csv"
+    with open(csv_path, "w", newline="") as f:
+        import csv
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    source = triton_tune.render_table([{k: str(v) for k, v in r.items()} for r in rows], None)
+    namespace = {}
+    exec(source, namespace)
+    assert namespace["TABLE"] == {("bfloat16", 32, 128, 128, 64): "BV=32,heads=1,num_warps=4,num_stages=1",
+                                  ("bfloat16", 32, 128, 128, 1): "BV=16,heads=2,num_warps=2,num_stages=2"}
+    assert "measured" in namespace["PROVENANCE"]
+
+
+# ---- on the GPU ---------------------------------------------------------------------------------------
+
+GPU_GRID = list(itertools.product((1, 8, 64, 512), (16, 32, 64), ((64, 64), (128, 128), (128, 256)), (0, 16, 64),
+                                  ("bfloat16", "float32")))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("B, HV, KV, slot_pad, state_dtype", GPU_GRID,
+                         ids=[f"B{b}-HV{hv}-K{k}V{v}-pad{p}-{d}" for b, hv, (k, v), p, d in GPU_GRID])
+def test_h200_grid(B, HV, KV, slot_pad, state_dtype):
+    K, V = KV
+    inputs = make_inputs(B, HV, HV, K, V, state_dtype=getattr(torch, state_dtype), slot_pad=slot_pad,
+                         pad_rows=B // 8, n_slots=B + 3, device="cuda", seed=B + HV + slot_pad)
+    verdict = verify(get("triton"), inputs)
+    assert verdict.ok, verdict
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("HV", [16, 64])
+def test_gva_on_gpu(HV):
+    inputs = make_inputs(64, HV // 4, HV, 128, 128, slot_pad=16, pad_rows=8, n_slots=70, device="cuda", seed=HV)
+    verdict = verify(get("triton"), inputs)
+    assert verdict.ok, verdict
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_cuda_graph_replay_equals_eager(state_dtype):
+    inputs = make_inputs(64, 32, 32, 128, 128, state_dtype=state_dtype, slot_pad=16, pad_rows=8, n_slots=72,
+                         device="cuda", seed=21)
+    eager, graphed = inputs.clone(), inputs.clone()
+    out_eager = get("triton").bind(eager)()
+    launch = get("triton").bind(graphed)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_graphed = launch()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_graphed, out_eager)
+    assert torch.equal(graphed.pool_span(), eager.pool_span())
+
+
+@gpu
+@needs_cuda
+def test_launcher_allocates_nothing():
+    inputs = make_inputs(64, 32, 32, 128, 128, device="cuda", seed=1)
+    launch = get("triton").bind(inputs)
+    launch()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    launch()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+
+
+@gpu
+@needs_cuda
+def test_config_override_reaches_the_compiled_kernel(monkeypatch):
+    from kda_impls.triton_kda import compile_kernel
+
+    inputs = make_inputs(16, 32, 32, 128, 128, slot_pad=64, pad_rows=2, n_slots=20, device="cuda", seed=8)
+    monkeypatch.setenv(CONFIG_ENV, "BV=16,heads=2,num_warps=2,num_stages=2")
+    config = TritonKDA().config_for(inputs)
+    assert config == TileConfig(BV=16, heads=2, num_warps=2, num_stages=2)
+    out = torch.empty(16, 32, 128, dtype=inputs.v.dtype, device="cuda")
+    assert compile_kernel(inputs, out, config).metadata.num_warps == 2
+    verdict = verify(TritonKDA(), inputs)
+    assert verdict.ok, verdict
