@@ -1,0 +1,85 @@
+"""Named sweeps: which configurations, and how long to time each.
+
+A preset is a union of grids (each a cartesian product over the axes it names; unnamed axes take
+:class:`Config`'s defaults) crossed with the implementations, plus the timing budgets.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from .config import Config
+from .timing import Budget
+
+AXES = ("B", "H", "HV", "K", "V", "slot_pad", "state_dtype", "pad_rows")
+POW2_TO_512 = tuple(1 << i for i in range(10))
+BF16_FP32 = ("bfloat16", "float32")
+
+# kimi-linear-48b is 60 configurations x every implementation and must finish in 60 s on the H200,
+# compilation included: ~40 ms of kernel sampling and ~15 ms of call sampling per row at most (rows
+# that converge stop sooner). The other presets buy tighter medians with more time.
+FAST = (Budget(min_samples=10, max_samples=500, max_seconds=0.04), Budget(min_samples=10, max_samples=300, max_seconds=0.015))
+THOROUGH = (Budget(min_samples=20, max_samples=2000, max_seconds=0.25), Budget(min_samples=20, max_samples=1000, max_seconds=0.1))
+CPU_SIZED = (Budget(min_samples=3, max_samples=30, max_seconds=0.02), Budget(min_samples=3, max_samples=30, max_seconds=0.01))
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    grids: tuple[dict, ...]
+    kernel: Budget
+    call: Budget
+
+    def configs(self, impls: list[str]) -> list[Config]:
+        """Every configuration of every grid for each implementation, without duplicates, skipping
+        combinations with more padding rows than rows. Grouped by implementation, shape-major."""
+        configs = {}
+        for grid in self.grids:
+            unknown = set(grid) - set(AXES)
+            if unknown:
+                raise ValueError(f"preset {self.name}: unknown axes {sorted(unknown)}")
+            for values in itertools.product(*grid.values()):
+                axes = dict(zip(grid, values))
+                if axes.get("pad_rows", 0) <= axes["B"]:
+                    configs |= {cfg.key(): cfg for cfg in (Config(impl=impl, **axes) for impl in impls)}
+        return sorted(configs.values(), key=lambda c: (impls.index(c.impl), c.H, c.HV, c.K, c.V, c.state_dtype,
+                                                       c.slot_pad, c.pad_rows, c.B))
+
+
+def _kimi_grid():
+    return dict(B=POW2_TO_512, H=(32,), HV=(32,), K=(128,), V=(128,), slot_pad=(0, 16, 64), state_dtype=BF16_FP32)
+
+
+def _gva_grids():
+    # value heads shared by 2, 4 and 8 q/k heads (Qwen3-Next's gated delta net is H=16, HV=32)
+    return tuple(dict(B=(1, 8, 64, 256), H=(h,), HV=(hv,), K=(128,), V=(128,), state_dtype=BF16_FP32)
+                 for h, hv in ((16, 32), (8, 32), (4, 32), (32, 64), (16, 64)))
+
+
+def _shapes_grids():
+    return tuple(dict(B=(1, 32, 256), H=(hv,), HV=(hv,), K=(64, 128, 256), V=(64, 128, 256)) for hv in (16, 32, 64))
+
+
+def _tiny(**axes):
+    return dict(B=(4,), H=(2,), HV=(2,), K=(16,), V=(16,)) | {k: (v,) for k, v in axes.items()}
+
+
+PRESETS = {
+    p.name: p
+    for p in (
+        Preset("smoke", "CPU-sized: tiny shapes touching every axis; seconds, Triton under TRITON_INTERPRET=1",
+               (_tiny() | {"B": (1, 4)}, _tiny(H=1, HV=2, K=32, V=16), _tiny(slot_pad=8),
+                _tiny(state_dtype="float32"), _tiny(pad_rows=1)),
+               *CPU_SIZED),
+        Preset("kimi-linear-48b", "Kimi-Linear-48B-A3B's KDA layer: H = HV = 32, K = V = 128, B 1..512, "
+               "slot padding 0/16/64, bf16 and fp32 state", (_kimi_grid(),), *FAST),
+        Preset("gva", "grouped value heads (H < HV), K = V = 128", _gva_grids(), *THOROUGH),
+        Preset("shapes", "HV 16/32/64 x K, V in 64/128/256, bf16 state", _shapes_grids(), *THOROUGH),
+        Preset("full", "kimi-linear-48b, gva and shapes, plus padding rows (CUDA-graph batch padding)",
+               (_kimi_grid(), *_gva_grids(), *_shapes_grids(),
+                dict(B=(8, 64, 512), H=(32,), HV=(32,), K=(128,), V=(128,), pad_rows=(1, 7), state_dtype=BF16_FP32)),
+               *THOROUGH),
+    )
+}

@@ -1,0 +1,114 @@
+"""A sweep directory on disk: one JSON file per finished row, assembled into results.csv and
+samples.json, and meta.json about the machine and the runs.
+
+Every file is replaced whole (:func:`atomic_write`), so a sweep killed at any instant leaves each file
+either as it was or complete; rows/ is the record that resuming reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .measure import COLUMNS
+
+SAMPLE_FILES = {"samples.json": "kernel_samples_us", "call_samples.json": "call_samples_us"}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` all at once: write a temporary file beside it, then os.replace.
+
+    A reader, or a later run after a SIGKILL, sees the old file or the new one, never a mix. (No
+    fsync: a killed process's writes survive in the page cache; only a power cut could lose them.)
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def remove_stale_temporaries(out_dir: Path) -> None:
+    """Temporaries a SIGKILL left between write and rename."""
+    for tmp in [*out_dir.glob(".*.tmp"), *(out_dir / "rows").glob(".*.tmp")]:
+        tmp.unlink(missing_ok=True)
+
+
+def write_row(out_dir: Path, row: dict) -> None:
+    rows = out_dir / "rows"
+    rows.mkdir(parents=True, exist_ok=True)
+    atomic_write(rows / f"{row['key']}.json", json.dumps(row))
+
+
+def read_rows(out_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((Path(out_dir) / "rows").glob("*.json"))]
+
+
+def assemble(out_dir: Path) -> pd.DataFrame:
+    """Write results.csv (one row per implementation x configuration, :data:`COLUMNS`) from rows/,
+    and the raw samples in microseconds keyed by the row's key: samples.json (kernel time, what the
+    regression gate tests) and call_samples.json (one eager call)."""
+    rows = read_rows(out_dir)
+    for name, column in SAMPLE_FILES.items():
+        atomic_write(out_dir / name, json.dumps({row["key"]: row[column] for row in rows}))
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table = table.sort_values(["impl", "H", "HV", "K", "V", "state_dtype", "slot_pad", "pad_rows", "B"],
+                              ignore_index=True)
+    atomic_write(out_dir / "results.csv", table.to_csv(index=False))
+    return table
+
+
+def _command(*args: str) -> str | None:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=10, cwd=REPO)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_state(out_dir: Path) -> dict:
+    """The checkout's commit, and whether tracked or untracked files differ from it (the sweep's own
+    output directory excepted)."""
+    exclude = []
+    if Path(out_dir).resolve().is_relative_to(REPO):
+        exclude = [f":(exclude){Path(out_dir).resolve().relative_to(REPO)}"]
+    status = _command("git", "status", "--porcelain", "--", ".", *exclude)
+    return {"sha": _command("git", "rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type != "cuda":
+        cpuinfo = Path("/proc/cpuinfo")
+        lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+        name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                    platform.machine())
+        return {"type": "cpu", "name": name, "cpu_count": os.cpu_count()}
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "type": "cuda", "name": props.name, "compute_capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count, "l2_bytes": props.L2_cache_size, "memory_bytes": props.total_memory,
+        "driver": _command("nvidia-smi", f"--id={device.index}", "--query-gpu=driver_version",
+                           "--format=csv,noheader"),
+        "cuda": torch.version.cuda,
+    }
+
+
+def read_meta(out_dir: Path) -> dict:
+    path = Path(out_dir) / "meta.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_meta(out_dir: Path, meta: dict) -> None:
+    atomic_write(Path(out_dir) / "meta.json", json.dumps(meta, indent=2, sort_keys=True))
