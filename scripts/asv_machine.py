@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Register this GPU box with asv and print its machine name (the only line on stdout).
+
+asv has no GPU field, yet the GPU is what the timings depend on, so the GPU goes into the machine
+name (``nvidia-h200``, plus ``--suffix`` to tell apart pools of one GPU model with different
+clocks or power limits) and into ``arch`` with its compute capability, memory, CUDA runtime and
+driver (``x86_64 NVIDIA H200 sm_90 140GiB CUDA 12.8 driver 570.124.06``). ``asv machine --yes``
+fills in the CPU, OS and RAM fields and writes ``~/.asv-machine.json``.
+
+    MACHINE=$(python3 scripts/asv_machine.py)
+    asv run -E existing --machine "$MACHINE" --set-commit-hash HEAD --record-samples
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import re
+import shutil
+import subprocess
+import sys
+
+import torch
+
+
+def gpu_description(index: int = 0) -> tuple[str, str]:
+    """(machine name, arch field) for CUDA device ``index``."""
+    props = torch.cuda.get_device_properties(index)
+    name = re.sub(r"[^a-z0-9]+", "-", props.name.lower()).strip("-")
+    arch = [platform.machine(), props.name, f"sm_{props.major}{props.minor}",
+            f"{props.total_memory / 2**30:.0f}GiB", f"CUDA {torch.version.cuda}"]
+    if shutil.which("nvidia-smi"):
+        query = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True)
+        if query.returncode == 0 and query.stdout.strip():
+            arch.append(f"driver {query.stdout.strip()}")
+    return name, " ".join(arch)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suffix", default="", help="appended to the GPU name: nvidia-h200-SUFFIX")
+    parser.add_argument("--device", type=int, default=0, help="CUDA device the benchmarks run on")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("asv_machine: no CUDA GPU here; name a CPU box with `asv machine --machine NAME --yes`",
+              file=sys.stderr)
+        return 2
+    name, arch = gpu_description(args.device)
+    if args.suffix:
+        name = f"{name}-{args.suffix}"
+    # asv's own writer, so the file matches the installed asv; its chatter goes to stderr
+    done = subprocess.run([sys.executable, "-m", "asv", "machine", "--machine", name, "--arch", arch, "--yes"],
+                          capture_output=True, text=True)
+    sys.stderr.write(done.stdout + done.stderr)
+    if done.returncode:
+        return done.returncode
+    print(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

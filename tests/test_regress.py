@@ -1,0 +1,297 @@
+"""The regression gate (kda_impls.regress, scripts/regress.py) on synthetic samples, in both input
+formats, and on result files written by asv itself."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asv_helpers import EXISTING, MACHINE, REPO, asv_env, register_machine, run_asv
+from kda_impls import regress
+from kda_impls.bench.config import Config
+from kda_impls.bench.measure import COLUMNS as COLUMNS_SWEEP
+from kda_impls.bench.results import assemble, write_meta, write_row
+
+BENCH = "decode.KernelTime.track_kernel"
+COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
+           "stats_q_25", "stats_q_75", "stats_number", "stats_repeat", "samples", "profile"]
+
+
+def asv_file(path: Path, samples: dict[tuple, list | None], machine: str = MACHINE, version: str = "v1",
+             params: list[list[str]] | None = None, record_samples: bool = True) -> Path:
+    """A result file as asv 0.6.6 writes it for one benchmark parametrised over (impl, B):
+    ``samples`` maps (impl repr, B repr) to the raw samples, None for a failed combination;
+    combinations absent from it were skipped (NaN)."""
+    params = params or [sorted({k[0] for k in samples}), sorted({k[1] for k in samples})]
+    result, lo, hi, repeat, kept = [], [], [], [], []
+    for combo in itertools.product(*params):
+        s = samples.get(combo)
+        if s is None:
+            result.append(None if combo in samples else math.nan)
+            lo.append(None), hi.append(None), repeat.append(None), kept.append(None)
+            continue
+        q = np.quantile(s, [0.005, 0.995])  # stands in for asv's order-statistic interval
+        result.append(float(np.median(s)))
+        lo.append(float(q[0])), hi.append(float(q[1])), repeat.append(len(s)), kept.append(list(s))
+    row = [result, params, version, 1700000000000, 1.0, lo, hi, None, None, [1] * len(result), repeat,
+           kept if record_samples else None]
+    data = {"commit_hash": "0" * 40, "env_name": "existing-py", "date": 1700000000000,
+            "params": {"machine": machine, "python": "3.11"}, "python": "3.11", "requirements": {},
+            "env_vars": {}, "result_columns": COLUMNS, "results": {BENCH: row}, "durations": {}, "version": 2}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def timings(seed: int, n: int = 60, median: float = 20e-6, cv: float = 0.01) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return list(median * rng.lognormal(0.0, cv, n))
+
+
+def name(impl: str, B: int) -> str:
+    return f"{BENCH}('{impl}', {B})"
+
+
+def gate(tmp_path: Path, a: Path, b: Path, *extra: str, cli: bool = False) -> tuple[int, dict, str]:
+    """(exit status, JSON report, printed text) of the gate; ``cli``: through scripts/regress.py."""
+    out = tmp_path / "gate.json"
+    args = [str(a), str(b), "--json", str(out), *extra]
+    if cli:
+        done = subprocess.run([sys.executable, str(REPO / "scripts" / "regress.py"), *args],
+                              capture_output=True, text=True)
+        code, printed = done.returncode, done.stdout + done.stderr
+    else:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            code = regress.main(args)
+        printed = printed.getvalue()
+    report = json.loads(out.read_text()) if out.exists() else {}
+    return code, report, printed
+
+
+def statuses(report: dict) -> dict[str, str]:
+    return {row["benchmark"]: row["status"] for row in report["rows"]}
+
+
+def test_equal_distributions_pass(tmp_path):
+    combos = [("'triton'", "1"), ("'triton'", "64"), ("'naive'", "1")]
+    a = asv_file(tmp_path / "a.json", {c: timings(i) for i, c in enumerate(combos)})
+    b = asv_file(tmp_path / "b.json", {c: timings(100 + i) for i, c in enumerate(combos)})
+    code, report, out = gate(tmp_path, a, b)
+    assert code == 0, out
+    assert report["counts"]["unchanged"] == 3 and report["regressed"] == []
+
+
+def test_ten_percent_shift_fails_naming_it(tmp_path):
+    combos = [("'triton'", "1"), ("'triton'", "64"), ("'naive'", "1")]
+    a = asv_file(tmp_path / "a.json", {c: timings(i) for i, c in enumerate(combos)})
+    slower = {c: timings(100 + i) for i, c in enumerate(combos)}
+    slower[("'triton'", "64")] = [1.10 * x for x in slower[("'triton'", "64")]]
+    b = asv_file(tmp_path / "b.json", slower)
+    code, report, out = gate(tmp_path, a, b, cli=True)
+    assert code == 1, out
+    assert report["regressed"] == [name("triton", 64)]
+    assert f"FAIL: 1 regressed: {name('triton', 64)}" in out
+    row = next(r for r in report["rows"] if r["benchmark"] == name("triton", 64))
+    assert row["ratio"] == pytest.approx(1.10, abs=0.01) and row["p"] < 1e-6 and row["test"] == "mann-whitney"
+
+
+def test_improvement_passes(tmp_path):
+    a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0)})
+    b = asv_file(tmp_path / "b.json", {("'triton'", "1"): [0.8 * x for x in timings(1)]})
+    code, report, _ = gate(tmp_path, a, b)
+    assert code == 0 and statuses(report) == {name("triton", 1): "improved"}
+
+
+def test_noisy_but_equal_passes(tmp_path):
+    # 40% spread and few samples: the medians differ by more than the threshold by chance,
+    # and the test sees that this is chance
+    a = asv_file(tmp_path / "a.json", {("'fla'", "1"): timings(3, n=8, cv=0.4)})
+    b = asv_file(tmp_path / "b.json", {("'fla'", "1"): timings(4, n=8, cv=0.4)})
+    code, report, out = gate(tmp_path, a, b)
+    (row,) = report["rows"]
+    assert row["ratio"] > 1.05 and row["p"] > 0.01, row
+    assert code == 0 and row["status"] == "unchanged", out
+
+
+def test_significant_but_below_threshold_passes(tmp_path):
+    a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0, n=200, cv=0.002)})
+    b = asv_file(tmp_path / "b.json", {("'triton'", "1"): [1.02 * x for x in timings(1, n=200, cv=0.002)]})
+    code, report, _ = gate(tmp_path, a, b)
+    (row,) = report["rows"]
+    assert row["p"] < 1e-10 and row["status"] == "unchanged" and code == 0
+
+
+def test_custom_threshold(tmp_path):
+    a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0, n=200, cv=0.002)})
+    b = asv_file(tmp_path / "b.json", {("'triton'", "1"): [1.02 * x for x in timings(1, n=200, cv=0.002)]})
+    code, report, _ = gate(tmp_path, a, b, "--threshold", "0.01")
+    assert code == 1 and report["regressed"] == [name("triton", 1)]
+
+
+def test_new_missing_skipped_and_failed(tmp_path):
+    params = [["'fla'", "'naive'", "'triton'"], ["1"]]
+    a = asv_file(tmp_path / "a.json", {("'naive'", "1"): timings(0), ("'fla'", "1"): timings(1)}, params=params)
+    # triton ran only in B (new); fla failed in B (missing); naive is unchanged
+    b = asv_file(tmp_path / "b.json", {("'naive'", "1"): timings(2), ("'fla'", "1"): None,
+                                       ("'triton'", "1"): timings(3)}, params=params)
+    code, report, out = gate(tmp_path, a, b)
+    assert code == 0, out
+    assert statuses(report) == {name("naive", 1): "unchanged", name("fla", 1): "missing",
+                                name("triton", 1): "new"}
+
+
+def test_without_samples_uses_confidence_intervals(tmp_path):
+    a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0), ("'naive'", "1"): timings(1, cv=0.3)},
+                 record_samples=False)
+    b = asv_file(tmp_path / "b.json", {("'triton'", "1"): [1.2 * x for x in timings(2)],
+                                       ("'naive'", "1"): [1.1 * x for x in timings(3, cv=0.3)]},
+                 record_samples=False)
+    code, report, _ = gate(tmp_path, a, b)
+    assert code == 1 and report["regressed"] == [name("triton", 1)]
+    tests = {row["benchmark"]: row["test"] for row in report["rows"]}
+    assert set(tests.values()) == {"ci99-overlap"}
+    assert statuses(report)[name("naive", 1)] == "unchanged"  # wide intervals overlap
+
+
+def test_changed_timing_method_is_not_compared(tmp_path):
+    a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0)}, version="v1")
+    b = asv_file(tmp_path / "b.json", {("'triton'", "1"): [2 * x for x in timings(1)]}, version="v2")
+    code, report, _ = gate(tmp_path, a, b)
+    assert code == 0 and statuses(report) == {name("triton", 1): "incomparable"}
+
+
+def test_refuses_results_from_different_machines(tmp_path):
+    a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0)}, machine="nvidia-h200")
+    b = asv_file(tmp_path / "b.json", {("'triton'", "1"): timings(1)}, machine="nvidia-h100-80gb-hbm3")
+    code, _, out = gate(tmp_path, a, b, cli=True)
+    assert code == 2 and "different machines" in out
+
+
+# ---- result files written by asv itself ------------------------------------------------------------
+
+SUITE = '''
+import os
+import random
+
+
+class Decode:
+    params = [["fast", "slow"], [1, 64]]
+    param_names = ["impl", "B"]
+    unit = "seconds"
+    version = "1"
+
+    def setup(self, impl, B):
+        if impl == "slow" and B == 64:
+            raise NotImplementedError("slow: B=64 not supported")
+
+    def track_kernel(self, impl, B):
+        scale = float(os.environ.get("SCALE_" + impl.upper(), "1"))
+        rng = random.Random()  # fresh noise every run, as a real timer has
+        return {"samples": [scale * 1e-5 * (1 + 0.01 * rng.random()) for _ in range(40)], "number": 1}
+'''
+
+
+@pytest.fixture(scope="module")
+def asv_project(tmp_path_factory):
+    """A git repository with a tiny asv suite (no torch: a run takes seconds) and its config."""
+    root = tmp_path_factory.mktemp("asv-project")
+    (root / "benchmarks").mkdir()
+    (root / "benchmarks" / "__init__.py").write_text("")
+    (root / "benchmarks" / "decode.py").write_text(textwrap.dedent(SUITE))
+    conf = dict(version=1, project="toy", repo=".", branches=["main"], environment_type="existing",
+                benchmark_dir="benchmarks", results_dir="results", html_dir="html", launch_method="spawn")
+    (root / "asv.conf.json").write_text(json.dumps(conf))
+    git = ["git", "-c", "user.name=ci", "-c", "user.email=ci@example.com"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=root, check=True)
+    subprocess.run(git + ["add", "-A"], cwd=root, check=True)
+    subprocess.run(git + ["commit", "-qm", "suite"], cwd=root, check=True)
+    env = asv_env(root)
+    register_machine(env)
+    return root, env
+
+
+def asv_results(project, label: str, **env_extra: str) -> Path:
+    """Run the toy suite into results-<label>/ and return its result file."""
+    root, env = project
+    conf = json.loads((root / "asv.conf.json").read_text())
+    conf["results_dir"] = f"results-{label}"
+    (root / f"{label}.conf.json").write_text(json.dumps(conf))
+    done = run_asv(["run", "--config", f"{label}.conf.json", "-E", EXISTING, "--machine", MACHINE,
+                    "--set-commit-hash", "HEAD", "--record-samples"], {**env, **env_extra}, cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (path,) = (root / f"results-{label}" / MACHINE).glob("*-existing-*.json")
+    return path
+
+
+def test_real_asv_files(tmp_path, asv_project):
+    a, again = asv_results(asv_project, "a"), asv_results(asv_project, "again")
+    slower = asv_results(asv_project, "slower", SCALE_FAST="1.10")
+
+    loaded = regress.load(a)
+    toy = "decode.Decode.track_kernel"
+    assert loaded.kind == "asv" and loaded.machine == MACHINE
+    assert set(loaded.measurements) == {f"{toy}('fast', 1)", f"{toy}('fast', 64)", f"{toy}('slow', 1)"}
+    assert all(len(m.samples) == 40 and m.version == "1" for m in loaded.measurements.values())
+
+    code, report, out = gate(tmp_path, a, again)
+    assert code == 0 and report["counts"]["unchanged"] == 3, out
+    code, report, out = gate(tmp_path, a, slower)
+    assert code == 1, out
+    assert sorted(report["regressed"]) == [f"{toy}('fast', 1)", f"{toy}('fast', 64)"]
+
+
+# ---- sweep directories -----------------------------------------------------------------------------
+
+def sweep_dir(path: Path, rows: dict[Config, list[float] | None], gpu: str = "NVIDIA H200") -> Path:
+    """A sweep directory written by the sweep's own writer: ``rows`` maps a config to its kernel
+    samples in microseconds, None for a row that could not run."""
+    for cfg, samples in rows.items():
+        row = dict.fromkeys(COLUMNS_SWEEP) | asdict(cfg) | {"key": cfg.key(), "kernel_samples_us": samples or [],
+                                                            "call_samples_us": []}
+        row |= {"status": "ok", "kernel_us_median": float(np.median(samples))} if samples else \
+            {"status": "unsupported", "reason": "needs a CUDA GPU"}
+        write_row(path, row)
+    assemble(path)
+    write_meta(path, {"gpu": gpu})
+    return path
+
+
+TRITON = Config("triton", 64, 32, 32, 128, 128)
+FLA = Config("fla", 64, 32, 32, 128, 128)
+
+
+def microseconds(seed: int, scale: float = 1.0) -> list[float]:
+    return [scale * 1e6 * x for x in timings(seed)]
+
+
+def test_sweep_directories(tmp_path):
+    a = sweep_dir(tmp_path / "a", {TRITON: microseconds(0), FLA: microseconds(1)})
+    same = sweep_dir(tmp_path / "same", {TRITON: microseconds(2), FLA: microseconds(3)})
+    slower = sweep_dir(tmp_path / "slower", {TRITON: microseconds(4, 1.10), FLA: None})
+    code, report, out = gate(tmp_path, a, same)
+    assert code == 0 and report["counts"]["unchanged"] == 2, out
+    code, report, out = gate(tmp_path, a, slower, cli=True)
+    assert code == 1, out
+    assert report["regressed"] == [TRITON.key()] and statuses(report)[FLA.key()] == "missing"
+    assert report["rows"][0]["test"] == "mann-whitney" and report["rows"][0]["n_a"] == 60
+
+
+def test_refuses_mixed_or_foreign_result_sets(tmp_path):
+    sweep = sweep_dir(tmp_path / "h200", {TRITON: microseconds(0)})
+    other_gpu = sweep_dir(tmp_path / "h100", {TRITON: microseconds(1)}, gpu="NVIDIA H100 80GB HBM3")
+    asv = asv_file(tmp_path / "a.json", {("'triton'", "64"): timings(0)})
+    assert gate(tmp_path, sweep, other_gpu)[0] == 2
+    code, _, out = gate(tmp_path, sweep, asv)
+    assert code == 2 and "cannot compare" in out
+    assert gate(tmp_path, sweep, tmp_path / "nowhere")[0] == 2
