@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""The GPU correctness grid: every implementation against the float64 reference on real shapes.
+
+B in {1, 8, 64, 512} x HV in {16, 32, 64} x (K, V) in {(64, 64), (128, 128), (128, 256)} x
+slot_pad in {0, 16, 64} x state dtype, H = HV, plus a GVA slice (H = HV / 4). Every case draws
+fresh inputs, poisons the output with NaN, and checks untouched slots and padding bit for bit
+(kda_impls.verify). Rows with slot -1 are included (B // 8 of them). Exits 1 if any case is wrong
+or errors; unsupported combinations are recorded with the implementation's reason.
+
+    python scripts/gpu_correctness.py --impls triton,fla,flashinfer --out results/h200/correctness
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_impls import ContractError, Unsupported, get, make_inputs, names, verify  # noqa: E402
+from kda_impls.bench.results import device_info, git_state, write_meta  # noqa: E402
+
+BATCHES = (1, 8, 64, 512)
+VALUE_HEADS = (16, 32, 64)
+HEAD_DIMS = ((64, 64), (128, 128), (128, 256))
+SLOT_PADS = (0, 16, 64)
+STATE_DTYPES = ("bfloat16", "float32")
+
+
+def grid():
+    for dtype, (K, V), HV, B, pad in itertools.product(STATE_DTYPES, HEAD_DIMS, VALUE_HEADS, BATCHES, SLOT_PADS):
+        yield dict(B=B, H=HV, HV=HV, K=K, V=V, slot_pad=pad, state_dtype=dtype)
+    for dtype, (K, V), HV, B in itertools.product(STATE_DTYPES, HEAD_DIMS, VALUE_HEADS, (8, 64)):
+        yield dict(B=B, H=HV // 4, HV=HV, K=K, V=V, slot_pad=16, state_dtype=dtype)
+
+
+def check_case(impl, case: dict, device: str, seed: int) -> dict:
+    row = {"impl": impl.name, **case, "pad_rows": case["B"] // 8}
+    inputs = make_inputs(**{**case, "state_dtype": getattr(torch, case["state_dtype"])}, pad_rows=row["pad_rows"],
+                         n_slots=case["B"] + 8, device=device, seed=seed)
+    reason = impl.unsupported(inputs)
+    if reason:
+        return {**row, "status": "unsupported", "detail": reason}
+    try:
+        verdict = verify(impl, inputs)
+    except (ContractError, Unsupported) as exc:
+        return {**row, "status": "error", "detail": str(exc)}
+    return {**row, "status": "ok" if verdict.ok else "wrong", "err_out": verdict.err_out,
+            "err_state": verdict.err_state, "detail": "; ".join(verdict.problems)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--impls", default=",".join(n for n in names() if n != "naive"))
+    parser.add_argument("--out", type=Path, required=True, help="directory for correctness.csv and meta.json")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+
+    impls = [get(n) for n in args.impls.split(",")]
+    cases = list(grid())
+    rows, started = [], time.perf_counter()
+    for impl in impls:
+        for seed, case in enumerate(tqdm(cases, desc=impl.name, mininterval=2.0)):
+            rows.append(check_case(impl, case, args.device, seed))
+            torch.cuda.empty_cache()
+    table = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "correctness.csv", index=False)
+    versions = {"python": platform.python_version()}
+    for impl in impls:
+        versions |= impl.versions()
+    write_meta(args.out, {"device": device_info(torch.device(args.device)), "versions": versions,
+                          "git": git_state(args.out), "host": platform.node(), "command": " ".join(sys.argv),
+                          "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                          "wall_s": round(time.perf_counter() - started, 1)})
+
+    summary = table.pivot_table(index="impl", columns="status", values="B", aggfunc="count", fill_value=0)
+    print(summary.to_string())
+    worst = table[table.status == "ok"].groupby(["impl", "state_dtype"])[["err_out", "err_state"]].max()
+    print("worst relative error among ok cases:\n" + worst.to_string(float_format="{:.2e}".format))
+    bad = table[table.status.isin(["wrong", "error"])]
+    if len(bad):
+        print(bad.head(20).to_string())
+    return 1 if len(bad) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Measure the Triton KDA decode kernel's tile configs on this GPU and regenerate the tuning table.
+
+Measure (one GPU, about 3 minutes; stops timing at --budget-s and still writes everything):
+
+    python3 scripts/triton_tune.py --out $OUT/triton_tune.csv
+
+For HV in {16, 32, 64}, (K, V) in {(64, 64), (128, 128), (128, 256)}, B in {1, 16, 64, 256}, bf16
+and fp32 state (H = HV), each candidate tile config is verified once against the float64
+reference (kda_impls.verify on a small batch: the compiled kernel does not depend on B), then
+timed with the harness's kernel_time (CUDA-graph replay, events, median) over launches on
+disjoint slots of one pool and disjoint input rows, so that one pass touches at least 3x the L2
+and every launch runs L2-cold. The best config
+per shape is also timed on a pool with padded slots. Bandwidth counts the state read and written
+once plus every input and the output (DecodeInputs.nbytes), against an in-run 1 GiB
+device-to-device copy (bytes read + written).
+
+Writes the CSV (every candidate), a JSON of the environment and the copy bandwidth beside it
+(``.json``), the regenerated ``triton_tuning.py`` beside it, and prints the best per shape.
+
+Regenerate the committed table from a measurement (no GPU needed):
+
+    python3 scripts/triton_tune.py --write-table results/h200/triton_tune.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_impls import DecodeInputs, make_inputs, verify  # noqa: E402
+from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth  # noqa: E402
+from kda_impls.bench.timing import kernel_time  # noqa: E402
+from kda_impls.triton_kda import TileConfig, TritonKDA, choose_config, compile_kernel, table_key  # noqa: E402
+
+VALUE_HEADS = (16, 32, 64)
+HEAD_DIMS = ((128, 128), (64, 64), (128, 256))
+BATCHES = (1, 16, 64, 256)
+STATE_DTYPES = (torch.bfloat16, torch.float32)
+PADDED_SLOT = 64  # elements of padding per slot for the padding-cost timing
+L2_MULTIPLE = 3  # one graph replay touches at least this many L2s of distinct bytes
+TABLE_PATH = Path(__file__).resolve().parents[1] / "kda_impls" / "triton_tuning.py"
+# Per timing: sample until the median's 95% interval is within 1%, or 0.1 s (many configs to time).
+TIMING_BUDGET = dict(min_samples=5, max_seconds=0.1, rel_ci=0.01)
+COLUMNS = ["state_dtype", "HV", "K", "V", "B", "slot_pad", "config", "source", "status", "us", "bytes",
+           "GBps", "pct_copy", "floor_us", "launches", "method", "samples", "regs", "spills", "best"]
+
+
+def candidate_configs(K: int, V: int, element_size: int, B: int) -> list[TileConfig]:
+    """A small set that brackets the design point: tiles of 2-16 KiB of state, 32 to 256 bytes of
+    state per thread (32 only for small batches, which need many programs to fill the SMs; the
+    first H200 run showed large batches gaining from more bytes per thread: more of the state in
+    flight per register), and one head group whose loads are pipelined (``heads`` = 2)."""
+    per_thread = (32, 64, 128) if B <= 16 else (64, 128, 256)
+    configs = []
+    for tile in (2048, 4096, 8192, 16384):
+        BV = max(1, min(V, tile // (K * element_size)))
+        for bytes_per_thread in per_thread:
+            num_warps = max(1, min(8, BV * K * element_size // (bytes_per_thread * 32)))
+            configs.append(TileConfig(BV=BV, num_warps=num_warps))
+    BV = max(1, min(V, 8192 // (K * element_size)))
+    num_warps = max(1, min(8, BV * K * element_size // (64 * 32)))
+    configs.append(TileConfig(BV=BV, heads=2, num_warps=num_warps, num_stages=2))
+    return list(dict.fromkeys(configs))
+
+
+class Rotation:
+    """``launches`` disjoint decode steps of batch ``B`` over one pool and one set of input rows:
+    step r owns rows [r*B, (r+1)*B) and the distinct slots those rows name."""
+
+    def __init__(self, HV, K, V, B, state_dtype, slot_pad, l2_bytes, device, seed):
+        # sized by the state alone, which is most of a step's bytes: the replay's bytes only exceed this
+        state_bytes = 2 * B * HV * V * K * torch.empty((), dtype=state_dtype).element_size()
+        self.launches = max(2, math.ceil(L2_MULTIPLE * l2_bytes / state_bytes))
+        total = self.launches * B
+        self.inputs = make_inputs(total, HV, HV, K, V, state_dtype=state_dtype, slot_pad=slot_pad, n_slots=total,
+                                  device=device, seed=seed)
+        self.out = torch.empty(total, HV, V, dtype=self.inputs.v.dtype, device=device)
+        self.B, self.device = B, device
+        self.step_bytes = self.step(0)[0].nbytes()
+
+    def step(self, r: int) -> tuple[DecodeInputs, torch.Tensor]:
+        x, rows = self.inputs, slice(r * self.B, (r + 1) * self.B)
+        part = DecodeInputs(q=x.q[rows], k=x.k[rows], v=x.v[rows], a=x.a[rows], b=x.b[rows], A_log=x.A_log,
+                            dt_bias=x.dt_bias, state=x.state, slots=x.slots[rows], scale=x.scale)
+        return part, self.out[rows]
+
+    def launchers(self, impl: TritonKDA):
+        # _launcher, not bind: the rotation is valid by construction, and bind's checks (a device
+        # sync each) would dominate binding hundreds of launchers. verify() ran bind's path already.
+        return [impl._launcher(*self.step(r)) for r in range(self.launches)]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def measure(args) -> int:
+    device = torch.device("cuda")
+    props = torch.cuda.get_device_properties(device)
+    l2_bytes = props.L2_cache_size
+    started = time.perf_counter()
+    copy_gbps = copy_bandwidth(device) / 1e9
+    meta = {
+        "gpu": props.name, "compute_capability": f"{props.major}.{props.minor}",
+        "multiprocessors": props.multi_processor_count, "l2_bytes": l2_bytes, "memory_bytes": props.total_memory,
+        "torch": torch.__version__, "cuda": torch.version.cuda, **TritonKDA().versions(),
+        "copy_GBps": copy_gbps, "copy_bytes": 2 * GPU_COPY_BYTES, "l2_multiple": L2_MULTIPLE,
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    print(f"{props.name}: L2 {l2_bytes / 2**20:.0f} MiB, copy {copy_gbps:.0f} GB/s (1 GiB, read + write); "
+          f"torch {torch.__version__}, triton {meta['triton']}", flush=True)
+
+    rows = []
+    for state_dtype in STATE_DTYPES:
+        for K, V in HEAD_DIMS:
+            for HV in VALUE_HEADS:
+                rows += tune_shape(HV, K, V, state_dtype, device, l2_bytes, copy_gbps, started, args.budget_s)
+    meta["wall_s"] = time.perf_counter() - started
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    args.out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+    table_out = args.out.with_name("triton_tuning.py")
+    table_out.write_text(render_table(rows, meta))
+    print_summary(rows)
+    print(f"\nwrote {args.out}, {args.out.with_suffix('.json')}, {table_out} in {meta['wall_s']:.0f} s")
+    failed = [r for r in rows if r["status"] not in ("ok", "skipped: time budget")]
+    return 1 if failed else 0
+
+
+def tune_shape(HV, K, V, state_dtype, device, l2_bytes, copy_gbps, started, budget_s) -> list[dict]:
+    """Every batch size of one shape: each config verified once (per shape), timed per batch."""
+    esize = torch.empty((), dtype=state_dtype).element_size()
+    verdicts: dict[TileConfig, str] = {}
+    rows = []
+    for B in BATCHES:
+        base = dict(state_dtype=dtype_name(state_dtype), HV=HV, K=K, V=V, B=B, slot_pad=0)
+        configs = {c.fitted(HV, V): "candidate" for c in candidate_configs(K, V, esize, B)}
+        tabled = choose_config(state_dtype, HV, K, V, B).fitted(HV, V)
+        configs[tabled] = "table+candidate" if tabled in configs else "table"
+        if time.perf_counter() - started > budget_s:
+            rows += [{**base, "config": str(c), "source": s, "status": "skipped: time budget"}
+                     for c, s in configs.items()]
+            continue
+        try:
+            rows += tune_batch(base, configs, verdicts, device, l2_bytes, copy_gbps)
+        except Exception as exc:  # out of memory, say: record it, go on with the next batch size
+            rows.append({**base, "status": f"error: {type(exc).__name__}: {exc}"[:300]})
+        torch.cuda.empty_cache()
+    best = ", ".join(f"B={r['B']} {r['us']:.2f}" for r in rows if r.get("best")) or "none"
+    print(f"{time.perf_counter() - started:5.0f} s  {dtype_name(state_dtype):8} HV={HV:<3} K={K:<3} V={V:<3} "
+          f"best us: {best}", flush=True)
+    return rows
+
+
+def tune_batch(base: dict, configs: dict, verdicts: dict, device, l2_bytes, copy_gbps) -> list[dict]:
+    HV, K, V, B = base["HV"], base["K"], base["V"], base["B"]
+    state_dtype = getattr(torch, base["state_dtype"])
+    rotation = Rotation(HV, K, V, B, state_dtype, 0, l2_bytes, device, seed=B)
+    rows = []
+    for config, source in configs.items():
+        row = {**base, "config": str(config), "source": source, "launches": rotation.launches}
+        if config not in verdicts:
+            verdicts[config] = check_config(config, HV, K, V, state_dtype, device)
+        row["status"] = verdicts[config]
+        if row["status"] == "ok":
+            try:
+                compiled = compile_kernel(*rotation.step(0), config)
+                row.update(regs=compiled.n_regs, spills=compiled.n_spills)
+                row.update(timing_columns(rotation, TritonKDA(config), copy_gbps))
+            except Exception as exc:  # a config the compiler or the GPU rejects must not end the run
+                row["status"] = f"error: {type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+    del rotation
+    timed = [r for r in rows if r["status"] == "ok"]
+    if timed:
+        best = min(timed, key=lambda r: r["us"])
+        best["best"] = True
+        rows.append(time_padded(best, state_dtype, device, l2_bytes, copy_gbps))
+    return rows
+
+
+def check_config(config: TileConfig, HV, K, V, state_dtype, device) -> str:
+    """One verify() on a small batch with a padded pool and a -1 row: 'ok' or why not."""
+    inputs = make_inputs(4, HV, HV, K, V, state_dtype=state_dtype, slot_pad=16, pad_rows=1, device=device, seed=7)
+    try:
+        verdict = verify(TritonKDA(config), inputs)
+    except Exception as exc:
+        return f"error: {type(exc).__name__}: {exc}"[:300]
+    return "ok" if verdict.ok else f"wrong: {verdict}"[:300]
+
+
+def time_padded(best: dict, state_dtype, device, l2_bytes, copy_gbps) -> dict:
+    """The best config again, on a pool whose slots are PADDED_SLOT elements apart beyond HV*V*K."""
+    HV, K, V, B = best["HV"], best["K"], best["V"], best["B"]
+    config = TileConfig.parse(best["config"], TileConfig(BV=V), source="best config")
+    row = {**best, "slot_pad": PADDED_SLOT, "source": "best, padded pool", "best": False}
+    try:
+        rotation = Rotation(HV, K, V, B, state_dtype, PADDED_SLOT, l2_bytes, device, seed=B + 1)
+        row.update(timing_columns(rotation, TritonKDA(config), copy_gbps), launches=rotation.launches)
+    except Exception as exc:
+        row.update(status=f"error: {type(exc).__name__}: {exc}"[:300], us=None)
+    return row
+
+
+def timing_columns(rotation: Rotation, impl: TritonKDA, copy_gbps: float) -> dict:
+    """Time one launch of ``impl`` over ``rotation`` (the harness's L2-cold graph-replay timer)."""
+    timing = kernel_time(rotation.launchers(impl), rotation.device, **TIMING_BUDGET)
+    us, step_bytes = timing.median * 1e6, rotation.step_bytes
+    gbps = step_bytes / (us * 1e-6) / 1e9
+    return {"us": us, "bytes": step_bytes, "GBps": gbps, "pct_copy": 100 * gbps / copy_gbps,
+            "floor_us": step_bytes / (copy_gbps * 1e9) * 1e6, "method": timing.method, "samples": timing.n}
+
+
+def print_summary(rows: list[dict]) -> None:
+    best = {key_of(r): r for r in rows if r.get("best") in (True, "True")}
+    padded = {key_of(r): r for r in rows if int(r["slot_pad"] or 0) == PADDED_SLOT and r.get("us") not in (None, "")}
+    print(f"\n{'state':8} {'HV':>3} {'K':>4} {'V':>4} {'B':>4}  {'best config':40} {'us':>8} {'GB/s':>6} "
+          f"{'%copy':>6} {'floor us':>8} {'pad' + str(PADDED_SLOT) + ' us':>9} {'pad cost':>8}")
+    for key in sorted(best, key=lambda k: (k[0], k[2], k[3], k[1], k[4])):
+        r, p = best[key], padded.get(key)
+        us = float(r["us"])
+        pad = f"{float(p['us']):9.2f} {100 * (float(p['us']) / us - 1):+7.1f}%" if p else f"{'-':>9} {'-':>8}"
+        print(f"{r['state_dtype']:8} {r['HV']:>3} {r['K']:>4} {r['V']:>4} {r['B']:>4}  {r['config']:40} {us:8.2f} "
+              f"{float(r['GBps']):6.0f} {float(r['pct_copy']):5.1f}% {float(r['floor_us']):8.2f} {pad}")
+
+
+def key_of(row: dict) -> tuple:
+    return (row["state_dtype"], int(row["HV"]), int(row["K"]), int(row["V"]), int(row["B"]))
+
+
+def render_table(rows: list[dict], meta: dict | None) -> str:
+    """The source of kda_impls/triton_tuning.py from measured rows (the best per shape)."""
+    if meta:
+        provenance = (f"measured on {meta['gpu']} (torch {meta['torch']}, triton {meta['triton']}) by "
+                      f"scripts/triton_tune.py, started {meta['started']}; "
+                      f"in-run copy {float(meta['copy_GBps']):.0f} GB/s")
+    else:
+        provenance = "measured by scripts/triton_tune.py (no metadata file beside the CSV)"
+    best = {key_of(r): r for r in rows if r.get("best") in (True, "True")}
+    entries = {table_key(getattr(torch, k[0]), *k[1:]): (best[k]["config"],
+               f"{float(best[k]['us']):.2f} us, {float(best[k]['pct_copy']):.0f}% of copy") for k in best}
+    return table_source(provenance, entries)
+
+
+def table_source(provenance: str, entries: dict) -> str:
+    """``entries``: ``{table key: (config string, comment or None)}``."""
+    lines = [
+        '"""Tile configs of the Triton KDA decode kernel by (state dtype, HV, K, V, B); see',
+        "kda_impls.triton_kda.choose_config (nearest tabled B, fp16 state uses the bfloat16 rows).",
+        "",
+        "Generated by scripts/triton_tune.py; regenerate rather than edit:",
+        "    python3 scripts/triton_tune.py --write-table <triton_tune.csv>",
+        '"""',
+        "",
+        f"PROVENANCE = {provenance!r}",
+        "",
+        "TABLE = {",
+    ]
+    for key in sorted(entries, key=lambda k: (k[0], k[2], k[3], k[1], k[4])):
+        config, comment = entries[key]
+        lines.append(f"    {key!r}: {config!r},{'  # ' + comment if comment else ''}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def write_table(csv_path: Path, into: Path) -> int:
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    meta_path = csv_path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
+    if not any(r.get("best") == "True" for r in rows):
+        print(f"{csv_path}: no measured best config in it; table left as it was")
+        return 1
+    into.write_text(render_table(rows, meta))
+    print(f"wrote {into} from {csv_path}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "triton_tune.csv",
+                        help="CSV of every candidate (default $OUT/triton_tune.csv)")
+    parser.add_argument("--budget-s", type=float, default=200.0,
+                        help="stop timing new shapes after this many seconds (default 200)")
+    parser.add_argument("--write-table", type=Path, metavar="CSV",
+                        help="regenerate kda_impls/triton_tuning.py from a measured CSV and exit")
+    args = parser.parse_args()
+    if args.write_table:
+        return write_table(args.write_table, TABLE_PATH)
+    if not torch.cuda.is_available():
+        print("measuring needs a CUDA GPU; none is available (--write-table needs none)")
+        return 2
+    if os.environ.get("KDA_TRITON_CONFIG"):
+        print("note: KDA_TRITON_CONFIG is set; the candidates here are forced per config and ignore it")
+    return measure(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
