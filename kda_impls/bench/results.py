@@ -84,8 +84,13 @@ def git_state(out_dir: Path) -> dict:
     exclude = []
     if Path(out_dir).resolve().is_relative_to(REPO):
         exclude = [f":(exclude){Path(out_dir).resolve().relative_to(REPO)}"]
+    sha = _command("git", "rev-parse", "HEAD")
+    if sha is None:  # a copy of the tree without .git (a lent GPU box): the launcher states the commit
+        dirty = os.environ.get("KDA_GIT_DIRTY")
+        return {"sha": os.environ.get("KDA_GIT_SHA"), "dirty": None if dirty is None else dirty == "1",
+                "source": "environment (KDA_GIT_SHA, KDA_GIT_DIRTY)"}
     status = _command("git", "status", "--porcelain", "--", ".", *exclude)
-    return {"sha": _command("git", "rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+    return {"sha": sha, "dirty": None if status is None else bool(status)}
 
 
 def device_info(device: torch.device) -> dict:

@@ -36,6 +36,7 @@ Launcher = Callable[[], object]
 TARGET_PASS_S = 3e-4
 MAX_CALLS_PER_PASS = 1000
 COLD_FACTOR = 3  # input sets rotate until their bytes are this many times the L2
+MIN_INPUT_SETS = 2  # see rotation_inputs
 BATCH = 8  # samples taken between checks of the stopping rule
 CONFIDENCE = 0.95
 
@@ -289,12 +290,19 @@ def working_set_bytes(inputs: DecodeInputs) -> int:
 
 
 def rotation_inputs(cfg: Config, device, *, l2_cold: bool = True, seed: int = 0) -> list[DecodeInputs]:
-    """Independent input sets of ``cfg`` whose pools and inputs add up to >= 3x the L2, so that
-    cycling them is L2-cold; one set when ``l2_cold`` is False, and on the CPU. Each pool has B
-    slots (every one live but the padding rows'): the least memory, the same bytes moved."""
+    """Independent input sets of ``cfg`` whose pools and inputs add up to >= 3x the L2, and at least
+    two, so that cycling them is L2-cold; one set when ``l2_cold`` is False, and on the CPU. Each
+    pool has B slots (every one live but the padding rows'): the least memory, the same bytes moved.
+
+    At least two because consecutive calls in a model update different layers' pools, never one
+    pool twice in a row; on the H200 a single pool of >= 3x the L2 updated back to back measured
+    slower per byte than alternating ones at B >= 256 (docs/perf-notes.md).
+    """
     device = as_device(device)
     first = cfg.make_inputs(device, seed, n_slots=cfg.B)
-    copies = math.ceil(COLD_FACTOR * l2_bytes(device) / working_set_bytes(first)) if l2_cold else 1
+    copies = 1
+    if l2_cold and device.type == "cuda":
+        copies = max(MIN_INPUT_SETS, math.ceil(COLD_FACTOR * l2_bytes(device) / working_set_bytes(first)))
     return [first] + [first.clone() for _ in range(copies - 1)]
 
 
