@@ -196,6 +196,8 @@ def test_rotation_covers_three_times_the_l2(monkeypatch):
     assert len({x.state.data_ptr() for x in sets}) == len(sets)  # independent pools
     assert all(x.N == cfg.B and x.slot_stride == 2 * 16 * 16 + 4 for x in sets)
     assert len(rotation_inputs(cfg, "cpu", l2_cold=False)) == 1
+    monkeypatch.setattr(timing, "l2_bytes", lambda device: 1)  # one set would cover it: still two pools
+    assert len(rotation_inputs(cfg, "cpu")) == 2
 
 
 def test_config_key_and_batch_scaling():

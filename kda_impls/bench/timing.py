@@ -300,9 +300,8 @@ def rotation_inputs(cfg: Config, device, *, l2_cold: bool = True, seed: int = 0)
     """
     device = as_device(device)
     first = cfg.make_inputs(device, seed, n_slots=cfg.B)
-    copies = 1
-    if l2_cold and device.type == "cuda":
-        copies = max(MIN_INPUT_SETS, math.ceil(COLD_FACTOR * l2_bytes(device) / working_set_bytes(first)))
+    l2 = l2_bytes(device) if l2_cold else 0
+    copies = max(MIN_INPUT_SETS, math.ceil(COLD_FACTOR * l2 / working_set_bytes(first))) if l2 else 1
     return [first] + [first.clone() for _ in range(copies - 1)]
 
 
