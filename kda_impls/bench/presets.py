@@ -62,6 +62,12 @@ def _shapes_grids():
     return tuple(dict(B=(1, 32, 256), H=(hv,), HV=(hv,), K=(64, 128, 256), V=(64, 128, 256)) for hv in (16, 32, 64))
 
 
+def _targets_grids():
+    # the Triton kernel's targets: K = V = 64 and 128, H = HV 16-64, bf16 and fp32 state, padded or not
+    return tuple(dict(B=(1, 16, 64, 256), H=(hv,), HV=(hv,), K=(d,), V=(d,), slot_pad=(0, 64), state_dtype=BF16_FP32)
+                 for hv in (16, 32, 64) for d in (64, 128))
+
+
 def _tiny(**axes):
     return dict(B=(4,), H=(2,), HV=(2,), K=(16,), V=(16,)) | {k: (v,) for k, v in axes.items()}
 
@@ -75,6 +81,8 @@ PRESETS = {
                *CPU_SIZED),
         Preset("kimi-linear-48b", "Kimi-Linear-48B-A3B's KDA layer: H = HV = 32, K = V = 128, B 1..512, "
                "slot padding 0/16/64, bf16 and fp32 state", (_kimi_grid(),), *FAST),
+        Preset("targets", "the Triton issue's targets: H = HV 16/32/64, K = V 64/128, B 1/16/64/256, slot_pad "
+               "0/64, bf16 and fp32 state (scripts/targets.py reports them)", _targets_grids(), *FAST),
         Preset("gva", "grouped value heads (H < HV), K = V = 128", _gva_grids(), *THOROUGH),
         Preset("shapes", "HV 16/32/64 x K, V in 64/128/256, bf16 state", _shapes_grids(), *THOROUGH),
         Preset("full", "kimi-linear-48b, gva and shapes, plus padding rows (CUDA-graph batch padding)",
