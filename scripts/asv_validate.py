@@ -28,7 +28,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -58,15 +57,22 @@ def commit_to_label(scratch: Path) -> tuple[Path, str, str]:
         return REPO, head.stdout.strip(), branch
     print("asv_validate: no git history here; filing results under a scratch repository's commit", flush=True)
     git = ["git", "-C", str(scratch), "-c", "user.name=asv-validate", "-c", "user.email=asv-validate@localhost"]
-    sh(["git", "init", "-q", "-b", "main", str(scratch)], check=True)
-    sh(git + ["commit", "-q", "--allow-empty", "-m", "asv validation of an uncommitted tree"], check=True)
+    if not (scratch / ".git").exists():  # kept across calls, so a resumed validation files under one commit
+        sh(["git", "init", "-q", "-b", "main", str(scratch)], check=True)
+        source = os.environ.get("KDA_GIT_SHA", "an uncommitted tree")
+        sh(git + ["commit", "-q", "--allow-empty", "-m", f"asv validation of {source}"], check=True)
     return scratch, sh(git + ["rev-parse", "HEAD"], capture_output=True, check=True).stdout.strip(), "main"
 
 
 def asv_run(out: Path, label: str, conf: dict, machine: str, commit: str, env: dict, bench: list[str]
             ) -> tuple[Path | None, float, int]:
     """Run the suite (``bench``: asv --bench arguments) into ``out/results-<label>``; (result file,
-    seconds, asv's exit status)."""
+    seconds, asv's exit status). A run whose result file is already there is kept, not repeated
+    (seconds None): a validation cut short by a call's time limit resumes where it stopped."""
+    done_before = list((out / f"results-{label}" / machine).glob(f"{commit[:8]}-existing-*.json"))
+    if len(done_before) == 1:
+        print(f"asv run {label}: kept from an earlier call", flush=True)
+        return done_before[0], None, 0
     conf_path = out / f"{label}.conf.json"
     conf_path.write_text(json.dumps({**conf, "results_dir": str(out / f"results-{label}")}, indent=1))
     start = time.monotonic()
@@ -131,7 +137,7 @@ def main() -> int:
 
     machine = args.machine or sh([sys.executable, str(REPO / "scripts" / "asv_machine.py"), "--suffix",
                                   args.machine_suffix], capture_output=True, check=True).stdout.strip()
-    repo, commit, branch = commit_to_label(Path(tempfile.mkdtemp(prefix="asv-validate-repo-")))
+    repo, commit, branch = commit_to_label(out / "scratch-repo")
     conf = json5.loads((REPO / "asv.conf.json").read_text())
     conf.update(repo=str(repo), branches=[branch], benchmark_dir=str(REPO / "benchmarks"), html_dir=str(out / "html"))
 
@@ -163,7 +169,8 @@ def main() -> int:
     ratios = {row["benchmark"]: row["ratio"] for row in slow_report.get("rows", [])}
     summary = dict(
         machine=machine, commit=commit, profile=args.profile, slow_config=args.slow_config,
-        seconds=dict(a1=round(t_a1), a2=round(t_a2), slow=round(t_slow), total=round(time.monotonic() - started)),
+        source_commit=os.environ.get("KDA_GIT_SHA") if repo != REPO else commit,
+        seconds=dict(a1=t_a1, a2=t_a2, slow=t_slow, this_call=round(time.monotonic() - started)),
         asv_run_exit=dict(a1=rc_a1, a2=rc_a2, slow=rc_slow),
         aa=dict(exit=aa_exit, counts=aa_report.get("counts"), max_cv_of_median=table["cv_of_median"].max()),
         slow=dict(exit=slow_exit, counts=slow_report.get("counts"), flagged=flagged,

@@ -5,7 +5,9 @@
 #
 #   scripts/h200_run.sh checks    # carry .gpu/part1: Triton GPU tests, compute-sanitizer
 #   scripts/h200_run.sh sweeps    # carry .gpu/part2: correctness grid, kimi-linear-48b, targets, shapes
-#   scripts/h200_run.sh asv       # asv A/A + planted slowdown + publish (after sweeps, same machine)
+#   scripts/h200_run.sh asv       # asv A/A + planted slowdown + publish (after sweeps, same machine;
+#                                 # each asv run of the quick profile takes ~4.5 min, so this takes two
+#                                 # calls: the second resumes where the first's time limit stopped it)
 #
 # Logs and a tarball of each step's result directories land in $OUT (default ./h200-out); unpack
 # the tarball into results/h200/ and commit. Steps are bounded by `timeout` so that a slow one
@@ -55,7 +57,7 @@ case ${1:-} in
   asv)
     source /root/gpu-site/env.sh
     step asv-validate 540 python3 scripts/asv_validate.py "$RES/asv-validation"
-    tar -C "$RES" -czf "$OUT/asv.tgz" --exclude=html asv-validation
+    tar -C "$RES" -czf "$OUT/asv.tgz" --exclude=html --exclude=scratch-repo asv-validation
     ;;
   *)
     echo "usage: $0 checks|sweeps|asv" >&2; exit 2 ;;

@@ -295,3 +295,20 @@ def test_refuses_mixed_or_foreign_result_sets(tmp_path):
     code, _, out = gate(tmp_path, sweep, asv)
     assert code == 2 and "cannot compare" in out
     assert gate(tmp_path, sweep, tmp_path / "nowhere")[0] == 2
+
+
+def test_thresholds_by_benchmark_name(tmp_path):
+    """Call latency gets the wide default threshold (its between-run drift), kernel time the
+    narrow one; --threshold-for replaces the defaults."""
+    shifted = {("'triton'", "1"): timings(1), ("'naive'", "1"): timings(2)}
+    slower = {("'triton'", "1"): timings(3, median=24e-6), ("'naive'", "1"): timings(4, median=24e-6)}
+    a = asv_file(tmp_path / "a.json", shifted)
+    b = asv_file(tmp_path / "b.json", slower)
+    code, report, _ = gate(tmp_path, a, b)
+    assert code == 1 and len(report["regressed"]) == 2  # kernel-time names: the 5% default
+    code, report, printed = gate(tmp_path, a, b, "--threshold-for", r"'naive'=0.5")
+    assert code == 1 and report["regressed"] == [name("triton", 1)]
+    assert report["thresholds"] == {"'naive'": 0.5}
+    call = regress.compare(regress.load(a), regress.load(b), thresholds={"track_kernel": 0.5})
+    assert set(call["status"]) == {"unchanged"} and set(call["threshold"]) == {0.5}
+    assert regress.threshold_for("decode.CallTime.track_call('fla', 1)", 0.05, regress.DEFAULT_THRESHOLDS) == 0.5
