@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Validate the asv suite and the regression gate on one GPU box, in one call (budget: 9 minutes).
+"""Validate the asv suite and the regression gate on one GPU box (three quick runs; resumable).
 
 1. Register the machine after its GPU (scripts/asv_machine.py).
 2. A/A: run the suite twice on one commit, into two result sets; scripts/regress.py must pass
