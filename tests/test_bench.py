@@ -221,3 +221,10 @@ def test_presets():
     assert all(c.H < c.HV for c in PRESETS["gva"].configs(["naive"]))
     assert {c.HV for c in PRESETS["shapes"].configs(["naive"])} == {16, 32, 64}
     assert len(PRESETS["full"].configs(["naive"])) > len(kimi)
+
+
+def test_rotation_pools_can_hold_more_slots_than_rows():
+    cfg = Config("naive", B=3, H=1, HV=2, K=16, V=16)
+    sets = rotation_inputs(cfg, "cpu", pool_slots_per_row=4)
+    assert [x.N for x in sets] == [12]
+    assert sets[0].slots.unique().numel() == 3 and int(sets[0].slots.max()) < 12

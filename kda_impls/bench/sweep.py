@@ -224,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="results directory (default: sweeps/PRESET-DEVICE in the repository)")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is available")
     parser.add_argument("--l2-hot", action="store_true", help="time one input set repeatedly instead of an L2-cold rotation")
+    parser.add_argument("--pool-slots-per-row", type=int, default=1, metavar="N",
+                        help="timed pools hold N*B slots, the rows' slots drawn at random among them (default 1: "
+                             "every slot live; a serving pool holds more slots than the batch)")
     parser.add_argument("--baseline", help="implementation the speedup chart divides by (default: flashinfer, else naive)")
     parser.add_argument("--row-timeout", type=float, default=600.0, help="seconds before a silent worker is killed")
     parser.add_argument("--retry-crashed", action="store_true", help="measure rows recorded as crashed again")
@@ -241,7 +244,10 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown implementations {unknown}; registered: {registry.names()}")
     out_dir = args.out or REPO / "sweeps" / f"{preset.name}-{device}"
-    settings = Settings(device=device, l2_cold=not args.l2_hot, kernel=preset.kernel, call=preset.call)
+    if args.pool_slots_per_row < 1:
+        parser.error("--pool-slots-per-row must be >= 1")
+    settings = Settings(device=device, l2_cold=not args.l2_hot, kernel=preset.kernel, call=preset.call,
+                        pool_slots_per_row=args.pool_slots_per_row)
 
     configs = preset.configs(impls)
     table = run_sweep(configs, out_dir, settings, command=shlex.join(sys.argv if argv is None else argv),

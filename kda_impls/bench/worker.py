@@ -27,6 +27,7 @@ class Settings:
     kernel: Budget
     call: Budget
     seed: int = 0
+    pool_slots_per_row: int = 1  # timed pools hold this many slots per batch row
 
 
 def register_extra_impls() -> None:
@@ -66,7 +67,8 @@ def serve(impl: str, settings: Settings, conn: Connection) -> None:
     conn.send(hello)
     while (request := conn.recv()) is not None:
         cfg, copy_bw = request
-        row = measure(cfg, device, l2_cold=settings.l2_cold, copy_bw=copy_bw, kernel_budget=settings.kernel,
+        row = measure(cfg, device, l2_cold=settings.l2_cold, pool_slots_per_row=settings.pool_slots_per_row,
+                      copy_bw=copy_bw, kernel_budget=settings.kernel,
                       call_budget=settings.call, seed=settings.seed)
         lost = row["status"] == "error" and _cuda_context_lost(device)
         if lost:
