@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import platform
+import shlex
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -27,7 +27,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls import ContractError, Unsupported, get, make_inputs, names, verify  # noqa: E402
-from kda_impls.bench.results import device_info, git_state, write_meta  # noqa: E402
+from kda_impls.bench.results import environment, write_meta  # noqa: E402
 
 BATCHES = (1, 8, 64, 512)
 VALUE_HEADS = (16, 32, 64)
@@ -78,10 +78,8 @@ def main() -> int:
     versions = {"python": platform.python_version()}
     for impl in impls:
         versions |= impl.versions()
-    write_meta(args.out, {"device": device_info(torch.device(args.device)), "versions": versions,
-                          "git": git_state(args.out), "host": platform.node(), "command": " ".join(sys.argv),
-                          "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                          "wall_s": round(time.perf_counter() - started, 1)})
+    write_meta(args.out, environment(torch.device(args.device), args.out, shlex.join(sys.argv))
+               | {"versions": versions, "wall_s": round(time.perf_counter() - started, 1)})
 
     summary = table.pivot_table(index="impl", columns="status", values="B", aggfunc="count", fill_value=0)
     print(summary.to_string())

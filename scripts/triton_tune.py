@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls import DecodeInputs, make_inputs, verify  # noqa: E402
+from kda_impls.bench.results import environment  # noqa: E402
 from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth  # noqa: E402
 from kda_impls.bench.timing import kernel_time  # noqa: E402
 from kda_impls.triton_kda import TileConfig, TritonKDA, choose_config, compile_kernel, table_key  # noqa: E402
@@ -108,18 +109,14 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def measure(args) -> int:
     device = torch.device("cuda")
-    props = torch.cuda.get_device_properties(device)
-    l2_bytes = props.L2_cache_size
     started = time.perf_counter()
     copy_gbps = copy_bandwidth(device) / 1e9
-    meta = {
-        "gpu": props.name, "compute_capability": f"{props.major}.{props.minor}",
-        "multiprocessors": props.multi_processor_count, "l2_bytes": l2_bytes, "memory_bytes": props.total_memory,
+    meta = environment(device, args.out.parent, shlex.join(sys.argv)) | {
         "torch": torch.__version__, "cuda": torch.version.cuda, **TritonKDA().versions(),
         "copy_GBps": copy_gbps, "copy_bytes": 2 * GPU_COPY_BYTES, "l2_multiple": L2_MULTIPLE,
-        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    print(f"{props.name}: L2 {l2_bytes / 2**20:.0f} MiB, copy {copy_gbps:.0f} GB/s (1 GiB, read + write); "
+    l2_bytes = meta["device"]["l2_bytes"]
+    print(f"{meta['gpu']}: L2 {l2_bytes / 2**20:.0f} MiB, copy {copy_gbps:.0f} GB/s (1 GiB, read + write); "
           f"torch {torch.__version__}, triton {meta['triton']}", flush=True)
 
     rows = []
@@ -247,8 +244,10 @@ def key_of(row: dict) -> tuple:
 def render_table(rows: list[dict], meta: dict | None) -> str:
     """The source of kda_impls/triton_tuning.py from measured rows (the best per shape)."""
     if meta:
+        # "utc" in the environment record; runs before it had "started"
+        started = meta.get("utc", meta.get("started"))
         provenance = (f"measured on {meta['gpu']} (torch {meta['torch']}, triton {meta['triton']}) by "
-                      f"scripts/triton_tune.py, started {meta['started']}; "
+                      f"scripts/triton_tune.py, started {started}; "
                       f"in-run copy {float(meta['copy_GBps']):.0f} GB/s")
     else:
         provenance = "measured by scripts/triton_tune.py (no metadata file beside the CSV)"

@@ -12,6 +12,7 @@ import os
 import platform
 import subprocess
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -108,6 +109,13 @@ def device_info(device: torch.device) -> dict:
                            "--format=csv,noheader"),
         "cuda": torch.version.cuda,
     }
+
+
+def environment(device: torch.device, out_dir: Path, command: str) -> dict:
+    """Where and from what a measurement came: device, host, commit, command, UTC time."""
+    info = device_info(device)
+    return {"gpu": info["name"], "device": info, "host": platform.node(), "git": git_state(out_dir),
+            "command": command, "utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
 def read_meta(out_dir: Path) -> dict:

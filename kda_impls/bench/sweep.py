@@ -24,7 +24,6 @@ import time
 from collections import Counter
 from contextlib import suppress
 from dataclasses import asdict
-from datetime import datetime, timezone
 from importlib import metadata
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -37,7 +36,7 @@ from .. import registry
 from .config import Config
 from .measure import STATUSES, empty_row
 from .presets import PRESETS
-from .results import REPO, assemble, device_info, git_state, read_meta, read_rows, remove_stale_temporaries, \
+from .results import REPO, assemble, device_info, environment, read_meta, read_rows, remove_stale_temporaries, \
     write_meta, write_row
 from .roofline import copy_bandwidth
 from .timing import as_device
@@ -139,10 +138,8 @@ def run_sweep(configs: list[Config], out_dir: Path, settings: Settings, *, comma
     copy_bw = meta.get("copy_bandwidth_Bps") or copy_bandwidth(device)
     workers = {impl: Worker(impl, settings) for impl in dict.fromkeys(c.impl for c in pending)}
     impls_meta = meta.get("impls", {})
-    meta |= {
-        "gpu": info["name"], "device": info, "settings": _jsonable(asdict(settings)), "copy_bandwidth_Bps": copy_bw,
-        "host": platform.node(), "git": git_state(out_dir), "command": command,
-        "utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    meta |= environment(device, out_dir, command) | {
+        "settings": _jsonable(asdict(settings)), "copy_bandwidth_Bps": copy_bw,
         "presets": sorted(set(meta.get("presets", [])) | {preset}),
     }
     write_meta(out_dir, meta)
