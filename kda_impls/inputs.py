@@ -82,13 +82,13 @@ class DecodeInputs:
         copies = {name: t.clone() for name, t in self.tensors().items() if name != "state"}
         return DecodeInputs(**copies, state=state, scale=self.scale)
 
-    def nbytes(self, out_dtype: torch.dtype | None = None) -> int:
+    def nbytes(self) -> int:
         """Bytes a decode step must move: live state rows read and written once, every other input
         read once, the output written once."""
         live = int((self.slots >= 0).sum())
         state_row = self.HV * self.V * self.K * self.state.element_size()
         small = sum(t.numel() * t.element_size() for name, t in self.tensors().items() if name != "state")
-        out = self.B * self.HV * self.V * torch.empty((), dtype=out_dtype or self.v.dtype).element_size()
+        out = self.B * self.HV * self.V * self.v.element_size()  # the output is in v's dtype
         return 2 * live * state_row + small + out
 
 
