@@ -15,6 +15,9 @@ What the adapter relies on, from fla-core 0.6.0's ``fla/ops/kda/fused_recurrent.
   adapter therefore never passes a -1: when a batch has -1 rows it gathers the live rows into
   compact buffers, runs those, zeroes the -1 rows' output and copies the live rows' output in.
   That extra work is inside the timed launcher.
+- The rows go in packed, as serving engines call it: one sequence of B tokens ``[1, B, ...]`` with
+  ``cu_seqlens = arange(B + 1)``, each token its own sequence and state slot (the varlen path:
+  every program first loads its row's bounds from ``cu_seqlens``).
 """
 
 from __future__ import annotations
@@ -92,8 +95,8 @@ class FlaKDA(Implementation):
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
         fused_recurrent_kda_fwd = _fused_recurrent_kda_fwd()
         fixed = self.library_arguments(inputs)
-        # fla's names for our per-row tensors; it takes one token per sequence as [B, T=1, ...] and
-        # reads beta [B, 1, HV] as one scalar per head
+        # fla's names for our per-row tensors, packed as [1, rows, ...]; beta [1, rows, HV] is one
+        # scalar per head
         rows = dict(q=inputs.q, k=inputs.k, v=inputs.v, g=inputs.a, beta=inputs.b)
 
         # Slot values were validated by bind(); resolving the live rows here keeps the host sync
@@ -104,32 +107,32 @@ class FlaKDA(Implementation):
             def launch_without_live_rows() -> torch.Tensor:
                 out.zero_()
                 return out
-
             return launch_without_live_rows
 
+        cu_seqlens = torch.arange(n_live + 1, dtype=torch.int32, device=inputs.device)
         if n_live == inputs.B:
-            tokens = {name: t.unsqueeze(1) for name, t in rows.items()}
-            out_tokens = out.unsqueeze(1)
+            packed = {name: t.unsqueeze(0) for name, t in rows.items()}
+            packed_out = out.unsqueeze(0)
 
             def launch() -> torch.Tensor:
-                fused_recurrent_kda_fwd(**tokens, **fixed, ssm_state_indices=inputs.slots, out=out_tokens)
+                fused_recurrent_kda_fwd(**packed, **fixed, cu_seqlens=cu_seqlens, ssm_state_indices=inputs.slots,
+                                        out=packed_out)
                 return out
-
             return launch
 
         dead_rows = torch.nonzero(inputs.slots < 0).flatten()
         live_slots = inputs.slots[live_rows]
         live = {name: t.new_empty((n_live, *t.shape[1:])) for name, t in rows.items()}
-        live_tokens = {name: t.unsqueeze(1) for name, t in live.items()}
+        live_packed = {name: t.unsqueeze(0) for name, t in live.items()}
         live_out = out.new_empty((n_live, *out.shape[1:]))
-        live_out_tokens = live_out.unsqueeze(1)
+        live_out_packed = live_out.unsqueeze(0)
 
         def launch_live_rows() -> torch.Tensor:
             for name, t in rows.items():
                 torch.index_select(t, 0, live_rows, out=live[name])
-            fused_recurrent_kda_fwd(**live_tokens, **fixed, ssm_state_indices=live_slots, out=live_out_tokens)
+            fused_recurrent_kda_fwd(**live_packed, **fixed, cu_seqlens=cu_seqlens, ssm_state_indices=live_slots,
+                                    out=live_out_packed)
             out.index_fill_(0, dead_rows, 0)
             out.index_copy_(0, live_rows, live_out)
             return out
-
         return launch_live_rows

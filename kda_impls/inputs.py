@@ -108,6 +108,7 @@ def make_inputs(
     slot_pad: int = 0,
     n_slots: int | None = None,
     pad_rows: int = 0,
+    sorted_slots: bool = False,
     device: str | torch.device = "cpu",
     seed: int = 0,
 ) -> DecodeInputs:
@@ -116,7 +117,8 @@ def make_inputs(
     The pool is a strided view of one flat buffer with slot stride ``HV*V*K + slot_pad``; the
     padding holds random bits too, so a kernel that writes it is caught bit-for-bit. ``slots`` is
     a random choice of ``B`` distinct slots out of ``n_slots`` (default ``2*B``, so untouched
-    slots exist), with ``pad_rows`` random rows set to -1. ``dtype`` is that of q, k, v, a, b.
+    slots exist), in random order unless ``sorted_slots`` (as a fresh serving pool hands them out),
+    with ``pad_rows`` random rows set to -1. ``dtype`` is that of q, k, v, a, b.
     """
     if not 0 <= pad_rows <= B:
         raise ValueError(f"pad_rows must be in [0, B={B}]; got {pad_rows}")
@@ -150,5 +152,7 @@ def make_inputs(
     state = flat.as_strided((n_slots, HV, V, K), (stride, V * K, K, 1))
 
     slots = torch.randperm(n_slots, generator=gen, device=dev)[:B].to(torch.int32)
+    if sorted_slots:
+        slots = slots.sort().values
     slots[torch.randperm(B, generator=gen, device=dev)[:pad_rows]] = -1
     return DecodeInputs(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, slots=slots)

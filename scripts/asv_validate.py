@@ -13,11 +13,12 @@ asv 0.6.6 saves an existing environment's results only under ``--set-commit-hash
 file after machine, commit and environment, so the independent result sets of one commit come
 from separate results directories: one generated copy of asv.conf.json per run.
 
-    python3 scripts/asv_validate.py OUT [--profile quick] [--slow-config BV=128,num_warps=1]
+    python3 scripts/asv_validate.py OUT [--profile quick] [--slow-config BV=128,num_warps=1] [--max-runs N]
 
 OUT gets ``<run>.conf.json``, ``<run>.log``, ``results-<run>/``, ``gate-aa.json``,
 ``gate-slow.json`` (and their printed tables in ``gate-*.txt``), ``aa_spread.csv``, ``html/``
-and ``summary.json``. Exits 0 when every check holds.
+and ``summary.json``. Exits 0 when every check holds, 3 when ``--max-runs`` stopped it before the
+last run (call it again: it resumes).
 """
 
 from __future__ import annotations
@@ -64,15 +65,27 @@ def commit_to_label(scratch: Path) -> tuple[Path, str, str]:
     return scratch, sh(git + ["rev-parse", "HEAD"], capture_output=True, check=True).stdout.strip(), "main"
 
 
-def asv_run(out: Path, label: str, conf: dict, machine: str, commit: str, env: dict, bench: list[str]
-            ) -> tuple[Path | None, float, int]:
+INCOMPLETE = 3  # exit status when --max-runs stopped the validation before its last run
+
+
+class RunLimitReached(Exception):
+    """--max-runs new asv runs were made in this call."""
+
+
+def asv_run(out: Path, label: str, conf: dict, machine: str, commit: str, env: dict, bench: list[str],
+            runs_left: list[int]) -> tuple[Path | None, float, int]:
     """Run the suite (``bench``: asv --bench arguments) into ``out/results-<label>``; (result file,
     seconds, asv's exit status). A run whose result file is already there is kept, not repeated
-    (seconds None): a validation cut short by a call's time limit resumes where it stopped."""
+    (seconds None): a validation cut short by a call's time limit resumes where it stopped.
+    ``runs_left`` ([n], decremented) bounds the new runs of this call: with none left,
+    RunLimitReached is raised instead of starting one that a time limit would cut off."""
     done_before = list((out / f"results-{label}" / machine).glob(f"{commit[:8]}-existing-*.json"))
     if len(done_before) == 1:
         print(f"asv run {label}: kept from an earlier call", flush=True)
         return done_before[0], None, 0
+    if runs_left[0] <= 0:
+        raise RunLimitReached(label)
+    runs_left[0] -= 1
     conf_path = out / f"{label}.conf.json"
     conf_path.write_text(json.dumps({**conf, "results_dir": str(out / f"results-{label}")}, indent=1))
     start = time.monotonic()
@@ -128,6 +141,9 @@ def main() -> int:
     parser.add_argument("--bench", metavar="REGEX", help="run only the benchmarks asv --bench REGEX selects "
                                                          "(e.g. to fit the budget)")
     parser.add_argument("--machine-suffix", default="", help="passed to scripts/asv_machine.py --suffix")
+    parser.add_argument("--max-runs", type=int, default=3, metavar="N",
+                        help="start at most N new asv runs in this call, then exit %d; run again to resume "
+                             "(a lent GPU's per-call time limit fits fewer than three)" % INCOMPLETE)
     parser.add_argument("--machine", help="an asv machine already registered (asv machine --machine NAME "
                                           "--yes), instead of registering this GPU")
     args = parser.parse_args()
@@ -147,10 +163,16 @@ def main() -> int:
     base_env.update(KDA_ASV_PROFILE=args.profile,
                     ASV_PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("ASV_PYTHONPATH")])))
     bench = ["--bench", args.bench] if args.bench else []
-    a1, t_a1, rc_a1 = asv_run(out, "a1", conf, machine, commit, base_env, bench)
-    a2, t_a2, rc_a2 = asv_run(out, "a2", conf, machine, commit, base_env, bench)
+    runs_left = [args.max_runs]
     slow_env = {**base_env, "KDA_TRITON_CONFIG": args.slow_config}
-    slow, t_slow, rc_slow = asv_run(out, "slow", conf, machine, commit, slow_env, bench)
+    try:
+        a1, t_a1, rc_a1 = asv_run(out, "a1", conf, machine, commit, base_env, bench, runs_left)
+        a2, t_a2, rc_a2 = asv_run(out, "a2", conf, machine, commit, base_env, bench, runs_left)
+        slow, t_slow, rc_slow = asv_run(out, "slow", conf, machine, commit, slow_env, bench, runs_left)
+    except RunLimitReached as stopped:
+        print(f"asv_validate: --max-runs {args.max_runs} reached before run {stopped}; run again to resume",
+              flush=True)
+        return INCOMPLETE
     if not (a1 and a2 and slow):
         print("asv_validate: a run saved no result file; see the logs", file=sys.stderr)
         return 1

@@ -5,9 +5,11 @@
 #
 #   scripts/h200_run.sh checks    # carry .gpu/part1: Triton GPU tests, compute-sanitizer
 #   scripts/h200_run.sh sweeps    # carry .gpu/part2: correctness grid, kimi-linear-48b, targets, shapes
-#   scripts/h200_run.sh asv       # asv A/A + planted slowdown + publish (after sweeps, same machine;
-#                                 # each asv run of the quick profile takes ~4.5 min, so this takes two
-#                                 # calls: the second resumes where the first's time limit stopped it)
+#   scripts/h200_run.sh published # carry .gpu/part2: correctness grid, the published table's shapes
+#                                 # under four pool layouts, compared with results/published/
+#   scripts/h200_run.sh asv       # asv A/A + planted slowdown + publish (after sweeps or published, same
+#                                 # machine). Each asv run of the quick profile takes ~4.5 min, so a call
+#                                 # makes ASV_RUNS of them (default 1) and the next call resumes: three calls
 #
 # Logs and a tarball of each step's result directories land in $OUT (default ./h200-out); unpack
 # the tarball into results/h200/ and commit. Steps are bounded by `timeout` so that a slow one
@@ -54,9 +56,24 @@ case ${1:-} in
     TAIL=2 step shapes 150 python3 scripts/sweep.py --preset shapes --impls triton,flashinfer,fla --out "$RES/shapes"
     pack
     ;;
+  published)
+    bash .gpu/part2/install.sh > "$OUT/install.log" 2>&1
+    source /root/gpu-site/env.sh
+    step correctness 170 python3 scripts/gpu_correctness.py --impls triton,fla,flashinfer --out "$RES/correctness"
+    pack
+    # NAME:SWEEP-OPTIONS; the repeated layout gives the run-to-run spread the comparison judges by
+    for layout in dense-random-1: dense-random-2: dense-sorted:--sorted-slots pool2x-random:--pool-slots-per-row=2; do
+      TAIL=2 step "published-${layout%%:*}" 100 python3 scripts/sweep.py --preset published \
+        --impls triton,flashinfer,fla --no-charts ${layout#*:} --out "$RES/published/${layout%%:*}"
+      pack
+    done
+    TAIL=12 step compare 30 python3 scripts/compare_published.py results/published/triton-issue-h200.csv \
+      "$RES"/published/*/ --out "$RES/published"
+    pack
+    ;;
   asv)
     source /root/gpu-site/env.sh
-    step asv-validate 540 python3 scripts/asv_validate.py "$RES/asv-validation"
+    step asv-validate 590 python3 scripts/asv_validate.py "$RES/asv-validation" --max-runs "${ASV_RUNS:-1}"
     tar -C "$RES" -czf "$OUT/asv.tgz" --exclude=html --exclude=scratch-repo asv-validation
     ;;
   *)

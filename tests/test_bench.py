@@ -228,3 +228,12 @@ def test_rotation_pools_can_hold_more_slots_than_rows():
     sets = rotation_inputs(cfg, "cpu", pool_slots_per_row=4)
     assert [x.N for x in sets] == [12]
     assert sets[0].slots.unique().numel() == 3 and int(sets[0].slots.max()) < 12
+
+
+def test_rotation_pools_can_name_their_slots_in_order():
+    cfg = Config("naive", B=5, H=1, HV=2, K=16, V=16)
+    dense, sparse = (rotation_inputs(cfg, "cpu", pool_slots_per_row=n, sorted_slots=True)[0] for n in (1, 3))
+    assert dense.slots.tolist() == list(range(5))
+    assert sparse.slots.tolist() == sorted(sparse.slots.tolist()) and sparse.slots.unique().numel() == 5
+    shuffled = rotation_inputs(cfg, "cpu")[0].slots.tolist()
+    assert sorted(shuffled) == list(range(5)) and shuffled != list(range(5))

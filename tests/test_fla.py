@@ -68,6 +68,32 @@ def test_never_passes_a_negative_slot(monkeypatch):
 @needs_fla
 @pytest.mark.interpreter
 @pytest.mark.parametrize("pad_rows", [0, 2])
+def test_rows_go_in_packed_one_token_per_sequence(monkeypatch, pad_rows):
+    """The serving engines' call: [1, rows, ...] with cu_seqlens = arange(rows + 1), the pool in place."""
+    from kda_impls import fla_kda
+
+    real = fla_kda._fused_recurrent_kda_fwd()
+    seen = []
+
+    def spy(**kw):
+        seen.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(fla_kda, "_fused_recurrent_kda_fwd", lambda: spy)
+    x = make_inputs(5, 1, 2, 16, 16, pad_rows=pad_rows, device=DEVICE, seed=16)
+    assert verify(get("fla"), x).ok
+    (kw,) = seen
+    live = 5 - pad_rows
+    assert torch.equal(kw["cu_seqlens"].cpu(), torch.arange(live + 1, dtype=torch.int32))
+    assert kw["q"].shape == (1, live, 1, 16) and kw["beta"].shape == (1, live, 2) and kw["out"].shape == (1, live, 2, 16)
+    assert kw["initial_state"] is x.state and kw["inplace_final_state"] and kw["state_v_first"]
+    if not pad_rows:
+        assert kw["q"].data_ptr() == x.q.data_ptr() and kw["ssm_state_indices"] is x.slots
+
+
+@needs_fla
+@pytest.mark.interpreter
+@pytest.mark.parametrize("pad_rows", [0, 2])
 def test_repeated_launches_read_the_current_inputs(pad_rows):
     """Two steps through one launcher, with new activations in between, match two naive steps."""
     x = make_inputs(4, 2, 4, 32, 32, state_dtype=torch.float32, slot_pad=16, pad_rows=pad_rows, device=DEVICE,

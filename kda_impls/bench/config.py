@@ -31,11 +31,12 @@ class Config:
     def torch_state_dtype(self) -> torch.dtype:
         return getattr(torch, self.state_dtype)
 
-    def make_inputs(self, device, seed: int = 0, n_slots: int | None = None) -> DecodeInputs:
-        """Random inputs of this shape and layout (:func:`kda_impls.make_inputs`, drawn on the CPU)."""
+    def make_inputs(self, device, seed: int = 0, n_slots: int | None = None, sorted_slots: bool = False
+                    ) -> DecodeInputs:
+        """Random inputs of this shape and layout (:func:`kda_impls.make_inputs`, drawn on ``device``)."""
         return make_inputs(self.B, self.H, self.HV, self.K, self.V, state_dtype=self.torch_state_dtype,
-                           slot_pad=self.slot_pad, n_slots=n_slots, pad_rows=self.pad_rows, device=device,
-                           seed=seed)
+                           slot_pad=self.slot_pad, n_slots=n_slots, pad_rows=self.pad_rows,
+                           sorted_slots=sorted_slots, device=device, seed=seed)
 
     def at_batch(self, B: int) -> "Config":
         """This configuration at batch ``B``, keeping the share of padding rows (and at least one

@@ -65,6 +65,7 @@ def measure(
     *,
     l2_cold: bool = True,
     pool_slots_per_row: int = 1,
+    sorted_slots: bool = False,
     copy_bw: float | None = None,
     kernel_budget: Budget = Budget(),
     call_budget: Budget = Budget(max_seconds=0.2),
@@ -95,7 +96,8 @@ def measure(
                 "first_call_ms": first.seconds * 1e3, "status": "ok" if verdict.ok else "wrong",
                 "reason": "; ".join(verdict.problems)}
 
-        sets = rotation_inputs(cfg, device, l2_cold=l2_cold, seed=seed + 1, pool_slots_per_row=pool_slots_per_row)
+        sets = rotation_inputs(cfg, device, l2_cold=l2_cold, seed=seed + 1, pool_slots_per_row=pool_slots_per_row,
+                               sorted_slots=sorted_slots)
         launchers = [impl.bind(inputs) for inputs in sets]
         kernel = kernel_time(launchers, device, l2_cold=l2_cold, **asdict(kernel_budget))
         call = call_time(launchers[0], device, l2_cold=l2_cold, **asdict(call_budget))

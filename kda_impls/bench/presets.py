@@ -68,6 +68,13 @@ def _targets_grids():
                  for hv in (16, 32, 64) for d in (64, 128))
 
 
+def _published_grids():
+    # the shapes of the FlashInfer / fla-core timing table in the Triton issue (H = HV)
+    return (dict(B=(1, 16, 64, 256), H=(32,), HV=(32,), K=(128,), V=(128,), state_dtype=BF16_FP32),
+            dict(B=(256,), H=(64,), HV=(64,), K=(128,), V=(128,), state_dtype=BF16_FP32),
+            dict(B=(256,), H=(32,), HV=(32,), K=(64,), V=(64,), state_dtype=BF16_FP32))
+
+
 def _tiny(**axes):
     return dict(B=(4,), H=(2,), HV=(2,), K=(16,), V=(16,)) | {k: (v,) for k, v in axes.items()}
 
@@ -83,6 +90,8 @@ PRESETS = {
                "slot padding 0/16/64, bf16 and fp32 state", (_kimi_grid(),), *FAST),
         Preset("targets", "the Triton issue's targets: H = HV 16/32/64, K = V 64/128, B 1/16/64/256, slot_pad "
                "0/64, bf16 and fp32 state (scripts/targets.py reports them)", _targets_grids(), *FAST),
+        Preset("published", "the shapes of the published FlashInfer / fla-core table (results/published/; "
+               "scripts/compare_published.py compares)", _published_grids(), *THOROUGH),
         Preset("gva", "grouped value heads (H < HV), K = V = 128", _gva_grids(), *THOROUGH),
         Preset("shapes", "HV 16/32/64 x K, V in 64/128/256, bf16 state", _shapes_grids(), *THOROUGH),
         Preset("full", "kimi-linear-48b, gva and shapes, plus padding rows (CUDA-graph batch padding)",

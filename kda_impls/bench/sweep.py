@@ -224,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pool-slots-per-row", type=int, default=1, metavar="N",
                         help="timed pools hold N*B slots, the rows' slots drawn at random among them (default 1: "
                              "every slot live; a serving pool holds more slots than the batch)")
+    parser.add_argument("--sorted-slots", action="store_true",
+                        help="rows name their slots in ascending order (a fresh pool's; default: random order)")
+    parser.add_argument("--no-charts", action="store_true", help="leave the charts to scripts/plot.py")
     parser.add_argument("--baseline", help="implementation the speedup chart divides by (default: flashinfer, else naive)")
     parser.add_argument("--row-timeout", type=float, default=600.0, help="seconds before a silent worker is killed")
     parser.add_argument("--retry-crashed", action="store_true", help="measure rows recorded as crashed again")
@@ -244,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.pool_slots_per_row < 1:
         parser.error("--pool-slots-per-row must be >= 1")
     settings = Settings(device=device, l2_cold=not args.l2_hot, kernel=preset.kernel, call=preset.call,
-                        pool_slots_per_row=args.pool_slots_per_row)
+                        pool_slots_per_row=args.pool_slots_per_row, sorted_slots=args.sorted_slots)
 
     configs = preset.configs(impls)
     table = run_sweep(configs, out_dir, settings, command=shlex.join(sys.argv if argv is None else argv),
@@ -260,6 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nrows: {', '.join(f'{counts[s]} {s}' for s in STATUSES if counts[s])}; "
           f"wall time {time.perf_counter() - started:.1f} s; results in {out_dir}/results.csv")
 
+    if args.no_charts:
+        return
     from .plots import plot_dir  # matplotlib only once the measuring is over
 
     charts = plot_dir(out_dir, baseline=args.baseline)

@@ -290,19 +290,21 @@ def working_set_bytes(inputs: DecodeInputs) -> int:
 
 
 def rotation_inputs(cfg: Config, device, *, l2_cold: bool = True, seed: int = 0,
-                    pool_slots_per_row: int = 1) -> list[DecodeInputs]:
+                    pool_slots_per_row: int = 1, sorted_slots: bool = False) -> list[DecodeInputs]:
     """Independent input sets of ``cfg`` whose pools and inputs add up to >= 3x the L2, and at least
     two, so that cycling them is L2-cold; one set when ``l2_cold`` is False, and on the CPU. Each
     pool has ``pool_slots_per_row * B`` slots, the rows' slots drawn at random among them: with the
     default 1 every slot is live (the least memory, the same bytes moved); a serving pool holds
     more slots than the batch, and whether that changes the timing is what the option measures.
+    The rows name their slots in random order, or ascending with ``sorted_slots`` (a fresh pool's
+    order, and the simplest benchmark's ``arange``).
 
     At least two because consecutive calls in a model update different layers' pools, never one
     pool twice in a row; on the H200 a single pool of >= 3x the L2 updated back to back measured
     slower per byte than alternating ones at B >= 256 (docs/perf-notes.md).
     """
     device = as_device(device)
-    first = cfg.make_inputs(device, seed, n_slots=pool_slots_per_row * cfg.B)
+    first = cfg.make_inputs(device, seed, n_slots=pool_slots_per_row * cfg.B, sorted_slots=sorted_slots)
     l2 = l2_bytes(device) if l2_cold else 0
     copies = max(MIN_INPUT_SETS, math.ceil(COLD_FACTOR * l2 / working_set_bytes(first))) if l2 else 1
     return [first] + [first.clone() for _ in range(copies - 1)]

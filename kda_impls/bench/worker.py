@@ -28,6 +28,7 @@ class Settings:
     call: Budget
     seed: int = 0
     pool_slots_per_row: int = 1  # timed pools hold this many slots per batch row
+    sorted_slots: bool = False  # rows name their slots in ascending order, not at random
 
 
 def register_extra_impls() -> None:
@@ -68,7 +69,7 @@ def serve(impl: str, settings: Settings, conn: Connection) -> None:
     while (request := conn.recv()) is not None:
         cfg, copy_bw = request
         row = measure(cfg, device, l2_cold=settings.l2_cold, pool_slots_per_row=settings.pool_slots_per_row,
-                      copy_bw=copy_bw, kernel_budget=settings.kernel,
+                      sorted_slots=settings.sorted_slots, copy_bw=copy_bw, kernel_budget=settings.kernel,
                       call_budget=settings.call, seed=settings.seed)
         lost = row["status"] == "error" and _cuda_context_lost(device)
         if lost:

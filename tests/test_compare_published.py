@@ -1,0 +1,58 @@
+"""scripts/compare_published.py: published figures against repeated sweep runs and their spread."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("compare_published", REPO / "scripts" / "compare_published.py")
+compare_published = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(compare_published)
+
+SHAPE = dict(state_dtype="bfloat16", H=32, HV=32, K=128, V=128)
+
+
+def sweep_dir(path: Path, medians: dict[int, float], **settings) -> Path:
+    """A sweep directory with flashinfer rows at the batch sizes of ``medians``, and one padded row
+    and one failed row that must be ignored."""
+    path.mkdir()
+    rows = [dict(impl="flashinfer", B=B, slot_pad=0, pad_rows=0, status="ok", kernel_us_median=us, **SHAPE)
+            for B, us in medians.items()]
+    rows += [dict(impl="flashinfer", B=1, slot_pad=64, pad_rows=0, status="ok", kernel_us_median=1.0, **SHAPE),
+             dict(impl="flashinfer", B=1, slot_pad=0, pad_rows=0, status="wrong", kernel_us_median=1.0, **SHAPE)]
+    pd.DataFrame(rows).to_csv(path / "results.csv", index=False)
+    (path / "meta.json").write_text(json.dumps({"settings": {"l2_cold": True, **settings}, "git": {"sha": "abc"}}))
+    return path
+
+
+def test_reproduced_only_within_the_run_to_run_spread(tmp_path):
+    published = tmp_path / "published.csv"
+    pd.DataFrame([dict(impl="flashinfer", B=1, kernel_us=103.0, **SHAPE),
+                  dict(impl="flashinfer", B=16, kernel_us=50.0, **SHAPE)]).to_csv(published, index=False)
+    dense = [sweep_dir(tmp_path / "a1", {1: 100.0}), sweep_dir(tmp_path / "a2", {1: 104.0})]  # spread 4%
+    sparse = sweep_dir(tmp_path / "b", {1: 110.0, 16: 50.0}, pool_slots_per_row=2, sorted_slots=True)
+    out = tmp_path / "out"
+    assert compare_published.main([str(published), *map(str, dense), str(sparse), "--out", str(out)]) == 0
+
+    table = pd.read_csv(out / "comparison.csv").set_index(["variant", "B"])
+    dense_1 = table.loc[("pool 1xB, random slots", 1)]
+    assert (dense_1.ours_us, dense_1.n_runs) == (102.0, 2)
+    assert abs(dense_1.run_to_run_spread - 0.04) < 1e-12 and dense_1.reproduced  # -1.0%
+    assert not table.loc[("pool 2xB, sorted slots", 1)].reproduced  # +6.8% > 4%
+    # equal figures, but B=16 was never repeated: no spread is known, so it is not called reproduced
+    sparse_16 = table.loc[("pool 2xB, sorted slots", 16)]
+    assert sparse_16.ratio == 1.0 and pd.isna(sparse_16.run_to_run_spread) and not sparse_16.reproduced
+    assert "102.00 (-1.0%)" in (out / "comparison.md").read_text()
+
+
+def test_committed_published_table_matches_its_preset():
+    """Every published figure is a configuration the `published` preset measures."""
+    from kda_impls.bench.presets import PRESETS
+
+    published = pd.read_csv(REPO / "results" / "published" / "triton-issue-h200.csv")
+    measured = {(c.impl, c.state_dtype, c.H, c.HV, c.K, c.V, c.B)
+                for c in PRESETS["published"].configs(["flashinfer", "fla"])}
+    figures = set(published[compare_published.KEY].itertuples(index=False, name=None))
+    assert figures and figures <= measured
