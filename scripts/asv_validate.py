@@ -49,14 +49,23 @@ def sh(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(args, text=True, **kwargs)
 
 
-def commit_to_label(scratch: Path) -> tuple[Path, str, str]:
-    """(repository, commit, branch) to file the results under: this checkout's HEAD, or when the
-    tree was copied without its git history, a scratch repository's one empty commit."""
+def commit_to_label(scratch: Path, results_commit: str | None = None) -> tuple[Path, str, str]:
+    """(repository, commit, branch) to file the results under: ``results_commit`` of this checkout
+    when given (runs filed under it earlier), else this checkout's HEAD, or a scratch repository's
+    one empty commit when the tree came without its git history or with a stale one (a HEAD
+    other than the commit KDA_GIT_SHA says the tree is)."""
+    branch = sh(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=REPO, capture_output=True).stdout.strip()
+    if results_commit:
+        found = sh(["git", "rev-parse", "--verify", f"{results_commit}^{{commit}}"], cwd=REPO, capture_output=True)
+        if found.returncode != 0:
+            raise SystemExit(f"asv_validate: --results-commit {results_commit} is no commit of this checkout")
+        return REPO, found.stdout.strip(), branch
     head = sh(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True)
-    if head.returncode == 0:
-        branch = sh(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=REPO, capture_output=True).stdout.strip()
+    stated = os.environ.get("KDA_GIT_SHA")
+    if head.returncode == 0 and stated in (None, head.stdout.strip()):
         return REPO, head.stdout.strip(), branch
-    print("asv_validate: no git history here; filing results under a scratch repository's commit", flush=True)
+    print("asv_validate: no git history of this tree here; filing results under a scratch repository's commit",
+          flush=True)
     git = ["git", "-C", str(scratch), "-c", "user.name=asv-validate", "-c", "user.email=asv-validate@localhost"]
     if not (scratch / ".git").exists():  # kept across calls, so a resumed validation files under one commit
         sh(["git", "init", "-q", "-b", "main", str(scratch)], check=True)
@@ -79,6 +88,8 @@ def asv_run(out: Path, label: str, conf: dict, machine: str, commit: str, env: d
     (seconds None): a validation cut short by a call's time limit resumes where it stopped.
     ``runs_left`` ([n], decremented) bounds the new runs of this call: with none left,
     RunLimitReached is raised instead of starting one that a time limit would cut off."""
+    conf_path = out / f"{label}.conf.json"  # written anew: asv publish reads the first run's
+    conf_path.write_text(json.dumps({**conf, "results_dir": str(out / f"results-{label}")}, indent=1))
     done_before = list((out / f"results-{label}" / machine).glob(f"{commit[:8]}-existing-*.json"))
     if len(done_before) == 1:
         print(f"asv run {label}: kept from an earlier call", flush=True)
@@ -86,8 +97,6 @@ def asv_run(out: Path, label: str, conf: dict, machine: str, commit: str, env: d
     if runs_left[0] <= 0:
         raise RunLimitReached(label)
     runs_left[0] -= 1
-    conf_path = out / f"{label}.conf.json"
-    conf_path.write_text(json.dumps({**conf, "results_dir": str(out / f"results-{label}")}, indent=1))
     start = time.monotonic()
     with open(out / f"{label}.log", "w") as log:
         done = sh([sys.executable, "-m", "asv", "run", "--config", str(conf_path), "-E", f"existing:{sys.executable}",
@@ -144,6 +153,9 @@ def main() -> int:
     parser.add_argument("--max-runs", type=int, default=3, metavar="N",
                         help="start at most N new asv runs in this call, then exit %d; run again to resume "
                              "(a lent GPU's per-call time limit fits fewer than three)" % INCOMPLETE)
+    parser.add_argument("--results-commit", metavar="SHA",
+                        help="the commit of this checkout that runs already in OUT are filed under: re-evaluate "
+                             "them (gates, spread, publish, summary) with --max-runs 0, on any machine")
     parser.add_argument("--machine", help="an asv machine already registered (asv machine --machine NAME "
                                           "--yes), instead of registering this GPU")
     args = parser.parse_args()
@@ -153,7 +165,7 @@ def main() -> int:
 
     machine = args.machine or sh([sys.executable, str(REPO / "scripts" / "asv_machine.py"), "--suffix",
                                   args.machine_suffix], capture_output=True, check=True).stdout.strip()
-    repo, commit, branch = commit_to_label(out / "scratch-repo")
+    repo, commit, branch = commit_to_label(out / "scratch-repo", args.results_commit)
     conf = json5.loads((REPO / "asv.conf.json").read_text())
     conf.update(repo=str(repo), branches=[branch], benchmark_dir=str(REPO / "benchmarks"), html_dir=str(out / "html"))
 

@@ -30,7 +30,7 @@ step() {  # step NAME SECONDS COMMAND...: run, log to $OUT/NAME.log, print its l
 pack() {  # the results so far, without the per-row files a resume reads
   tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" --exclude=rows "$(basename "$RES")"
 }
-git log -1 --format='commit %H %s' 2>/dev/null || echo "no .git: results record KDA_GIT_SHA=${KDA_GIT_SHA:-unset}"
+echo "tree of commit ${KDA_GIT_SHA:-unstated} (set KDA_GIT_SHA: a .git copied here may be stale)"
 git status --short 2>/dev/null | head -5
 
 case ${1:-} in

@@ -237,3 +237,14 @@ def test_rotation_pools_can_name_their_slots_in_order():
     assert sparse.slots.tolist() == sorted(sparse.slots.tolist()) and sparse.slots.unique().numel() == 5
     shuffled = rotation_inputs(cfg, "cpu")[0].slots.tolist()
     assert sorted(shuffled) == list(range(5)) and shuffled != list(range(5))
+
+
+def test_the_stated_commit_wins_over_a_stale_checkout(monkeypatch, tmp_path):
+    """On a lent GPU box the tree may come with an old .git: KDA_GIT_SHA, when set, is the record."""
+    from kda_impls.bench.results import git_state
+
+    monkeypatch.delenv("KDA_GIT_SHA", raising=False)
+    assert "source" not in git_state(tmp_path)  # this checkout's own history
+    monkeypatch.setenv("KDA_GIT_SHA", "f" * 40)
+    monkeypatch.setenv("KDA_GIT_DIRTY", "0")
+    assert git_state(tmp_path) == {"sha": "f" * 40, "dirty": False, "source": "environment (KDA_GIT_SHA, KDA_GIT_DIRTY)"}

@@ -311,4 +311,19 @@ def test_thresholds_by_benchmark_name(tmp_path):
     assert report["thresholds"] == {"'naive'": 0.5}
     call = regress.compare(regress.load(a), regress.load(b), thresholds={"track_kernel": 0.5})
     assert set(call["status"]) == {"unchanged"} and set(call["threshold"]) == {0.5}
-    assert regress.threshold_for("decode.CallTime.track_call('fla', 1)", 0.05, regress.DEFAULT_THRESHOLDS) == 0.5
+
+
+def test_call_time_is_reported_not_gated_by_default(tmp_path):
+    """A threshold of None (the default for call latency, 'none' on the command line) reports the
+    ratio and p under "informational" and never fails the gate, however large the shift."""
+    assert regress.threshold_for("decode.CallTime.track_call('fla', 1)", 0.05, regress.DEFAULT_THRESHOLDS) is None
+    assert regress.threshold_for(name("fla", 1), 0.05, regress.DEFAULT_THRESHOLDS) == 0.05
+    shifted = {("'triton'", "1"): timings(1), ("'naive'", "1"): timings(2)}
+    doubled = {("'triton'", "1"): timings(3, median=40e-6), ("'naive'", "1"): timings(4, median=40e-6)}
+    a = asv_file(tmp_path / "a.json", shifted)
+    b = asv_file(tmp_path / "b.json", doubled)
+    code, report, printed = gate(tmp_path, a, b, "--threshold-for", r"'naive'=none", cli=True)
+    assert code == 1 and report["regressed"] == [name("triton", 1)]
+    naive = next(row for row in report["rows"] if row["benchmark"] == name("naive", 1))
+    assert naive["status"] == "informational" and naive["ratio"] > 1.5 and naive["p"] < 0.01
+    assert report["thresholds"] == {"'naive'": None} and "1 informational" in printed

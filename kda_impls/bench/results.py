@@ -81,15 +81,22 @@ def _command(*args: str) -> str | None:
 
 def git_state(out_dir: Path) -> dict:
     """The checkout's commit, and whether tracked or untracked files differ from it (the sweep's own
-    output directory excepted)."""
+    output directory excepted); or what KDA_GIT_SHA (and KDA_GIT_DIRTY) say, when set.
+
+    The variables win over a ``.git`` that is there: a lent GPU box receives a copy of the working
+    tree without its history, or with a stale ``.git`` from an earlier copy, whose HEAD is another
+    commit than the tree (it recorded the session's first commit, "dirty", for a later clean one).
+    """
+    if os.environ.get("KDA_GIT_SHA"):
+        dirty = os.environ.get("KDA_GIT_DIRTY")
+        return {"sha": os.environ["KDA_GIT_SHA"], "dirty": None if dirty is None else dirty == "1",
+                "source": "environment (KDA_GIT_SHA, KDA_GIT_DIRTY)"}
     exclude = []
     if Path(out_dir).resolve().is_relative_to(REPO):
         exclude = [f":(exclude){Path(out_dir).resolve().relative_to(REPO)}"]
     sha = _command("git", "rev-parse", "HEAD")
-    if sha is None:  # a copy of the tree without .git (a lent GPU box): the launcher states the commit
-        dirty = os.environ.get("KDA_GIT_DIRTY")
-        return {"sha": os.environ.get("KDA_GIT_SHA"), "dirty": None if dirty is None else dirty == "1",
-                "source": "environment (KDA_GIT_SHA, KDA_GIT_DIRTY)"}
+    if sha is None:
+        return {"sha": None, "dirty": None, "source": "no git history here and KDA_GIT_SHA unset"}
     status = _command("git", "status", "--porcelain", "--", ".", *exclude)
     return {"sha": sha, "dirty": None if status is None else bool(status)}
 
