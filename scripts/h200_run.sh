@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The H200 measurements committed under results/h200/, in the steps a lent GPU box runs them.
-# Each step is one call of the device tool from the repo root (carry .git so that results record
-# the commit; carry the wheelhouse part the step names, built by ../shared/gpu/build-wheelhouse):
+# Each step is one call of the device tool from the repo root, from a clean tree, with
+# KDA_GIT_SHA=<HEAD> KDA_GIT_DIRTY=0 set in the command (the box gets the tree without its history,
+# or with a stale .git) and carrying the wheelhouse part the step names (../shared/gpu/build-wheelhouse;
+# a fresh box first takes part1 alone: `bash .gpu/part1/install.sh`):
 #
 #   scripts/h200_run.sh checks    # carry .gpu/part1: Triton GPU tests, compute-sanitizer
 #   scripts/h200_run.sh sweeps    # carry .gpu/part2: correctness grid, kimi-linear-48b, targets, shapes
 #   scripts/h200_run.sh published # carry .gpu/part2: correctness grid, the published table's shapes
-#                                 # under four pool layouts, compared with results/published/
+#                                 # under three pool layouts (four runs), compared with results/published/
 #   scripts/h200_run.sh asv       # asv A/A + planted slowdown + publish (after sweeps or published, same
-#                                 # machine). Each asv run of the quick profile takes ~4.5 min, so a call
+#                                 # machine). Each asv run of the quick profile takes ~4 min, so a call
 #                                 # makes ASV_RUNS of them (default 1) and the next call resumes: three calls
 #
 # Logs and a tarball of each step's result directories land in $OUT (default ./h200-out); unpack
