@@ -35,14 +35,14 @@ def variant_label(settings: dict) -> str:
 
 def load_runs(dirs: list[Path]) -> pd.DataFrame:
     """One row per (run, configuration) measured ok on an unpadded pool: KEY, kernel_us_median,
-    run, variant, commit."""
+    run, variant."""
     frames = []
     for run in dirs:
         meta = json.loads((run / "meta.json").read_text())
         table = pd.read_csv(run / "results.csv")
         table = table[(table.status == "ok") & (table.slot_pad == 0) & (table.pad_rows == 0)]
         frames.append(table[KEY + ["kernel_us_median"]].assign(
-            run=str(run), variant=variant_label(meta.get("settings", {})), commit=meta.get("git", {}).get("sha")))
+            run=str(run), variant=variant_label(meta.get("settings", {}))))
     return pd.concat(frames, ignore_index=True)
 
 
