@@ -9,11 +9,11 @@ is mostly process and CUDA start-up, and the grid is what sets it.
 ``KDA_ASV_PROFILE`` picks the grid (default ``full`` with a CUDA GPU, ``cpu`` without):
 
 - ``full``: the perf-CI run on main: 4 implementations x 12 (B, heads, state dtype) kernel times
-  + 4 call latencies, 52 processes. A process costs ~13 s on the H200 (the quick profile's 20 took
-  4.5 min: results/h200/asv-validation/a1.log), so about 11 minutes; each registered implementation
+  + 4 call latencies, 52 processes. A process costs 9-12 s on the H200 (the quick profile's 20 took
+  3.0-3.9 min: results/h200/asv-validation/{a1,a2,slow}.log), so 8-10 minutes; each registered implementation
   or grid value added grows the run with it. Slot padding is left to the sweeps: it changes a
   runtime stride, not the compiled kernel, so it adds time here and little regression coverage.
-- ``quick``: the gate on pull requests and scripts/asv_validate.py: 20 processes, ~4.5 minutes.
+- ``quick``: the gate on pull requests and scripts/asv_validate.py: 20 processes, 3-4 minutes.
 - ``cpu``: tiny shapes for a box without a GPU, where CI checks the suite: naive and the Triton
   kernels (interpreted) run, the GPU-only ones skip with their reason.
 
@@ -28,7 +28,6 @@ import hashlib
 import inspect
 import os
 import re
-from dataclasses import asdict
 
 import torch
 
@@ -111,8 +110,8 @@ def asv_samples(measured: timing.Timing) -> dict:
 
 
 def kernel_seconds(launchers: list[timing.Launcher]) -> dict:
-    return asv_samples(timing.kernel_time(launchers, DEVICE, **asdict(KERNEL_BUDGET)))
+    return asv_samples(timing.kernel_time(launchers, DEVICE, KERNEL_BUDGET))
 
 
 def call_seconds(launchers: list[timing.Launcher]) -> dict:
-    return asv_samples(timing.call_time(launchers[0], DEVICE, **asdict(CALL_BUDGET)))
+    return asv_samples(timing.call_time(launchers[0], DEVICE, CALL_BUDGET))

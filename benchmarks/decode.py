@@ -3,8 +3,8 @@ and the latency of one eager call over its batch sizes.
 
 The implementation is the first parameter of every benchmark (scripts/asv_validate.py relies on
 it). No ``setup_cache``: its result reaches the benchmark process pickled, and CUDA tensors and
-bound launchers do not survive that; building the inputs on the device (tiling a small draw) costs
-less than the process start-up anyway.
+bound launchers do not survive that; drawing the inputs on the device costs less than the process
+start-up anyway.
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ returns the zero-argument launcher that benchmarks time.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import math
+from importlib import metadata
 from dataclasses import dataclass
 from typing import Callable
 
@@ -43,7 +45,7 @@ class Capabilities:
     k_equals_v: bool = False
     gva: bool = True  # HV may exceed H
     slot_stride_multiple: int = 1  # elements
-    base_alignment: int = 1  # bytes
+    base_alignment: int = 1  # bytes, of the pool's base and of the out buffer
     min_compute_capability: tuple[int, int] | None = None
     packages: tuple[str, ...] = ()  # import names that must be installed
 
@@ -53,7 +55,7 @@ class Capabilities:
 
         parts = [
             "devices " + "/".join(self.devices),
-            "state " + "/".join(str(d).removeprefix("torch.") for d in self.state_dtypes),
+            "state " + "/".join(dtype_name(d) for d in self.state_dtypes),
             f"K {dims(self.k_values)}",
             f"V {dims(self.v_values)}" + (" (K == V)" if self.k_equals_v else ""),
             "GVA" if self.gva else "H == HV only",
@@ -67,7 +69,20 @@ class Capabilities:
         return ", ".join(parts)
 
 
-def _dtype(d: torch.dtype) -> str:
+def package_version(distribution: str, module: str | None = None) -> str:
+    """The installed version of ``distribution``; else, where ``module`` is given and importable
+    (a source tree deployed without package metadata, as FlashInfer can be), its ``__version__``;
+    else "not installed"."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        pass
+    if module is None or importlib.util.find_spec(module) is None:
+        return "not installed"
+    return str(getattr(importlib.import_module(module), "__version__", "unknown"))
+
+
+def dtype_name(d: torch.dtype) -> str:
     return str(d).removeprefix("torch.")
 
 
@@ -141,16 +156,16 @@ class Implementation:
         for name in ("q", "k", "v", "a", "b"):
             t = getattr(x, name)
             if t.dtype not in ACTIVATION_DTYPES:
-                self._fail("dtype", f"{name} dtype must be one of bf16/fp16/fp32; got {_dtype(t.dtype)}")
+                self._fail("dtype", f"{name} dtype must be one of bf16/fp16/fp32; got {dtype_name(t.dtype)}")
             if t.dtype != x.q.dtype:
-                self._fail("dtype", f"{name} dtype must match q's {_dtype(x.q.dtype)}; got {_dtype(t.dtype)}")
+                self._fail("dtype", f"{name} dtype must match q's {dtype_name(x.q.dtype)}; got {dtype_name(t.dtype)}")
         for name in ("A_log", "dt_bias"):
             t = getattr(x, name)
             if t.dtype != torch.float32:
-                self._fail("dtype", f"{name} dtype must be float32; got {_dtype(t.dtype)} (keep gate "
+                self._fail("dtype", f"{name} dtype must be float32; got {dtype_name(t.dtype)} (keep gate "
                                     f"parameters in fp32: .float())")
         if x.slots.dtype != torch.int32:
-            self._fail("slots", f"slots dtype must be int32; got {_dtype(x.slots.dtype)} (.to(torch.int32))")
+            self._fail("slots", f"slots dtype must be int32; got {dtype_name(x.slots.dtype)} (.to(torch.int32))")
         for name, t in x.tensors().items():
             if t.device != x.state.device:
                 self._fail("device", f"{name} must be on the state's device {x.state.device}; got {t.device}")
@@ -186,9 +201,9 @@ class Implementation:
         """Yield ``(rule, contract message, short reason)`` for each declared capability broken."""
         caps = self.capabilities
         if x.state.dtype not in caps.state_dtypes:
-            want = "/".join(_dtype(d) for d in caps.state_dtypes)
-            yield ("state-dtype", f"state dtype must be {want}; got {_dtype(x.state.dtype)}",
-                   f"state dtype {_dtype(x.state.dtype)} not supported (supports {want})")
+            want = "/".join(dtype_name(d) for d in caps.state_dtypes)
+            yield ("state-dtype", f"state dtype must be {want}; got {dtype_name(x.state.dtype)}",
+                   f"state dtype {dtype_name(x.state.dtype)} not supported (supports {want})")
         if caps.k_equals_v and x.K != x.V:
             yield "head-dims", f"needs K == V; got K={x.K}, V={x.V}", f"needs K == V; got K={x.K}, V={x.V}"
         for dim, values in (("K", caps.k_values), ("V", caps.v_values)):
@@ -263,8 +278,11 @@ class Implementation:
             out = torch.empty(shape, dtype=inputs.v.dtype, device=inputs.device)
         elif tuple(out.shape) != shape or out.dtype != inputs.v.dtype or out.device != inputs.device \
                 or not out.is_contiguous():
-            self._fail("out", f"out must be a contiguous {shape} {_dtype(inputs.v.dtype)} tensor on "
-                              f"{inputs.device}; got {tuple(out.shape)} {_dtype(out.dtype)} on {out.device}")
+            self._fail("out", f"out must be a contiguous {shape} {dtype_name(inputs.v.dtype)} tensor on "
+                              f"{inputs.device}; got {tuple(out.shape)} {dtype_name(out.dtype)} on {out.device}")
+        elif out.data_ptr() % self.capabilities.base_alignment:
+            self._fail("out", f"out must start {self.capabilities.base_alignment}-byte aligned; its byte offset "
+                              f"is {out.data_ptr() % self.capabilities.base_alignment}")
         return self._launcher(inputs, out)
 
     def decode(self, inputs: DecodeInputs, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import os
 import sys
-from importlib import metadata
 
 import torch
 import triton
 from triton.runtime.interpreter import InterpretedFunction
 
-from .contract import Capabilities, Implementation
+from .contract import Capabilities, Implementation, package_version
 from .inputs import DecodeInputs
 
 _FLA_MODULE = "fla.ops.kda.fused_recurrent"
@@ -60,11 +59,7 @@ class FlaKDA(Implementation):
                                 packages=("fla",))
 
     def versions(self) -> dict[str, str]:
-        try:
-            fla_version = metadata.version("fla-core")
-        except metadata.PackageNotFoundError:
-            fla_version = "not installed"
-        return {**super().versions(), "triton": triton.__version__, "fla-core": fla_version}
+        return {**super().versions(), "triton": triton.__version__, "fla-core": package_version("fla-core")}
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
         interpreted = _kernel_will_be_interpreted()

@@ -26,14 +26,11 @@ What the adapter relies on, from flashinfer-python 0.7.2.post1's source:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from importlib import metadata
 from typing import Callable
 
 import torch
 
-from .contract import Capabilities, Implementation
+from .contract import Capabilities, Implementation, dtype_name, package_version
 from .inputs import DecodeInputs
 
 # Byte alignment the kernel is compiled to assume for every tensor it takes.
@@ -47,17 +44,6 @@ def recurrent_kda_entry_point() -> Callable:
     if entry is None:
         from flashinfer.kda_decode import recurrent_kda as entry
     return entry
-
-
-def _installed_version(distribution: str, module: str) -> str:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        pass
-    # FlashInfer is also deployed as an unpacked source tree without package metadata
-    if importlib.util.find_spec(module) is None:
-        return "not installed"
-    return str(getattr(importlib.import_module(module), "__version__", "unknown"))
 
 
 def per_value_head_log_gate(inputs: DecodeInputs) -> tuple[torch.Tensor, Callable[[], None]]:
@@ -88,9 +74,9 @@ class FlashInferKDA(Implementation):
 
     def versions(self) -> dict[str, str]:
         return {**super().versions(),
-                "flashinfer-python": _installed_version("flashinfer-python", "flashinfer"),
-                "nvidia-cutlass-dsl": _installed_version("nvidia-cutlass-dsl", "cutlass"),
-                "apache-tvm-ffi": _installed_version("apache-tvm-ffi", "tvm_ffi")}
+                "flashinfer-python": package_version("flashinfer-python", "flashinfer"),
+                "nvidia-cutlass-dsl": package_version("nvidia-cutlass-dsl", "cutlass"),
+                "apache-tvm-ffi": package_version("apache-tvm-ffi", "tvm_ffi")}
 
     @staticmethod
     def _tensors_passed(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
@@ -101,8 +87,7 @@ class FlashInferKDA(Implementation):
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
         if inputs.q.dtype != torch.bfloat16:
-            got = str(inputs.q.dtype).removeprefix("torch.")
-            return f"q/k/v/a/b must be bfloat16 (the kernel's only activation dtype); got {got}"
+            return f"q/k/v/a/b must be bfloat16 (the kernel's only activation dtype); got {dtype_name(inputs.q.dtype)}"
         if inputs.B and inputs.N == 0:
             return "the pool has no slots, and flashinfer reads slot 0 for rows with slot -1"
         for name, t in self._tensors_passed(inputs).items():
@@ -144,9 +129,6 @@ class FlashInferKDA(Implementation):
         return dict(packed, g=log_gate.unsqueeze(0), use_gate_in_kernel=False), compute_log_gate
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
-        if out.data_ptr() % TENSOR_ALIGNMENT:
-            self._fail("out", f"out must start {TENSOR_ALIGNMENT}-byte aligned; its byte offset is "
-                              f"{out.data_ptr() % TENSOR_ALIGNMENT}")
         recurrent_kda = recurrent_kda_entry_point()
         arguments, prepare = self.library_arguments(inputs, out)
 

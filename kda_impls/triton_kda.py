@@ -168,7 +168,7 @@ def choose_config(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int) -> 
     dtype = table_key(state_dtype, HV, K, V, B)[0]
     tabled = {key[4]: text for key, text in TABLE.items() if key[:4] == (dtype, HV, K, V)}
     if not tabled:
-        return heuristic_config(K, V, torch.empty((), dtype=state_dtype).element_size(), B, HV)
+        return heuristic_config(K, V, state_dtype.itemsize, B, HV)
     log_b = math.log2(max(B, 1))
     nearest = min(tabled, key=lambda b: (abs(math.log2(b) - log_b), -b))
     source = f"triton_tuning.TABLE{(dtype, HV, K, V, nearest)}"
@@ -195,7 +195,7 @@ class TritonKDA(Implementation):
         self.forced_config = config
 
     def versions(self) -> dict[str, str]:
-        return {"torch": torch.__version__, "triton": triton.__version__}
+        return {**super().versions(), "triton": triton.__version__}
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
         interpreted = _built_for_interpreter()

@@ -66,9 +66,9 @@ def verify(impl: Implementation, inputs: DecodeInputs) -> Verdict:
 
     Raises what ``bind`` raises (ContractError, Unsupported) before anything runs.
     """
-    ref_out, ref_rows = reference(inputs)
     launch = impl.bind(inputs, torch.full((inputs.B, inputs.HV, inputs.V), float("nan"),
                                           dtype=inputs.v.dtype, device=inputs.device))
+    ref_out, ref_rows = reference(inputs)
     before = inputs.pool_span().clone()
     slots = inputs.slots.long()
     live = slots >= 0

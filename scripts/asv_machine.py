@@ -17,24 +17,25 @@ from __future__ import annotations
 import argparse
 import platform
 import re
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_impls.bench.results import device_info  # noqa: E402
+
 
 def gpu_description(index: int = 0) -> tuple[str, str]:
-    """(machine name, arch field) for CUDA device ``index``."""
-    props = torch.cuda.get_device_properties(index)
-    name = re.sub(r"[^a-z0-9]+", "-", props.name.lower()).strip("-")
-    arch = [platform.machine(), props.name, f"sm_{props.major}{props.minor}",
-            f"{props.total_memory / 2**30:.0f}GiB", f"CUDA {torch.version.cuda}"]
-    if shutil.which("nvidia-smi"):
-        query = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=driver_version", "--format=csv,noheader"],
-                               capture_output=True, text=True)
-        if query.returncode == 0 and query.stdout.strip():
-            arch.append(f"driver {query.stdout.strip()}")
+    """(machine name, arch field) for CUDA device ``index``, from the device record sweeps keep."""
+    info = device_info(torch.device("cuda", index))
+    name = re.sub(r"[^a-z0-9]+", "-", info["name"].lower()).strip("-")
+    arch = [platform.machine(), info["name"], "sm_" + info["compute_capability"].replace(".", ""),
+            f"{info['memory_bytes'] / 2**30:.0f}GiB", f"CUDA {info['cuda']}"]
+    if info["driver"]:
+        arch.append(f"driver {info['driver']}")
     return name, " ".join(arch)
 
 

@@ -79,5 +79,5 @@ case ${1:-} in
     tar -C "$RES" -czf "$OUT/asv.tgz" --exclude=html --exclude=scratch-repo asv-validation
     ;;
   *)
-    echo "usage: $0 checks|sweeps|asv" >&2; exit 2 ;;
+    echo "usage: $0 checks|sweeps|published|asv" >&2; exit 2 ;;
 esac

@@ -40,9 +40,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls import DecodeInputs, make_inputs, verify  # noqa: E402
+from kda_impls.contract import dtype_name  # noqa: E402
 from kda_impls.bench.results import environment  # noqa: E402
 from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth  # noqa: E402
-from kda_impls.bench.timing import kernel_time  # noqa: E402
+from kda_impls.bench.timing import Budget, kernel_time  # noqa: E402
 from kda_impls.triton_kda import TileConfig, TritonKDA, choose_config, compile_kernel, table_key  # noqa: E402
 
 VALUE_HEADS = (16, 32, 64)
@@ -53,7 +54,7 @@ PADDED_SLOT = 64  # elements of padding per slot for the padding-cost timing
 L2_MULTIPLE = 3  # one graph replay touches at least this many L2s of distinct bytes
 TABLE_PATH = Path(__file__).resolve().parents[1] / "kda_impls" / "triton_tuning.py"
 # Per timing: sample until the median's 95% interval is within 1%, or 0.1 s (many configs to time).
-TIMING_BUDGET = dict(min_samples=5, max_seconds=0.1, rel_ci=0.01)
+TIMING_BUDGET = Budget(min_samples=5, max_seconds=0.1, rel_ci=0.01)
 COLUMNS = ["state_dtype", "HV", "K", "V", "B", "slot_pad", "config", "source", "status", "us", "bytes",
            "GBps", "pct_copy", "floor_us", "launches", "method", "samples", "regs", "spills", "best"]
 
@@ -82,7 +83,7 @@ class Rotation:
 
     def __init__(self, HV, K, V, B, state_dtype, slot_pad, l2_bytes, device, seed):
         # sized by the state alone, which is most of a step's bytes: the replay's bytes only exceed this
-        state_bytes = 2 * B * HV * V * K * torch.empty((), dtype=state_dtype).element_size()
+        state_bytes = 2 * B * HV * V * K * state_dtype.itemsize
         self.launches = max(2, math.ceil(L2_MULTIPLE * l2_bytes / state_bytes))
         total = self.launches * B
         self.inputs = make_inputs(total, HV, HV, K, V, state_dtype=state_dtype, slot_pad=slot_pad, n_slots=total,
@@ -101,10 +102,6 @@ class Rotation:
         # _launcher, not bind: the rotation is valid by construction, and bind's checks (a device
         # sync each) would dominate binding hundreds of launchers. verify() ran bind's path already.
         return [impl._launcher(*self.step(r)) for r in range(self.launches)]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def measure(args) -> int:
@@ -142,7 +139,7 @@ def measure(args) -> int:
 
 def tune_shape(HV, K, V, state_dtype, device, l2_bytes, copy_gbps, started, budget_s) -> list[dict]:
     """Every batch size of one shape: each config verified once (per shape), timed per batch."""
-    esize = torch.empty((), dtype=state_dtype).element_size()
+    esize = state_dtype.itemsize
     verdicts: dict[TileConfig, str] = {}
     rows = []
     for B in BATCHES:
@@ -217,7 +214,7 @@ def time_padded(best: dict, state_dtype, device, l2_bytes, copy_gbps) -> dict:
 
 def timing_columns(rotation: Rotation, impl: TritonKDA, copy_gbps: float) -> dict:
     """Time one launch of ``impl`` over ``rotation`` (the harness's L2-cold graph-replay timer)."""
-    timing = kernel_time(rotation.launchers(impl), rotation.device, **TIMING_BUDGET)
+    timing = kernel_time(rotation.launchers(impl), rotation.device, TIMING_BUDGET)
     us, step_bytes = timing.median * 1e6, rotation.step_bytes
     gbps = step_bytes / (us * 1e-6) / 1e9
     return {"us": us, "bytes": step_bytes, "GBps": gbps, "pct_copy": 100 * gbps / copy_gbps,

@@ -16,6 +16,7 @@ import pytest
 
 from asv_helpers import EXISTING, MACHINE, REPO, asv_env, register_machine, repo_conf, run_asv
 from kda_impls import get
+from kda_impls.bench import results
 
 from benchmarks import common, decode
 
@@ -80,10 +81,11 @@ def test_asv_machine_names_the_gpu(monkeypatch, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("asv_machine", REPO / "scripts" / "asv_machine.py")
     asv_machine = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(asv_machine)
-    h200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=150_754_820_096)
+    h200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=150_754_820_096,
+                           multi_processor_count=132, L2_cache_size=62_914_560)
     monkeypatch.setattr(asv_machine.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(asv_machine.torch.cuda, "get_device_properties", lambda index: h200)
-    monkeypatch.setattr(asv_machine.shutil, "which", lambda name: None)  # no nvidia-smi: no driver field
+    monkeypatch.setattr(asv_machine.torch.cuda, "get_device_properties", lambda device: h200)
+    monkeypatch.setattr(results, "_command", lambda *args: None)  # no nvidia-smi: no driver field
     monkeypatch.setattr(sys, "argv", ["asv_machine.py", "--suffix", "ci"])
     monkeypatch.setenv("HOME", str(tmp_path))
 

@@ -202,6 +202,17 @@ def test_out_buffer():
     assert err.value.rule == "out"
 
 
+def test_out_buffer_alignment():
+    """An implementation compiled for aligned tensors refuses a misaligned out, as it does a pool."""
+    x = inputs(B=4, H=2, HV=2, K=16, V=16)
+    aligned = torch.empty(4 * 2 * 16 + 8, dtype=torch.bfloat16)
+    assert aligned.data_ptr() % 32 == 0
+    with pytest.raises(ContractError, match=r"out must start 32-byte aligned; its byte offset is 16") as err:
+        Strict().bind(x, out=aligned[8:].view(4, 2, 16))
+    assert err.value.rule == "out"
+    Strict().bind(x, out=aligned[:-8].view(4, 2, 16))  # aligned: accepted
+
+
 def test_unsupported_reasons_and_bind():
     x = inputs(state_dtype=torch.float32)
     assert "state dtype float32 not supported (supports bfloat16)" == Strict().unsupported(x)

@@ -13,7 +13,7 @@ from ..registry import get
 from ..verify import verify
 from .config import Config
 from .roofline import copy_bandwidth
-from .timing import Budget, as_device, call_time, kernel_time, rotation_inputs, synced_call
+from .timing import Budget, as_device, bind_rotation, call_time, kernel_time, synced_call
 
 # ok: matches the reference; wrong: timed anyway, flagged; unsupported: cannot run here (reason);
 # error: ContractError or a runtime failure (message); crashed: the worker process died (the sweep).
@@ -32,7 +32,9 @@ MAX_REASON_CHARS = 2000
 
 class _TimedFirstLaunch:
     """Stands in for an implementation inside :func:`verify`, whose one launch is this
-    configuration's first call in the process (JIT compilation, autotuning): times it, synchronized."""
+    configuration's first call in the process: times it, synchronized. That includes the JIT
+    compilation and autotuning an implementation leaves to its first call (fla, FlashInfer), not
+    what it does in ``bind`` (Triton compiles and loads its kernel there)."""
 
     def __init__(self, impl: Implementation):
         self.impl = impl
@@ -88,26 +90,24 @@ def measure(
         reason = impl.unsupported(check_inputs)
         if reason:
             return row | {"status": "unsupported", "reason": reason}
-        impl.check(check_inputs)  # the contract's own message, before the reference trips over bad inputs
         first = _TimedFirstLaunch(impl)
         verdict = verify(first, check_inputs)
+        nbytes = check_inputs.nbytes()  # the timed sets' too: the same rows, whatever their pools' size
         del check_inputs  # its pool (2B slots) is not needed while timing
         row |= {"err_out": verdict.err_out, "err_state": verdict.err_state,
                 "first_call_ms": first.seconds * 1e3, "status": "ok" if verdict.ok else "wrong",
                 "reason": "; ".join(verdict.problems)}
 
-        sets = rotation_inputs(cfg, device, l2_cold=l2_cold, seed=seed + 1, pool_slots_per_row=pool_slots_per_row,
-                               sorted_slots=sorted_slots)
-        launchers = [impl.bind(inputs) for inputs in sets]
-        kernel = kernel_time(launchers, device, l2_cold=l2_cold, **asdict(kernel_budget))
-        call = call_time(launchers[0], device, l2_cold=l2_cold, **asdict(call_budget))
+        launchers = bind_rotation(impl, cfg, device, l2_cold=l2_cold, seed=seed + 1,
+                                  pool_slots_per_row=pool_slots_per_row, sorted_slots=sorted_slots)
+        kernel = kernel_time(launchers, device, kernel_budget)
+        call = call_time(launchers[0], device, call_budget, l2_cold=l2_cold)
     except (ImportError, Unsupported) as exc:  # a library missing; a reason only bind() found
         return row | {"status": "unsupported", "reason": _one_line(exc)}
     except Exception as exc:  # ContractError, a failed launch, out of memory, a library's own error
         return row | {"status": "error", "reason": _one_line(exc)}
 
     copy_bw = copy_bandwidth(device) if copy_bw is None else copy_bw
-    nbytes = sets[0].nbytes()
     return row | {
         "kernel_us_median": kernel.median * 1e6, "kernel_us_p25": kernel.p25 * 1e6,
         "kernel_us_p75": kernel.p75 * 1e6, "n_samples": kernel.n, "kernel_method": kernel.method,

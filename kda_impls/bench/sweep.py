@@ -24,7 +24,6 @@ import time
 from collections import Counter
 from contextlib import suppress
 from dataclasses import asdict
-from importlib import metadata
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import torch
 from tqdm import tqdm
 
 from .. import registry
+from ..contract import package_version
 from .config import Config
 from .measure import STATUSES, empty_row
 from .presets import PRESETS
@@ -107,12 +107,6 @@ def _jsonable(value):
     return json.loads(json.dumps(value))
 
 
-def _package_version(name: str) -> str | None:
-    with suppress(metadata.PackageNotFoundError):
-        return metadata.version(name)
-    return None
-
-
 def run_sweep(configs: list[Config], out_dir: Path, settings: Settings, *, command: str, preset: str,
               row_timeout: float = 600.0, retry_crashed: bool = False) -> pd.DataFrame:
     """Measure every configuration not yet in ``out_dir`` (crashed ones too with ``retry_crashed``);
@@ -176,7 +170,7 @@ def run_sweep(configs: list[Config], out_dir: Path, settings: Settings, *, comma
         table = assemble(out_dir)
         wall_s = time.perf_counter() - started
         versions = {"python": platform.python_version(), "torch": torch.__version__,
-                    "triton": _package_version("triton")}
+                    "triton": package_version("triton")}
         for hello in impls_meta.values():
             versions |= hello["versions"]
         meta |= {"impls": impls_meta, "versions": versions,

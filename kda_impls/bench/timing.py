@@ -4,9 +4,10 @@
 rotation, repeated until it lasts ~0.3 ms) is captured in a CUDA graph, events bracket each replay
 and the time is divided by the calls in it. :func:`call_time` is the latency of one eager call as a
 serving engine makes it (Python, argument handling, launch and kernel, from an idle GPU with the L2
-flushed). At B=1 the two differ by 10x (FlashInfer on the H200: 2.7 us kernel, 31 us per call), and
-both matter. Both time the first call (JIT compilation, autotuning) apart from the samples and sample
-until the median's confidence interval is narrow enough or a budget runs out.
+flushed). At B=1 the two differ several-fold on the H200 (`kernel_us_median` and `call_us_median` in
+results/h200/kimi-linear-48b/results.csv), and both matter. Both make a first call (JIT compilation,
+autotuning) before sampling, and sample until the median's confidence interval is narrow enough or a
+:class:`Budget` runs out.
 
 On the CPU the same functions time with ``time.perf_counter`` and model no cache: that lets the
 harness run anywhere, not rank implementations.
@@ -45,7 +46,6 @@ CONFIDENCE = 0.95
 class Timing:
     samples: list[float]  # seconds per call
     method: str  # "cuda-graph" | "cuda-events" | "perf_counter"
-    first_call_s: float | None = None  # the first call, synchronized: includes JIT compilation
 
     @property
     def n(self) -> int:
@@ -173,21 +173,20 @@ def _pass(rotation: Sequence[Launcher], reps: int) -> Callable[[], None]:
     return run
 
 
-def _gpu_pass(rotation: Sequence[Launcher], reps: int, use_graph: bool) -> tuple[Callable[[], None], str]:
+def _gpu_pass(rotation: Sequence[Launcher], reps: int) -> tuple[Callable[[], None], str]:
     """What runs one pass on the current stream, and how: a CUDA graph's replay, or the pass itself
     when capture fails (a launcher that syncs, or allocates outside torch's caching allocator)."""
     run = _pass(rotation, reps)
-    if use_graph:
-        graph = torch.cuda.CUDAGraph()
-        # Capture needs a side stream; entering it here restores the current stream even when a
-        # failed capture skips torch.cuda.graph's own restore (its exit raises first).
-        side = torch.cuda.Stream()
-        try:
-            with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-                run()
-            return graph.replay, "cuda-graph"
-        except Exception:  # whatever the library raised: a launcher that really fails, fails eagerly too
-            torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    # Capture needs a side stream; entering it here restores the current stream even when a
+    # failed capture skips torch.cuda.graph's own restore (its exit raises first).
+    side = torch.cuda.Stream()
+    try:
+        with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+            run()
+        return graph.replay, "cuda-graph"
+    except Exception:  # whatever the library raised: a launcher that really fails, fails eagerly too
+        torch.cuda.synchronize()
     return run, "cuda-events"
 
 
@@ -196,61 +195,42 @@ def _reps(call_s: float, calls: int) -> int:
     return max(1, min(math.ceil(TARGET_PASS_S / max(call_s * calls, 1e-9)), MAX_CALLS_PER_PASS // calls))
 
 
-def kernel_time(
-    launchers: Sequence[Launcher],
-    device,
-    *,
-    l2_cold: bool = True,
-    use_graph: bool = True,
-    min_samples: int = 10,
-    max_samples: int = 1000,
-    max_seconds: float = 0.5,
-    rel_ci: float = 0.01,
-) -> Timing:
+def kernel_time(launchers: Sequence[Launcher], device, budget: Budget = Budget()) -> Timing:
     """Per-call kernel time of ``launchers`` (from :func:`bind_rotation`), first call excluded.
 
-    ``l2_cold`` cycles through every launcher, each bound to its own inputs, so each call finds the L2
-    holding the others' data; ``l2_cold=False`` repeats the first one (L2-hot). On a GPU a pass is
-    captured in a CUDA graph and each replay timed with events ("cuda-graph"); if capture fails, or
-    ``use_graph`` is False, the pass runs eagerly between events ("cuda-events", which then also counts
-    the launch gaps of kernels shorter than their launch).
+    Every launcher runs in turn, each bound to its own inputs: over an L2-cold rotation each call
+    finds the L2 holding the others' data; one launcher is timed L2-hot. On a GPU a pass is captured
+    in a CUDA graph and each replay timed with events ("cuda-graph"); if capture fails, the pass runs
+    eagerly between events ("cuda-events", which then also counts the launch gaps of kernels shorter
+    than their launch).
     """
     device = as_device(device)
-    rotation = list(launchers) if l2_cold else list(launchers[:1])
-    budget = Budget(min_samples, max_samples, max_seconds, rel_ci)
+    rotation = list(launchers)
     if device.type != "cuda":
-        first_s, _ = synced_call(rotation[0], device)
+        synced_call(rotation[0], device)
         call_s = min(timed_runs(_pass(rotation, 1), 1, device)) / len(rotation)
         reps = _reps(call_s, len(rotation))
         run, calls = _pass(rotation, reps), reps * len(rotation)
         samples = _sample(lambda k: [t / calls for t in timed_runs(run, k, device)], call_s * calls, budget)
-        return Timing(samples, "perf_counter", first_s)
+        return Timing(samples, "perf_counter")
 
     with torch.cuda.device(device):
-        first_s, _ = synced_call(rotation[0], device)
+        synced_call(rotation[0], device)
         _pass(rotation, 1)()  # warm every launcher before capture (lazy workspaces, handles)
-        run, method = _gpu_pass(rotation, 1, use_graph)
+        run, method = _gpu_pass(rotation, 1)
         run()  # a graph's first replay uploads it
         call_s = float(np.median(timed_runs(run, 3, device))) / len(rotation)
         reps = _reps(call_s, len(rotation))
         if reps > 1:
-            run, method = _gpu_pass(rotation, reps, method == "cuda-graph")
+            run, method = _gpu_pass(rotation, reps) if method == "cuda-graph" else (_pass(rotation, reps), method)
             run()
         calls = reps * len(rotation)
         samples = _sample(lambda k: [t / calls for t in timed_runs(run, k, device)], call_s * calls, budget)
-    return Timing(samples, method, first_s)
+    return Timing(samples, method)
 
 
-def call_time(
-    launcher: Launcher,
-    device,
-    *,
-    l2_cold: bool = True,
-    min_samples: int = 10,
-    max_samples: int = 1000,
-    max_seconds: float = 0.2,
-    rel_ci: float = 0.01,
-) -> Timing:
+def call_time(launcher: Launcher, device, budget: Budget = Budget(max_seconds=0.2), *, l2_cold: bool = True
+              ) -> Timing:
     """Latency of one eager call of ``launcher`` as a serving engine sees it, first call excluded.
 
     Each sample starts from an idle GPU (as between decode steps) with the L2 flushed (``l2_cold``):
@@ -259,9 +239,8 @@ def call_time(
     """
     device = as_device(device)
     first_s, _ = synced_call(launcher, device)
-    budget = Budget(min_samples, max_samples, max_seconds, rel_ci)
     if device.type != "cuda":
-        return Timing(_sample(lambda k: timed_runs(launcher, k, device), first_s, budget), "perf_counter", first_s)
+        return Timing(_sample(lambda k: timed_runs(launcher, k, device), first_s, budget), "perf_counter")
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
@@ -279,7 +258,7 @@ def call_time(
         return samples
 
     with torch.cuda.device(device):
-        return Timing(_sample(take, first_s, budget), "cuda-events", first_s)
+        return Timing(_sample(take, first_s, budget), "cuda-events")
 
 
 def working_set_bytes(inputs: DecodeInputs) -> int:
@@ -300,8 +279,8 @@ def rotation_inputs(cfg: Config, device, *, l2_cold: bool = True, seed: int = 0,
     order, and the simplest benchmark's ``arange``).
 
     At least two because consecutive calls in a model update different layers' pools, never one
-    pool twice in a row; on the H200 a single pool of >= 3x the L2 updated back to back measured
-    slower per byte than alternating ones at B >= 256 (docs/perf-notes.md).
+    pool twice in a row; on the H200 a single pool updated back to back cost fp32 Triton 9% at
+    B >= 256 against alternating ones (docs/perf-notes.md).
     """
     device = as_device(device)
     first = cfg.make_inputs(device, seed, n_slots=pool_slots_per_row * cfg.B, sorted_slots=sorted_slots)
@@ -310,7 +289,7 @@ def rotation_inputs(cfg: Config, device, *, l2_cold: bool = True, seed: int = 0,
     return [first] + [first.clone() for _ in range(copies - 1)]
 
 
-def bind_rotation(impl: Implementation, cfg: Config, device, *, l2_cold: bool = True, seed: int = 0) -> list[Launcher]:
-    """``impl``'s launchers over :func:`rotation_inputs`. Binding validates and allocates (raising
-    ContractError or Unsupported); the launchers only launch."""
-    return [impl.bind(inputs) for inputs in rotation_inputs(cfg, device, l2_cold=l2_cold, seed=seed)]
+def bind_rotation(impl: Implementation, cfg: Config, device, **rotation) -> list[Launcher]:
+    """``impl``'s launchers over :func:`rotation_inputs` (``rotation``: its keyword arguments).
+    Binding validates and allocates (raising ContractError or Unsupported); the launchers only launch."""
+    return [impl.bind(inputs) for inputs in rotation_inputs(cfg, device, **rotation)]
