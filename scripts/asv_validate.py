@@ -40,8 +40,8 @@ sys.path.insert(0, str(REPO))
 
 from kda_impls.regress import load  # noqa: E402
 
-# One warp holding a whole 128x128 fp32 state tile spills registers to local memory: slower at
-# every batch size, by far more than the 5% threshold.
+# One warp for a 128-row V tile, far from every tuned tile: on the H200 the planted run measured
+# the Triton kernel 3.5-5.1x slower (results/h200/asv-validation/gate-slow.txt).
 SLOW_TRITON = "BV=128,num_warps=1"
 
 
