@@ -1,10 +1,12 @@
 """scripts/compare_published.py: published figures against repeated sweep runs and their spread."""
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pandas as pd
+
+from kda_impls.bench.config import Config
+from sweep_dirs import write_sweep_dir
 
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("compare_published", REPO / "scripts" / "compare_published.py")
@@ -16,15 +18,10 @@ SHAPE = dict(state_dtype="bfloat16", H=32, HV=32, K=128, V=128)
 
 def sweep_dir(path: Path, medians: dict[int, float], **settings) -> Path:
     """A sweep directory with flashinfer rows at the batch sizes of ``medians``, and one padded row
-    and one failed row that must be ignored."""
-    path.mkdir()
-    rows = [dict(impl="flashinfer", B=B, slot_pad=0, pad_rows=0, status="ok", kernel_us_median=us, **SHAPE)
-            for B, us in medians.items()]
-    rows += [dict(impl="flashinfer", B=1, slot_pad=64, pad_rows=0, status="ok", kernel_us_median=1.0, **SHAPE),
-             dict(impl="flashinfer", B=1, slot_pad=0, pad_rows=0, status="wrong", kernel_us_median=1.0, **SHAPE)]
-    pd.DataFrame(rows).to_csv(path / "results.csv", index=False)
-    (path / "meta.json").write_text(json.dumps({"settings": {"l2_cold": True, **settings}, "git": {"sha": "abc"}}))
-    return path
+    and one wrong row that must be ignored."""
+    rows = {Config("flashinfer", B, **SHAPE): [us] for B, us in medians.items()}
+    rows |= {Config("flashinfer", 1, slot_pad=64, **SHAPE): [1.0], Config("flashinfer", 2, **SHAPE): "wrong"}
+    return write_sweep_dir(path, rows, {"settings": {"l2_cold": True, **settings}, "git": {"sha": "abc"}})
 
 
 def test_reproduced_only_within_the_run_to_run_spread(tmp_path):

@@ -221,10 +221,10 @@ def test_unsupported_reasons_and_bind():
         name = "gpu-only"
         capabilities = Capabilities(devices=("cuda",))
 
-    if not torch.cuda.is_available():
-        assert GpuOnly().unsupported(inputs()) == "needs a CUDA GPU; none is available"
-        with pytest.raises(Unsupported, match="gpu-only: needs a CUDA GPU"):
-            GpuOnly().bind(inputs())
+    reason = "runs on cuda; inputs are on cpu" if torch.cuda.is_available() else "needs a CUDA GPU; none is available"
+    assert GpuOnly().unsupported(inputs()) == reason
+    with pytest.raises(Unsupported, match=f"gpu-only: {reason}"):
+        GpuOnly().bind(inputs())
 
     class NeedsPackage(NaiveTorch):
         name = "needs-package"

@@ -45,31 +45,9 @@ def test_fp32_throughout_is_fp32_accurate():
     assert verdict.ok and verdict.err_out <= 1e-5 and verdict.err_state <= 1e-5, verdict
 
 
-@needs_fla
-@pytest.mark.interpreter
-def test_never_passes_a_negative_slot(monkeypatch):
-    """fla 0.6.0 does not skip slot -1: it reads and writes the state one slot stride before the pool."""
-    from kda_impls import fla_kda
-
-    real = fla_kda._fused_recurrent_kda_fwd()
-    seen = []
-
-    def spy(**kw):
-        seen.append(kw["ssm_state_indices"].clone())
-        return real(**kw)
-
-    monkeypatch.setattr(fla_kda, "_fused_recurrent_kda_fwd", lambda: spy)
-    x = make_inputs(5, 1, 2, 16, 16, slot_pad=16, pad_rows=2, device=DEVICE, seed=15)
-    verdict = verify(get("fla"), x)
-    assert verdict.ok, verdict
-    assert len(seen) == 1 and torch.equal(seen[0], x.slots[x.slots >= 0])
-
-
-@needs_fla
-@pytest.mark.interpreter
-@pytest.mark.parametrize("pad_rows", [0, 2])
-def test_rows_go_in_packed_one_token_per_sequence(monkeypatch, pad_rows):
-    """The serving engines' call: [1, rows, ...] with cu_seqlens = arange(rows + 1), the pool in place."""
+@pytest.fixture
+def fla_calls(monkeypatch):
+    """The keyword arguments of every call the adapter makes to fla (which then runs)."""
     from kda_impls import fla_kda
 
     real = fla_kda._fused_recurrent_kda_fwd()
@@ -80,15 +58,33 @@ def test_rows_go_in_packed_one_token_per_sequence(monkeypatch, pad_rows):
         return real(**kw)
 
     monkeypatch.setattr(fla_kda, "_fused_recurrent_kda_fwd", lambda: spy)
-    x = make_inputs(5, 1, 2, 16, 16, pad_rows=pad_rows, device=DEVICE, seed=16)
-    assert verify(get("fla"), x).ok
-    (kw,) = seen
+    return seen
+
+
+@needs_fla
+@pytest.mark.interpreter
+@pytest.mark.parametrize("pad_rows", [0, 2])
+def test_rows_go_in_packed_one_token_per_sequence(fla_calls, pad_rows):
+    """The serving engines' call: [1, rows, ...] with cu_seqlens = arange(rows + 1), the pool in
+    place; only live rows, since fla 0.6.0 does not skip slot -1 (it reads and writes the state one
+    slot stride before the pool); and every argument a named parameter, since the function's
+    **kwargs would silently swallow a misspelt one."""
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    x = make_inputs(5, 1, 2, 16, 16, slot_pad=16, pad_rows=pad_rows, device=DEVICE, seed=16)
+    verdict = verify(get("fla"), x)
+    assert verdict.ok, verdict
+    (kw,) = fla_calls
     live = 5 - pad_rows
     assert torch.equal(kw["cu_seqlens"].cpu(), torch.arange(live + 1, dtype=torch.int32))
+    assert torch.equal(kw["ssm_state_indices"], x.slots[x.slots >= 0])
     assert kw["q"].shape == (1, live, 1, 16) and kw["beta"].shape == (1, live, 2) and kw["out"].shape == (1, live, 2, 16)
     assert kw["initial_state"] is x.state and kw["inplace_final_state"] and kw["state_v_first"]
     if not pad_rows:
         assert kw["q"].data_ptr() == x.q.data_ptr() and kw["ssm_state_indices"] is x.slots
+    parameters = inspect.signature(fused_recurrent_kda_fwd).parameters
+    named = {n for n, p in parameters.items() if p.kind != p.VAR_KEYWORD}
+    assert set(kw) <= named, set(kw) - named
 
 
 @needs_fla
@@ -142,15 +138,3 @@ def test_versions():
     versions = get("fla").versions()
     assert versions["fla-core"] == fla.__version__
     assert {"torch", "triton"} <= set(versions)
-
-
-@needs_fla
-def test_every_argument_is_a_named_parameter():
-    """fused_recurrent_kda_fwd takes **kwargs, which would silently swallow a misspelt argument."""
-    from kda_impls import fla_kda
-
-    x = make_inputs(2, 1, 2, 16, 16, seed=18)
-    passed = {"q", "k", "v", "g", "beta", "ssm_state_indices", "out", *get("fla").library_arguments(x)}
-    parameters = inspect.signature(fla_kda._fused_recurrent_kda_fwd()).parameters
-    named = {n for n, p in parameters.items() if p.kind != p.VAR_KEYWORD}
-    assert passed <= named, passed - named

@@ -11,17 +11,15 @@ import math
 import subprocess
 import sys
 import textwrap
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from asv_helpers import EXISTING, MACHINE, REPO, asv_env, register_machine, run_asv
+from sweep_dirs import write_sweep_dir
 from kda_impls import regress
 from kda_impls.bench.config import Config
-from kda_impls.bench.measure import COLUMNS as COLUMNS_SWEEP
-from kda_impls.bench.results import assemble, write_meta, write_row
 
 BENCH = "decode.KernelTime.track_kernel"
 COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
@@ -29,7 +27,7 @@ COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99
 
 
 def asv_file(path: Path, samples: dict[tuple, list | None], machine: str = MACHINE, version: str = "v1",
-             params: list[list[str]] | None = None, record_samples: bool = True) -> Path:
+             params: list[list[str]] | None = None, record_samples: bool = True, bench: str = BENCH) -> Path:
     """A result file as asv 0.6.6 writes it for one benchmark parametrised over (impl, B):
     ``samples`` maps (impl repr, B repr) to the raw samples, None for a failed combination;
     combinations absent from it were skipped (NaN)."""
@@ -48,7 +46,7 @@ def asv_file(path: Path, samples: dict[tuple, list | None], machine: str = MACHI
            kept if record_samples else None]
     data = {"commit_hash": "0" * 40, "env_name": "existing-py", "date": 1700000000000,
             "params": {"machine": machine, "python": "3.11"}, "python": "3.11", "requirements": {},
-            "env_vars": {}, "result_columns": COLUMNS, "results": {BENCH: row}, "durations": {}, "version": 2}
+            "env_vars": {}, "result_columns": COLUMNS, "results": {bench: row}, "durations": {}, "version": 2}
     path.write_text(json.dumps(data))
     return path
 
@@ -254,17 +252,9 @@ def test_real_asv_files(tmp_path, asv_project):
 # ---- sweep directories -----------------------------------------------------------------------------
 
 def sweep_dir(path: Path, rows: dict[Config, list[float] | None], gpu: str = "NVIDIA H200") -> Path:
-    """A sweep directory written by the sweep's own writer: ``rows`` maps a config to its kernel
-    samples in microseconds, None for a row that could not run."""
-    for cfg, samples in rows.items():
-        row = dict.fromkeys(COLUMNS_SWEEP) | asdict(cfg) | {"key": cfg.key(), "kernel_samples_us": samples or [],
-                                                            "call_samples_us": []}
-        row |= {"status": "ok", "kernel_us_median": float(np.median(samples))} if samples else \
-            {"status": "unsupported", "reason": "needs a CUDA GPU"}
-        write_row(path, row)
-    assemble(path)
-    write_meta(path, {"gpu": gpu})
-    return path
+    """``rows`` maps a config to its kernel samples in microseconds, None for a row that could not run."""
+    return write_sweep_dir(path, {cfg: "unsupported" if samples is None else samples for cfg, samples in rows.items()},
+                           {"gpu": gpu})
 
 
 TRITON = Config("triton", 64, 32, 32, 128, 128)
@@ -298,28 +288,30 @@ def test_refuses_mixed_or_foreign_result_sets(tmp_path):
 
 
 def test_thresholds_by_benchmark_name(tmp_path):
-    """Call latency gets the wide default threshold (its between-run drift), kernel time the
-    narrow one; --threshold-for replaces the defaults."""
+    """Kernel time gets the 5% default; --threshold-for sets a benchmark's own threshold and
+    replaces the defaults."""
     shifted = {("'triton'", "1"): timings(1), ("'naive'", "1"): timings(2)}
     slower = {("'triton'", "1"): timings(3, median=24e-6), ("'naive'", "1"): timings(4, median=24e-6)}
     a = asv_file(tmp_path / "a.json", shifted)
     b = asv_file(tmp_path / "b.json", slower)
     code, report, _ = gate(tmp_path, a, b)
     assert code == 1 and len(report["regressed"]) == 2  # kernel-time names: the 5% default
-    code, report, printed = gate(tmp_path, a, b, "--threshold-for", r"'naive'=0.5")
+    code, report, _ = gate(tmp_path, a, b, "--threshold-for", r"'naive'=0.5")
     assert code == 1 and report["regressed"] == [name("triton", 1)]
     assert report["thresholds"] == {"'naive'": 0.5}
-    call = regress.compare(regress.load(a), regress.load(b), thresholds={"track_kernel": 0.5})
-    assert set(call["status"]) == {"unchanged"} and set(call["threshold"]) == {0.5}
+    loose = regress.compare(regress.load(a), regress.load(b), thresholds={"track_kernel": 0.5})
+    assert set(loose["status"]) == {"unchanged"} and set(loose["threshold"]) == {0.5}
 
 
 def test_call_time_is_reported_not_gated_by_default(tmp_path):
     """A threshold of None (the default for call latency, 'none' on the command line) reports the
     ratio and p under "informational" and never fails the gate, however large the shift."""
-    assert regress.threshold_for("decode.CallTime.track_call('fla', 1)", 0.05, regress.DEFAULT_THRESHOLDS) is None
-    assert regress.threshold_for(name("fla", 1), 0.05, regress.DEFAULT_THRESHOLDS) == 0.05
     shifted = {("'triton'", "1"): timings(1), ("'naive'", "1"): timings(2)}
     doubled = {("'triton'", "1"): timings(3, median=40e-6), ("'naive'", "1"): timings(4, median=40e-6)}
+    call = "decode.CallTime.track_call"
+    code, report, _ = gate(tmp_path, asv_file(tmp_path / "ca.json", shifted, bench=call),
+                           asv_file(tmp_path / "cb.json", doubled, bench=call))
+    assert code == 0 and {row["status"] for row in report["rows"]} == {"informational"}
     a = asv_file(tmp_path / "a.json", shifted)
     b = asv_file(tmp_path / "b.json", doubled)
     code, report, printed = gate(tmp_path, a, b, "--threshold-for", r"'naive'=none", cli=True)
