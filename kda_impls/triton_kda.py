@@ -150,15 +150,20 @@ def table_key(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int) -> tupl
     return (dtype, HV, K, V, B)
 
 
+def tile_shape(K: int, V: int, element_size: int, tile_bytes: int, bytes_per_thread: int = 64) -> tuple[int, int]:
+    """``(BV, num_warps)`` of a ``[BV, K]`` state tile of about ``tile_bytes``, each thread holding
+    about ``bytes_per_thread`` of it (1 to 8 warps)."""
+    BV = max(1, min(V, tile_bytes // (K * element_size)))
+    return BV, max(1, min(8, BV * K * element_size // (bytes_per_thread * 32)))
+
+
 def heuristic_config(K: int, V: int, element_size: int, B: int, HV: int) -> TileConfig:
     """The config for a shape the table lacks: 64 bytes of state per thread (four 16-byte loads in
     flight), 8 KiB tiles, halved below B=16 so that small batches still spread over the SMs; heads
     smaller than a tile are grouped, their loads pipelined two deep."""
     tile_bytes = 8192 if B >= 16 else 4096
-    head_bytes = V * K * element_size
-    BV = max(1, min(V, tile_bytes // (K * element_size)))
-    heads = math.gcd(HV, max(1, tile_bytes // head_bytes)) if BV == V else 1
-    num_warps = max(1, min(8, BV * K * element_size // (64 * 32)))
+    BV, num_warps = tile_shape(K, V, element_size, tile_bytes)
+    heads = math.gcd(HV, max(1, tile_bytes // (V * K * element_size))) if BV == V else 1
     return TileConfig(BV=BV, heads=heads, num_warps=num_warps, num_stages=2 if heads > 1 else 1)
 
 

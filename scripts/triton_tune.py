@@ -44,7 +44,7 @@ from kda_impls.contract import dtype_name  # noqa: E402
 from kda_impls.bench.results import environment  # noqa: E402
 from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth  # noqa: E402
 from kda_impls.bench.timing import Budget, kernel_time  # noqa: E402
-from kda_impls.triton_kda import TileConfig, TritonKDA, choose_config, compile_kernel, table_key  # noqa: E402
+from kda_impls.triton_kda import TileConfig, TritonKDA, choose_config, compile_kernel, table_key, tile_shape  # noqa: E402
 
 VALUE_HEADS = (16, 32, 64)
 HEAD_DIMS = ((128, 128), (64, 64), (128, 256))
@@ -67,12 +67,10 @@ def candidate_configs(K: int, V: int, element_size: int, B: int) -> list[TileCon
     per_thread = (32, 64, 128) if B <= 16 else (64, 128, 256)
     configs = []
     for tile in (2048, 4096, 8192, 16384):
-        BV = max(1, min(V, tile // (K * element_size)))
         for bytes_per_thread in per_thread:
-            num_warps = max(1, min(8, BV * K * element_size // (bytes_per_thread * 32)))
+            BV, num_warps = tile_shape(K, V, element_size, tile, bytes_per_thread)
             configs.append(TileConfig(BV=BV, num_warps=num_warps))
-    BV = max(1, min(V, 8192 // (K * element_size)))
-    num_warps = max(1, min(8, BV * K * element_size // (64 * 32)))
+    BV, num_warps = tile_shape(K, V, element_size, 8192)
     configs.append(TileConfig(BV=BV, heads=2, num_warps=num_warps, num_stages=2))
     return list(dict.fromkeys(configs))
 
