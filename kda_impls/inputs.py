@@ -58,6 +58,11 @@ class DecodeInputs:
         return self.K**-0.5 if self.scale is None else float(self.scale)
 
     @property
+    def slot_elements(self) -> int:
+        """Elements of one slot's state, ``HV*V*K`` (the slot stride less its padding)."""
+        return self.HV * self.V * self.K
+
+    @property
     def slot_stride(self) -> int:
         """Elements between consecutive slots of the pool."""
         return self.state.stride(0)
@@ -71,7 +76,7 @@ class DecodeInputs:
 
     def pool_span(self) -> torch.Tensor:
         """The pool's whole storage range (slots and the padding between them) as a 1-D view."""
-        per_slot = self.state[0].numel() if self.N else 0
+        per_slot = self.state[0].numel() if self.N else 0  # the pool's own, even where it breaks the contract
         span = (self.N - 1) * self.slot_stride + per_slot if self.N else 0
         return self.state.as_strided((span,), (1,), self.state.storage_offset())
 
@@ -86,10 +91,12 @@ class DecodeInputs:
         """Bytes a decode step must move: live state rows read and written once, every other input
         read once, the output written once."""
         live = int((self.slots >= 0).sum())
-        state_row = self.HV * self.V * self.K * self.state.element_size()
-        small = sum(t.numel() * t.element_size() for name, t in self.tensors().items() if name != "state")
         out = self.B * self.HV * self.V * self.v.element_size()  # the output is in v's dtype
-        return 2 * live * state_row + small + out
+        return 2 * live * self.slot_elements * self.state.element_size() + self.bytes_besides_pool() + out
+
+    def bytes_besides_pool(self) -> int:
+        """Bytes of every input but the pool: activations, gate parameters, slots."""
+        return sum(t.nbytes for name, t in self.tensors().items() if name != "state")
 
 
 def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:

@@ -54,11 +54,11 @@ class Verdict:
 
 def _padding(inputs: DecodeInputs, pool_span: torch.Tensor) -> torch.Tensor:
     """The elements between consecutive slots, as an [N-1, slot_pad] view of ``pool_span``."""
-    per_slot = inputs.HV * inputs.V * inputs.K
-    pad = inputs.slot_stride - per_slot
+    pad = inputs.slot_stride - inputs.slot_elements
     if inputs.N < 2 or pad == 0:
         return pool_span[:0]
-    return pool_span.as_strided((inputs.N - 1, pad), (inputs.slot_stride, 1), pool_span.storage_offset() + per_slot)
+    return pool_span.as_strided((inputs.N - 1, pad), (inputs.slot_stride, 1),
+                                pool_span.storage_offset() + inputs.slot_elements)
 
 
 def verify(impl: Implementation, inputs: DecodeInputs) -> Verdict:
@@ -91,13 +91,12 @@ def verify(impl: Implementation, inputs: DecodeInputs) -> Verdict:
         problems.append(f"state error {err_state:.2e} > {tol_state:.0e}")
 
     after = inputs.pool_span()
-    per_slot = inputs.HV * inputs.V * inputs.K
     untouched = torch.ones(inputs.N, dtype=torch.bool, device=inputs.device)
     untouched[slots[live]] = False
     idx = torch.nonzero(untouched).flatten()
 
     def slot_rows(span):
-        return span.as_strided((inputs.N, per_slot), (inputs.slot_stride, 1), span.storage_offset())
+        return span.as_strided((inputs.N, inputs.slot_elements), (inputs.slot_stride, 1), span.storage_offset())
 
     changed = (_bits(slot_rows(before)[idx]) != _bits(slot_rows(after)[idx])).any(dim=1)
     if changed.any():

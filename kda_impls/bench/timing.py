@@ -263,9 +263,7 @@ def call_time(launcher: Launcher, device, budget: Budget = Budget(max_seconds=0.
 
 def working_set_bytes(inputs: DecodeInputs) -> int:
     """Bytes of the pool's whole span (slots and the padding between them) and every other input."""
-    pool = inputs.pool_span()
-    rest = [t for name, t in inputs.tensors().items() if name != "state"]
-    return pool.numel() * pool.element_size() + sum(t.numel() * t.element_size() for t in rest)
+    return inputs.pool_span().nbytes + inputs.bytes_besides_pool()
 
 
 def rotation_inputs(cfg: Config, device, *, l2_cold: bool = True, seed: int = 0,
