@@ -5,7 +5,6 @@ implementations declare unsupported here skip, with their reason.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import re
@@ -14,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from asv_helpers import EXISTING, MACHINE, REPO, asv_env, register_machine, repo_conf, run_asv
+from helpers import EXISTING, MACHINE, asv_env, load_script, register_machine, repo_conf, run_asv
 from kda_impls import get
 from kda_impls.bench import results
 
@@ -78,9 +77,7 @@ def test_asv_quick_dry_run(env, conf):
 
 def test_asv_machine_names_the_gpu(monkeypatch, tmp_path, capsys):
     """scripts/asv_machine.py on a (faked) H200: the name and arch say which GPU it is."""
-    spec = importlib.util.spec_from_file_location("asv_machine", REPO / "scripts" / "asv_machine.py")
-    asv_machine = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(asv_machine)
+    asv_machine = load_script("asv_machine")
     h200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=150_754_820_096,
                            multi_processor_count=132, L2_cache_size=62_914_560)
     monkeypatch.setattr(asv_machine.torch.cuda, "is_available", lambda: True)

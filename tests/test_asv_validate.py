@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from asv_helpers import REPO, asv_env
+from helpers import REPO, asv_env
 
 SCRIPT = REPO / "scripts" / "asv_validate.py"
 H200 = REPO / "results" / "h200" / "asv-validation"

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
+from helpers import REPO
 from kda_impls.bench import timing
 from kda_impls.bench.config import Config
 from kda_impls.bench.measure import COLUMNS, measure
@@ -24,7 +25,6 @@ from kda_impls.bench.presets import PRESETS
 from kda_impls.bench.results import atomic_write
 from kda_impls.bench.timing import Budget, Timing, call_time, kernel_time, rotation_inputs, working_set_bytes
 
-REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 SWEEP_IMPLS = "naive,misbehaves"
 SMOKE_CONFIGS = len(PRESETS["smoke"].configs(["x"]))

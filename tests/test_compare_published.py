@@ -1,17 +1,13 @@
 """scripts/compare_published.py: published figures against repeated sweep runs and their spread."""
 
-import importlib.util
 from pathlib import Path
 
 import pandas as pd
 
+from helpers import REPO, load_script, write_sweep_dir
 from kda_impls.bench.config import Config
-from sweep_dirs import write_sweep_dir
 
-REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("compare_published", REPO / "scripts" / "compare_published.py")
-compare_published = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(compare_published)
+compare_published = load_script("compare_published")
 
 SHAPE = dict(state_dtype="bfloat16", H=32, HV=32, K=128, V=128)
 

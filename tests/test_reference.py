@@ -43,20 +43,15 @@ def brute_force(x):
         (dict(B=3, H=2, HV=2, K=8, V=8), {}),
         (dict(B=4, H=1, HV=4, K=8, V=16), dict(slot_pad=5, pad_rows=1)),  # GVA, K != V, padded pool
         (dict(B=2, H=2, HV=4, K=16, V=4), dict(state_dtype=torch.float32, pad_rows=2)),  # all rows padding
+        (dict(B=2, H=1, HV=2, K=8, V=8), dict(scale=0.3, flat_dt_bias=True)),  # explicit scale, [HV*K] dt_bias
     ],
 )
 def test_reference_matches_brute_force(shape, kw):
+    scale, flat_dt_bias = kw.pop("scale", None), kw.pop("flat_dt_bias", False)
     x = make_inputs(**shape, **kw, seed=3)
-    out, rows = reference(x)
-    want_out, want_rows = brute_force(x)
-    torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(rows, want_rows, rtol=1e-10, atol=1e-12)
-
-
-def test_reference_honours_scale_and_flat_dt_bias():
-    x = make_inputs(2, 1, 2, 8, 8, seed=4)
-    x.scale = 0.3
-    x.dt_bias = x.dt_bias.reshape(-1).contiguous()
+    x.scale = scale
+    if flat_dt_bias:
+        x.dt_bias = x.dt_bias.reshape(-1).contiguous()
     out, rows = reference(x)
     want_out, want_rows = brute_force(x)
     torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-12)

@@ -1,14 +1,12 @@
 """scripts/targets.py: the Triton targets judged on a results table, and README's generated block."""
 
-import importlib.util
 from pathlib import Path
 
 import pandas as pd
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "targets.py"
-spec = importlib.util.spec_from_file_location("targets", SCRIPT)
-targets = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(targets)
+from helpers import load_script
+
+targets = load_script("targets")
 
 
 def row(impl, B, us, frac, state="bfloat16", slot_pad=0, spread=0.01):

@@ -11,11 +11,12 @@ import itertools
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+
+from helpers import REPO, load_script
 
 from kda_impls import get, make_inputs, reference, rel_err, verify
 from kda_impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, choose_config, heuristic_config,
@@ -23,9 +24,7 @@ from kda_impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, choose_conf
 from kda_impls.triton_tuning import TABLE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-REPO = Path(__file__).resolve().parents[1]
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture(autouse=True)
@@ -205,11 +204,7 @@ def test_forced_config_is_validated():
 
 
 def test_tune_script_regenerates_a_loadable_table(tmp_path):
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import triton_tune
-    finally:
-        sys.path.pop(0)
+    triton_tune = load_script("triton_tune")
     rows = [dict(state_dtype="bfloat16", HV=32, K=128, V=128, B=B, slot_pad=0, config=config, status="ok",
                  us=us, pct_copy=90.0, best=str(best))
             for B, config, us, best in [(64, "BV=32,heads=1,num_warps=4,num_stages=1", 30.0, True),
@@ -234,7 +229,6 @@ GPU_GRID = list(itertools.product((1, 8, 64, 512), (16, 32, 64), ((64, 64), (128
 
 
 @gpu
-@needs_cuda
 @pytest.mark.parametrize("B, HV, KV, slot_pad, state_dtype", GPU_GRID,
                          ids=[f"B{b}-HV{hv}-K{k}V{v}-pad{p}-{d}" for b, hv, (k, v), p, d in GPU_GRID])
 def test_h200_grid(B, HV, KV, slot_pad, state_dtype):
@@ -246,7 +240,6 @@ def test_h200_grid(B, HV, KV, slot_pad, state_dtype):
 
 
 @gpu
-@needs_cuda
 @pytest.mark.parametrize("HV", [16, 64])
 def test_gva_on_gpu(HV):
     inputs = make_inputs(64, HV // 4, HV, 128, 128, slot_pad=16, pad_rows=8, n_slots=70, device="cuda", seed=HV)
@@ -255,7 +248,6 @@ def test_gva_on_gpu(HV):
 
 
 @gpu
-@needs_cuda
 @pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_cuda_graph_replay_equals_eager(state_dtype):
     inputs = make_inputs(64, 32, 32, 128, 128, state_dtype=state_dtype, slot_pad=16, pad_rows=8, n_slots=72,
@@ -273,7 +265,6 @@ def test_cuda_graph_replay_equals_eager(state_dtype):
 
 
 @gpu
-@needs_cuda
 def test_launcher_allocates_nothing():
     inputs = make_inputs(64, 32, 32, 128, 128, device="cuda", seed=1)
     launch = get("triton").bind(inputs)
@@ -286,7 +277,6 @@ def test_launcher_allocates_nothing():
 
 
 @gpu
-@needs_cuda
 def test_config_override_reaches_the_compiled_kernel(monkeypatch):
     from kda_impls.triton_kda import compile_kernel
 

@@ -1,0 +1,78 @@
+"""What several test modules share: loading a script of scripts/ as a module; running asv from
+tests (this interpreter as the existing environment, a throwaway HOME for the machine file
+~/.asv-machine.json, and this checkout importable in the benchmark processes); and sweep result
+directories written by the sweep's own writer, so that readers are tested against the real format."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from types import ModuleType
+
+import json5  # asv's reader of asv.conf.json (it has comments)
+import numpy as np
+
+from kda_impls.bench.config import Config
+from kda_impls.bench.measure import COLUMNS
+from kda_impls.bench.results import assemble, write_meta, write_row
+
+REPO = Path(__file__).resolve().parents[1]
+MACHINE = "cpu-ci"
+EXISTING = f"existing:{sys.executable}"
+
+
+def asv_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment for asv and (it passes os.environ on) its benchmark processes, which put
+    ASV_PYTHONPATH on sys.path (they drop PYTHONPATH)."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("ASV_PYTHONPATH")]))
+    return {**os.environ, "HOME": str(home), "ASV_PYTHONPATH": path, **extra}
+
+
+def run_asv(args: list[str], env: dict[str, str], cwd: Path = REPO, timeout: float = 150
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "asv", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def register_machine(env: dict[str, str], name: str = MACHINE) -> None:
+    done = run_asv(["machine", "--machine", name, "--yes"], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def repo_conf(directory: Path) -> Path:
+    """The repository's asv.conf.json with absolute paths and results and html under ``directory``,
+    so that runs from tests leave the checkout alone."""
+    conf = json5.loads((REPO / "asv.conf.json").read_text())
+    conf.update(repo=str(REPO), benchmark_dir=str(REPO / "benchmarks"), results_dir=str(directory / "results"),
+                html_dir=str(directory / "html"))
+    path = directory / "asv.conf.json"
+    path.write_text(json.dumps(conf))
+    return path
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as a module (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_sweep_dir(path: Path, rows: dict[Config, list[float] | str], meta: dict) -> Path:
+    """``rows`` maps a config to its kernel samples in microseconds (status "ok"), or to the status
+    of a row without measurements ("unsupported", "wrong", ...)."""
+    for cfg, measured in rows.items():
+        row = dict.fromkeys(COLUMNS) | asdict(cfg) | {"key": cfg.key(), "kernel_samples_us": [], "call_samples_us": []}
+        if isinstance(measured, str):
+            row |= {"status": measured, "reason": "a test's row"}
+        else:
+            row |= {"status": "ok", "kernel_us_median": float(np.median(measured)), "kernel_samples_us": measured}
+        write_row(path, row)
+    assemble(path)
+    write_meta(path, meta)
+    return path
