@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from .dtypes import dtype_name
 from .inputs import DecodeInputs
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -80,10 +81,6 @@ def package_version(distribution: str, module: str | None = None) -> str:
     if module is None or importlib.util.find_spec(module) is None:
         return "not installed"
     return str(getattr(importlib.import_module(module), "__version__", "unknown"))
-
-
-def dtype_name(d: torch.dtype) -> str:
-    return str(d).removeprefix("torch.")
 
 
 class Implementation:

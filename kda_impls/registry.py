@@ -1,32 +1,59 @@
-"""Every implementation, by name. Adding one is one line here and one file beside this one.
+"""Every implementation, by name. Adding one is one line here and one file in ``impls/``.
 
 Modules are imported on first use, so a missing optional library only affects its own entry.
+Implementations kept outside this repository join through the environment, without an edit here:
+``KDA_EXTRA_IMPLS="name=module:Class,other=module:Class"`` (each module importable where the name
+is used: a sweep's worker processes inherit the environment). Every entry point (the survey, the
+sweeps, the correctness grid, the asv suite) reads the registry, so every one sees them.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from functools import cache
 
 from .contract import Implementation
 
-IMPLEMENTATIONS = {
-    "naive": "kda_impls.naive:NaiveTorch",
-    "fla": "kda_impls.fla_kda:FlaKDA",
-    "flashinfer": "kda_impls.flashinfer_kda:FlashInferKDA",
-    "triton": "kda_impls.triton_kda:TritonKDA",
+EXTRA_IMPLS_ENV = "KDA_EXTRA_IMPLS"
+
+BUILTIN = {
+    "naive": "kda_impls.impls.naive:NaiveTorch",
+    "fla": "kda_impls.impls.fla_kda:FlaKDA",
+    "flashinfer": "kda_impls.impls.flashinfer_kda:FlashInferKDA",
+    "triton": "kda_impls.impls.triton_kda:TritonKDA",
 }
 
 
+def extra_impls() -> dict[str, str]:
+    """The entries of $KDA_EXTRA_IMPLS; a malformed one is a ValueError naming it."""
+    extra = {}
+    for entry in filter(None, (part.strip() for part in os.environ.get(EXTRA_IMPLS_ENV, "").split(","))):
+        name, sep, target = (s.strip() for s in entry.partition("="))
+        module, colon, cls = target.partition(":")
+        if not (sep and name and module and colon and cls):
+            raise ValueError(f"{EXTRA_IMPLS_ENV}: {entry!r} is not name=module:Class")
+        extra[name] = target
+    return extra
+
+
+def implementations() -> dict[str, str]:
+    """Name -> ``module:Class``: the built-in ones, then those of $KDA_EXTRA_IMPLS (read now)."""
+    return BUILTIN | extra_impls()
+
+
 def names() -> list[str]:
-    return list(IMPLEMENTATIONS)
+    return list(implementations())
+
+
+def get(name: str) -> Implementation:
+    target = implementations().get(name)
+    if target is None:
+        raise KeyError(f"no implementation {name!r}; registered: {', '.join(implementations())}")
+    return _instance(target)
 
 
 @cache
-def get(name: str) -> Implementation:
-    try:
-        target = IMPLEMENTATIONS[name]
-    except KeyError:
-        raise KeyError(f"no implementation {name!r}; registered: {', '.join(IMPLEMENTATIONS)}") from None
+def _instance(target: str) -> Implementation:
     module, cls = target.split(":")
     return getattr(importlib.import_module(module), cls)()

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls import make_inputs, verify  # noqa: E402
-from kda_impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
+from kda_impls.impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
 
 # The table's choice, several V-tiles, and a pipelined head group (cp.async into shared memory:
 # the case racecheck is for).

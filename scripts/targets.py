@@ -17,9 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_impls import dtypes  # noqa: E402
 
 SHAPE = ["HV", "K", "V", "B"]
 BANDWIDTH_TARGET, SPEEDUP_TARGET, PADDING_TARGET = 0.90, 1.15, 0.02
@@ -33,7 +38,7 @@ def cell(row) -> str:
 
 def latency_table(ok: pd.DataFrame) -> pd.DataFrame:
     flat = ok[(ok.slot_pad == 0) & (ok.H == ok.HV) & (ok.K == ok.V)].copy()
-    flat["column"] = flat.impl + " " + flat.state_dtype.str.replace("bfloat16", "bf16").str.replace("float32", "fp32")
+    flat["column"] = flat.impl + " " + flat.state_dtype.map(dtypes.short)
     flat["cell"] = flat.apply(cell, axis=1)
     return flat.pivot_table(index=SHAPE, columns="column", values="cell", aggfunc="first").fillna("-")
 

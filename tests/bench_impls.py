@@ -6,7 +6,7 @@ import ctypes
 import torch
 
 from kda_impls.contract import Capabilities
-from kda_impls.naive import NaiveTorch
+from kda_impls.impls.naive import NaiveTorch
 
 
 class Misbehaves(NaiveTorch):

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kda_impls import Capabilities, ContractError, DecodeInputs, get, verify
-from kda_impls.naive import NaiveTorch
+from kda_impls.impls.naive import NaiveTorch
 
 
 class Aligned(NaiveTorch):

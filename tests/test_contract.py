@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kda_impls import Capabilities, ContractError, Unsupported, get, make_inputs
-from kda_impls.naive import NaiveTorch
+from kda_impls.impls.naive import NaiveTorch
 
 
 class Strict(NaiveTorch):

@@ -48,7 +48,7 @@ def test_fp32_throughout_is_fp32_accurate():
 @pytest.fixture
 def fla_calls(monkeypatch):
     """The keyword arguments of every call the adapter makes to fla (which then runs)."""
-    from kda_impls import fla_kda
+    from kda_impls.impls import fla_kda
 
     real = fla_kda._fused_recurrent_kda_fwd()
     seen = []

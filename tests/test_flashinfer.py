@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from kda_impls import ContractError, get, make_inputs, verify
-from kda_impls.flashinfer_kda import recurrent_kda_entry_point
+from kda_impls.impls.flashinfer_kda import recurrent_kda_entry_point
 
 PACKAGES = ("flashinfer", "cutlass", "tvm_ffi")
 flashinfer_installed = importlib.util.find_spec("flashinfer") is not None

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kda_impls import get, make_inputs, rel_err, reference, verify
-from kda_impls.naive import NaiveTorch
+from kda_impls.impls.naive import NaiveTorch
 
 CASES = [
     dict(B=4, H=2, HV=2, K=32, V=32),

@@ -19,9 +19,9 @@ import torch
 from helpers import REPO, load_script
 
 from kda_impls import get, make_inputs, reference, rel_err, verify
-from kda_impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, choose_config, heuristic_config,
+from kda_impls.impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, choose_config, heuristic_config,
                                   table_key)
-from kda_impls.triton_tuning import TABLE
+from kda_impls.impls.triton_tuning import TABLE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -148,7 +148,7 @@ def test_table_entries_parse_and_fit_their_shapes():
 
 def test_table_lookup_takes_the_nearest_tabled_batch(monkeypatch):
     """Nearest in log2 of B; a tie (B=4 between 1 and 16, B=128 between 64 and 256) goes to the larger."""
-    from kda_impls import triton_kda
+    from kda_impls.impls import triton_kda
 
     tile_of_batch = {1: 8, 16: 16, 64: 32, 256: 64}
     monkeypatch.setattr(triton_kda, "TABLE", {("bfloat16", 32, 128, 128, b): f"BV={bv}" for b, bv in tile_of_batch.items()})
@@ -278,7 +278,7 @@ def test_launcher_allocates_nothing():
 
 @gpu
 def test_config_override_reaches_the_compiled_kernel(monkeypatch):
-    from kda_impls.triton_kda import compile_kernel
+    from kda_impls.impls.triton_kda import compile_kernel
 
     inputs = make_inputs(16, 32, 32, 128, 128, slot_pad=64, pad_rows=2, n_slots=20, device="cuda", seed=8)
     monkeypatch.setenv(CONFIG_ENV, "BV=16,heads=2,num_warps=2,num_stages=2")

@@ -28,9 +28,10 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
+from .. import dtypes  # noqa: E402
+
 SHAPE = ["H", "HV", "K", "V"]
 CONFIG = [*SHAPE, "state_dtype", "slot_pad", "pad_rows"]
-SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 MAX_PANELS = 6
 MIN_WIDTH = 8.0  # inches
 CHARS_PER_INCH = 12  # of 10-point text, to wrap titles and lay out legends
@@ -99,7 +100,7 @@ def _log_y(ax) -> None:
 
 def _shape_label(key: tuple) -> str:
     H, HV, K, V, dtype = key
-    return f"H={H} HV={HV} K={K} V={V}, {SHORT_DTYPE.get(dtype, dtype)} state"
+    return f"H={H} HV={HV} K={K} V={V}, {dtypes.short(dtype)} state"
 
 
 def _batch_axis(ax, batches) -> None:
@@ -204,7 +205,7 @@ def heatmap(ok, table, meta, colors, batch=None, **_):
     impls = sorted(rows.impl.unique())
     kv = sorted(set(zip(rows.K, rows.V)))
     hvs = sorted(rows.HV.unique())
-    dtype = SHORT_DTYPE.get(rows.state_dtype.iloc[0], rows.state_dtype.iloc[0])
+    dtype = dtypes.short(rows.state_dtype.iloc[0])
     fig, axes = _figure(len(impls), f"share of the copy roofline at B={batch}, {dtype} state, H = HV", meta, table,
                         cols=2, width=0.62 * len(kv) + 1.6, height=0.5 * len(hvs) + 1.6)
     cmap = plt.get_cmap("viridis").with_extremes(bad="0.92")
@@ -242,9 +243,9 @@ def slot_padding(ok, table, meta, colors, **_):
     padded["overhead"] = padded.kernel_us_median / padded.kernel_us_median_base - 1
     impls = sorted(padded.impl.unique())
     pads = sorted(padded.slot_pad.unique())
-    dtypes = sorted(padded.state_dtype.unique())
+    state_dtypes = sorted(padded.state_dtype.unique())
     pad_color = dict(zip(pads, plt.get_cmap("plasma")(np.linspace(0.15, 0.75, len(pads)))))
-    dtype_style = dict(zip(dtypes, ["-", "--", ":"]))
+    dtype_style = dict(zip(state_dtypes, ["-", "--", ":"]))
     H, HV, K, V = shape
     fig, axes = _figure(len(impls), f"slot padding overhead at H={H} HV={HV} K={K} V={V} (vs slot_pad={least})",
                         meta, table)
@@ -256,8 +257,8 @@ def slot_padding(ok, table, meta, colors, **_):
         ax.set_ylabel("% kernel time over unpadded")
         ax.set_title(impl, fontsize=10, color=colors[impl])
     handles = [Line2D([], [], color=pad_color[p], marker="o", ms=3) for p in pads]
-    handles += [Line2D([], [], color="0.3", ls=dtype_style[d]) for d in dtypes]
-    _legend(fig, handles, [f"slot_pad={p}" for p in pads] + [f"{SHORT_DTYPE.get(d, d)} state" for d in dtypes])
+    handles += [Line2D([], [], color="0.3", ls=dtype_style[d]) for d in state_dtypes]
+    _legend(fig, handles, [f"slot_pad={p}" for p in pads] + [f"{dtypes.short(d)} state" for d in state_dtypes])
     return fig
 
 

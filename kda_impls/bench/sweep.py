@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .. import registry
+from .. import dtypes, registry
 from ..contract import package_version
 from .config import Config
 from .measure import STATUSES, empty_row
@@ -40,11 +40,10 @@ from .results import REPO, assemble, device_info, environment, read_meta, read_r
     write_meta, write_row
 from .roofline import copy_bandwidth
 from .timing import as_device
-from .worker import Settings, register_extra_impls, serve
+from .worker import Settings, serve
 
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
 STARTUP_TIMEOUT_S = 600.0
-SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 class WorkerDied(Exception):
@@ -190,7 +189,7 @@ def summary_table(table: pd.DataFrame) -> str:
         text = f"{row.kernel_us_median:.1f} us {gbps} GB/s {row.roofline_frac:.0%}"
         return text + (" WRONG" if row.status == "wrong" else "")
 
-    shown = table.assign(cell=table.apply(cell, axis=1), state=table.state_dtype.map(SHORT_DTYPE))
+    shown = table.assign(cell=table.apply(cell, axis=1), state=table.state_dtype.map(dtypes.short))
     pivot = shown.pivot(index=["H", "HV", "K", "V", "state", "slot_pad", "pad_rows", "B"], columns="impl", values="cell")
     return pivot.fillna("").to_string()
 
@@ -207,7 +206,6 @@ def problems_table(table: pd.DataFrame) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
-    register_extra_impls()
     parser = argparse.ArgumentParser(prog="scripts/sweep.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=list(PRESETS),
                         help="default: kimi-linear-48b on a GPU, smoke on the CPU (where every preset runs as smoke)")

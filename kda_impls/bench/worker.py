@@ -5,7 +5,6 @@ Kept apart from the driver so that a worker imports only what measuring needs.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -14,9 +13,6 @@ import torch
 from .. import registry
 from .measure import measure
 from .timing import Budget, as_device
-
-EXTRA_IMPLS_ENV = "KDA_EXTRA_IMPLS"
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -29,14 +25,6 @@ class Settings:
     seed: int = 0
     pool_slots_per_row: int = 1  # timed pools hold this many slots per batch row
     sorted_slots: bool = False  # rows name their slots in ascending order, not at random
-
-
-def register_extra_impls() -> None:
-    """Register the implementations named in $KDA_EXTRA_IMPLS (``name=module:Class,...``): out-of-tree
-    kernels (and the tests' crashing ones) join a sweep without an edit to registry.py."""
-    for entry in filter(None, os.environ.get(EXTRA_IMPLS_ENV, "").split(",")):
-        name, _, target = entry.partition("=")
-        registry.IMPLEMENTATIONS[name.strip()] = target.strip()
 
 
 def _cuda_context_lost(device: torch.device) -> bool:
@@ -53,7 +41,6 @@ def serve(impl: str, settings: Settings, conn: Connection) -> None:
     """A worker's life: say hello (the implementation's versions, or why it does not import), then
     measure each (config, copy bandwidth) the driver sends until it sends None. A row that leaves
     the CUDA context unusable is reported ``crashed`` and ends the worker."""
-    register_extra_impls()
     device = as_device(settings.device)
     if device.type == "cpu":
         # More threads than idle cores spin against each other in OpenMP barriers (40 ms per small

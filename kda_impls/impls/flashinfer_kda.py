@@ -30,8 +30,9 @@ from typing import Callable
 
 import torch
 
-from .contract import Capabilities, Implementation, dtype_name, package_version
-from .inputs import DecodeInputs
+from ..contract import Capabilities, Implementation, package_version
+from ..dtypes import dtype_name
+from ..inputs import DecodeInputs
 
 # Byte alignment the kernel is compiled to assume for every tensor it takes.
 TENSOR_ALIGNMENT = 32

@@ -29,8 +29,8 @@ import torch
 import triton
 from triton.runtime.interpreter import InterpretedFunction
 
-from .contract import Capabilities, Implementation, package_version
-from .inputs import DecodeInputs
+from ..contract import Capabilities, Implementation, package_version
+from ..inputs import DecodeInputs
 
 _FLA_MODULE = "fla.ops.kda.fused_recurrent"
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from .contract import Capabilities, Implementation
-from .inputs import DecodeInputs
-from .reference import decode_step
+from ..contract import Capabilities, Implementation
+from ..inputs import DecodeInputs
+from ..reference import decode_step
 
 
 class NaiveTorch(Implementation):

@@ -8,7 +8,7 @@ is the floor for a memory-bound step. A row whose slot is -1 writes zeros to its
 state access masked off.
 
 The tile shape (``BV``, ``heads``, ``num_warps``, ``num_stages``) comes from the committed table
-in :mod:`kda_impls.triton_tuning`, keyed by shape, state dtype and batch size; the environment
+in :mod:`kda_impls.impls.triton_tuning`, keyed by shape, state dtype and batch size; the environment
 variable ``KDA_TRITON_CONFIG`` (e.g. ``"BV=32,num_warps=4"``) overrides any of its fields for
 every shape. Both are resolved when the launcher is bound, never inside it.
 """
@@ -24,9 +24,9 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from .contract import Capabilities, Implementation
-from .inputs import DecodeInputs
-from .reference import L2_EPS
+from ..contract import Capabilities, Implementation
+from ..inputs import DecodeInputs
+from ..reference import L2_EPS
 from .triton_tuning import TABLE
 
 CONFIG_ENV = "KDA_TRITON_CONFIG"
@@ -209,12 +209,12 @@ class TritonKDA(Implementation):
                 return None
             reason = "Triton runs on CPU only under TRITON_INTERPRET=1"
             if os.environ.get("TRITON_INTERPRET"):
-                return reason + ", set before kda_impls.triton_kda is imported (here it was set later)"
+                return reason + ", set before kda_impls.impls.triton_kda is imported (here it was set later)"
             if not torch.cuda.is_available():
                 return reason + " (no CUDA GPU is available here)"
             return reason
         if interpreted:
-            return ("TRITON_INTERPRET=1 was set when kda_impls.triton_kda was imported: the kernel would be "
+            return ("TRITON_INTERPRET=1 was set when kda_impls.impls.triton_kda was imported: the kernel would be "
                     "interpreted on the CPU, not compiled for the GPU (unset it to run on CUDA)")
         if torch.version.cuda is None:
             return "needs a CUDA build of torch (the kernel is built and tuned for NVIDIA GPUs only)"
