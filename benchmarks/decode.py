@@ -2,9 +2,8 @@
 and the latency of one eager call over its batch sizes.
 
 The implementation is the first parameter of every benchmark (scripts/asv_validate.py relies on
-it). No ``setup_cache``: its result reaches the benchmark process pickled, and CUDA tensors and
-bound launchers do not survive that; drawing the inputs on the device costs less than the process
-start-up anyway.
+it). No ``setup_cache``: its result reaches the benchmark process pickled, and CUDA tensors do not
+survive that; drawing the inputs on the device costs less than the process start-up anyway.
 """
 
 from __future__ import annotations
@@ -13,8 +12,8 @@ from . import common
 
 
 class KernelTime:
-    """GPU time per call of one decode step, L2-cold: launches cycle through input sets that add up
-    to 3x the L2, replayed from a CUDA graph (kda_impls.bench.timing.kernel_time)."""
+    """GPU time of one decode step in the default L2 entry state (kda_impls.bench.timing), median
+    over placements; the samples are the per-placement medians."""
 
     params = [common.IMPLS, common.PROFILE["B"], common.PROFILE["heads"], common.PROFILE["slot_pad"],
               common.PROFILE["state_dtype"]]
@@ -23,16 +22,17 @@ class KernelTime:
     version = common.VERSION
 
     def setup(self, impl, B, heads, slot_pad, state_dtype):
-        self.launchers = common.bind(common.config(impl, B, heads, slot_pad, state_dtype))
+        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype))
 
     def track_kernel(self, impl, B, heads, slot_pad, state_dtype):
-        return common.kernel_seconds(self.launchers)
+        return common.asv_samples([us / 1e6 for us in self.row["kernel_placement_us"]])
 
 
 class CallTime:
-    """Latency of one eager call as a serving engine makes it, from an idle GPU with the L2 flushed:
-    Python, argument handling, launch and kernel (kda_impls.bench.timing.call_time). Layouts barely
-    move host overhead, so this runs on the first head layout with a compact bf16 pool only."""
+    """Latency of one eager call as a serving engine makes it, from an idle GPU in the default L2
+    entry state: Python, argument handling, launch and kernel (kda_impls.bench.timing.call_time).
+    Layouts barely move host overhead, so this runs on the first head layout with a compact bf16
+    pool only."""
 
     params = [common.IMPLS, common.PROFILE["call_B"]]
     param_names = ["impl", "B"]
@@ -40,8 +40,7 @@ class CallTime:
     version = common.VERSION
 
     def setup(self, impl, B):
-        # one input set: call_time flushes the L2 before every call itself
-        self.launchers = common.bind(common.config(impl, B, common.PROFILE["heads"][0]), l2_cold=False)
+        self.row = common.measure(common.config(impl, B, common.PROFILE["heads"][0]))
 
     def track_call(self, impl, B):
-        return common.call_seconds(self.launchers)
+        return common.asv_samples([us / 1e6 for us in self.row["call_samples_us"]])

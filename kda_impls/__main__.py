@@ -1,46 +1,48 @@
-"""`python -m kda_impls`: every registered implementation, whether it runs here, and its error on a
-small case against the float64 reference."""
+"""`kda-survey` (`python -m kda_impls`): every registered implementation, whether it runs here, and
+its error on a small case against the float64 reference, through the harness's case runner (the
+statuses of a sweep)."""
 
 from __future__ import annotations
-
-import argparse
 
 import pandas as pd
 import torch
 
-from . import ContractError, Unsupported, get, make_inputs, names, verify
+from .bench.case import run_case
+from .bench.config import Config, PoolLayout
+from .cli import Parser
+from .registry import get, interpret_triton_on, names
+
+SHAPE = dict(B=4, H=2, HV=4, K=64, V=64, pad_rows=1)
+SLOT_PAD = 16
 
 
-def survey(device: str, state_dtype: torch.dtype) -> pd.DataFrame:
-    shape = dict(B=4, H=2, HV=4, K=64, V=64)
+def survey(device: str, state_dtype: str) -> pd.DataFrame:
     rows = []
     for name in names():
-        row = {"impl": name}
+        cfg = Config(name, **SHAPE, state_dtype=state_dtype, layout=PoolLayout(slot_pad=SLOT_PAD))
+        row = run_case(cfg, device)
         try:
-            impl = get(name)
-            row["supports"] = impl.capabilities.describe()
-            inputs = make_inputs(**shape, state_dtype=state_dtype, slot_pad=16, pad_rows=1, device=device, seed=1)
-            reason = impl.unsupported(inputs)
-            if reason:
-                row.update(status="unsupported", detail=reason)
-            else:
-                verdict = verify(impl, inputs)
-                row.update(status="ok" if verdict.ok else "wrong", err_out=verdict.err_out,
-                           err_state=verdict.err_state, detail="; ".join(verdict.problems))
-        except (ContractError, Unsupported, ImportError, RuntimeError) as exc:
-            row.update(status="error", detail=f"{type(exc).__name__}: {exc}")
-        rows.append(row)
+            supports = get(name).capabilities.describe()
+        except Exception as exc:  # an implementation that does not import: run_case said why
+            supports = f"({type(exc).__name__})"
+        rows.append({"impl": name, "supports": supports, "status": row["status"], "err_out": row["err_out"],
+                     "err_state": row["err_state"], "detail": row["reason"]})
     return pd.DataFrame(rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m kda_impls", description=__doc__)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+def main(argv: list[str] | None = None) -> None:
+    parser = Parser(prog="kda-survey", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="default: cuda when a GPU is available, else cpu")
     parser.add_argument("--state-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    args = parser.parse_args()
-    table = survey(args.device, getattr(torch, args.state_dtype))
-    print(f"KDA decode implementations on {args.device} (B=4, H=2, HV=4, K=V=64, slot_pad=16, one -1 row, "
-          f"{args.state_dtype} state; error = ||x - ref|| / ||ref|| vs float64)")
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU is available here")
+    interpret_triton_on(args.device)
+    table = survey(args.device, args.state_dtype)
+    print(f"KDA decode implementations on {args.device} (B={SHAPE['B']}, H={SHAPE['H']}, HV={SHAPE['HV']}, "
+          f"K=V={SHAPE['K']}, slot_pad={SLOT_PAD}, one -1 row, {args.state_dtype} state; "
+          f"error = ||x - ref|| / ||ref|| vs float64)")
     with pd.option_context("display.max_colwidth", 90, "display.width", 200, "display.float_format", "{:.1e}".format):
         print(table.to_string(index=False))
 

@@ -25,6 +25,14 @@ BUILTIN = {
 }
 
 
+def interpret_triton_on(device) -> None:
+    """Triton kernels (ours, fla's) run on CPU tensors only interpreted, and Triton fixes that when a
+    kernel's module is imported: a run on the CPU sets TRITON_INTERPRET=1 before any is, so that
+    every entry point (the survey, the sweeps, the asv suite, the tests) runs the same set on a CPU."""
+    if str(device).startswith("cpu"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def extra_impls() -> dict[str, str]:
     """The entries of $KDA_EXTRA_IMPLS; a malformed one is a ValueError naming it."""
     extra = {}

@@ -1,28 +1,34 @@
-"""The performance regression gate: compare two result sets from one machine, fail on a regression.
+"""The performance regression gate: compare two result sets from one machine; fail on a slowdown.
 
 A result set is either an asv result file (``<results_dir>/<machine>/<commit>-<env>.json``, run
-with ``--record-samples`` so the raw samples are there) or a sweep directory (``results.csv``
-and ``samples.json``). Per benchmark (per parameter combination) the gate flags a regression
-only when both hold:
+with ``--record-samples`` so the samples are there; the suite's samples are one median per
+placement) or a sweep directory (``results.csv`` with the placement spread of each row, and
+``samples.json`` with the raw samples). Each benchmark (each parameter combination) gets one verdict:
 
-* the median got slower by more than ``threshold`` (``median_b / median_a > 1 + threshold``), and
-* the difference is statistically significant: a two-sided Mann-Whitney U test on the samples
-  gives ``p < alpha``.
+* **same**: the median moved by no more than the threshold (B/A within [1/(1+t), 1+t]), with
+  enough samples on both sides to have told a difference;
+* **slower** / **faster**: it moved by more than the threshold, a two-sided Mann-Whitney U test on
+  the samples gives ``p < alpha``, and the two sides' placement spreads (min..max of the
+  per-placement medians) overlap by no more than the threshold (as a share of A's median);
+* **unsure**: the samples cannot support the test (too few for any ``p < alpha``: a one- or
+  two-sample CPU row, say), or the move is beyond the threshold but not significant, or the
+  placement spreads overlap by more than the threshold: where a pool lands could explain the move.
+  A sweep row timed on the CPU is always unsure: CPU times move with the machine's load, and the
+  harness times the CPU to smoke-test itself, not to rank kernels.
 
-A large ratio on noise is not a regression, and neither is a significant but small shift.
-Benchmarks whose name matches a pattern of ``thresholds`` use that pattern's threshold, or are
-only reported (status "informational") where it is None. Host-inclusive call latency moves by
-more than any useful threshold between two asv runs of one commit (Python, process start, CPU
-clocks on a VM; results/h200/asv-validation), where the samples of one run cannot see it, so
-call-time benchmarks are informational by :data:`DEFAULT_THRESHOLDS` unless told otherwise. Where
-the samples cannot support the test (none recorded, or too few for any ``p`` below ``alpha``) it
-falls back the way ``asv compare`` does: non-overlapping 99% confidence intervals of the median
-when asv stored them, the ratio alone when there is nothing else.
+A large ratio on noise is not a regression, and neither is a significant but small shift, nor one
+that the placements alone produce. Only **slower** fails the gate (exit 1); **unsure** is listed and
+fails it only with ``--strict``. Benchmarks whose name matches a pattern of ``thresholds`` use that
+pattern's threshold, or are only reported (``informational``) where it is None: host-inclusive call
+latency moves by more than any useful threshold between two asv runs of one commit (Python, process
+start, CPU clocks on a VM; results/h200/asv-validation), so call-time benchmarks are informational by
+:data:`DEFAULT_THRESHOLDS`. Without samples, asv's 99% confidence intervals of the median stand in
+for the test (non-overlapping intervals: significant).
 
-``asv compare`` prints the same kind of table but always exits 0, and ``asv continuous`` cannot
-run against an existing environment (asv 0.6.6): hence this module. ``python scripts/regress.py``
-and ``python -m kda_impls.regress`` run :func:`main`; it exits 1 on any regression, 0 otherwise,
-2 on unusable input.
+``asv compare`` prints the same kind of table but always exits 0, and ``asv continuous`` cannot run
+against an existing environment (asv 0.6.6): hence this module. ``kda-regress`` (or
+``scripts/regress.py``) runs :func:`main`: exit 1 on a slower benchmark (or, with ``--strict``, an
+unsure one), 0 otherwise, 2 on unusable input.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ import pandas as pd
 from scipy.special import comb
 from scipy.stats import mannwhitneyu
 
+from .bench.results import SweepDirError
+from .bench.results import load as load_sweep_dir
+from .cli import Parser
+
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_ALPHA = 0.01
 # regex (searched in the benchmark name) -> threshold, None: reported, never gated. Two A/A
@@ -47,8 +57,12 @@ DEFAULT_ALPHA = 0.01
 # times moved by a factor of up to 1.6 in the first and up to 1.9 in the second.
 DEFAULT_THRESHOLDS: dict[str, float | None] = {r"CallTime|track_call": None}
 
+# A sweep row's kernel_method on the CPU: times there move with whatever else the machine runs
+# (a back-to-back pair of CPU sweeps on a busy 2-core box differed 2x), so they are never judged.
+CPU_TIMER = "perf_counter"
+
 # Order of the table: what needs attention first.
-STATUSES = ("regressed", "improved", "incomparable", "new", "missing", "informational", "unchanged")
+STATUSES = ("slower", "unsure", "faster", "incomparable", "new", "missing", "informational", "same")
 
 
 @dataclass(frozen=True)
@@ -57,8 +71,10 @@ class Measurement:
 
     median: float
     samples: tuple[float, ...] | None = None
+    spread: tuple[float, float] | None = None  # min and max of the per-placement medians
     ci99: tuple[float, float] | None = None  # asv's 99% confidence interval of the median
     version: str | None = None  # asv's benchmark version: results of different versions never compare
+    timer: str | None = None  # a sweep row's kernel_method; "perf_counter" on the CPU
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,7 @@ class ResultSet:
     kind: str  # "asv" or "sweep"
     machine: str | None
     measurements: dict[str, Measurement]
+    method: dict | None = None  # a sweep's timing method (L2 entry state, budgets)
 
 
 class InputError(ValueError):
@@ -86,13 +103,16 @@ def load_asv(path: Path) -> ResultSet:
     ``result``/``samples``/``stats_*`` are lists over ``itertools.product(*params)`` (params
     stored as reprs), ``null`` where it failed, ``NaN`` where it was skipped; an unparametrised
     benchmark has lists of one. A whole column is ``null`` (or the row is cut short) when nothing
-    in it was recorded, e.g. ``samples`` without ``--record-samples``.
+    in it was recorded, e.g. ``samples`` without ``--record-samples``. The suite's samples are
+    one median per placement, so their range is the placement spread.
     """
-    data = json.loads(path.read_text())
     try:
+        data = json.loads(path.read_text())
         columns = data["result_columns"]
         rows = data["results"]
-    except KeyError as exc:
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON, empty or cut short ({exc})") from None
+    except (KeyError, TypeError) as exc:
         raise InputError(f"{path}: not an asv result file (no {exc})") from None
     measurements = {}
     for bench, row in rows.items():
@@ -106,34 +126,36 @@ def load_asv(path: Path) -> ResultSet:
         for name, median, s, a, b, n in zip(names, results, samples, lo, hi, repeat):
             if not _finite(median):  # failed (None) or skipped (NaN): nothing to compare
                 continue
-            kept = tuple(x for x in s if _finite(x)) if s else None
+            kept = tuple(x for x in s if _finite(x)) if s else ()
             # a single sample's "interval" is a posterior guess, not a measurement of spread
             ci = (a, b) if _finite(a) and _finite(b) and (n or 0) > 1 else None
-            measurements[name] = Measurement(float(median), kept or None, ci, field["version"])
+            spread = (min(kept), max(kept)) if len(kept) > 1 else None
+            measurements[name] = Measurement(float(median), kept or None, spread, ci, field["version"])
     return ResultSet(str(path), "asv", data.get("params", {}).get("machine"), measurements)
 
 
 def load_sweep(directory: Path) -> ResultSet:
-    """Read a sweep directory (kda_impls.bench.results): ``results.csv`` with one row per
-    configuration (``key``, ``status``, ``kernel_us_median``), ``samples.json`` with the raw kernel
-    samples in microseconds by key, and ``meta.json`` naming the GPU. Only rows with status "ok"
-    count: a wrong or failed row has no timing worth comparing."""
-    table = pd.read_csv(directory / "results.csv")
-    samples_path, meta_path = directory / "samples.json", directory / "meta.json"
-    samples = json.loads(samples_path.read_text()) if samples_path.exists() else {}
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    """Read a sweep directory (:func:`kda_impls.bench.results.load`): per ok row its key, kernel
+    time and placement spread, with the raw kernel samples in microseconds. A wrong or failed row
+    has no timing worth comparing."""
+    try:
+        sweep = load_sweep_dir(directory)
+    except SweepDirError as exc:
+        raise InputError(str(exc)) from None
     measurements = {}
-    for row in table[(table["status"] == "ok") & table["kernel_us_median"].notna()].itertuples(index=False):
-        kept = tuple(x for x in samples.get(row.key, ()) if _finite(x))
-        measurements[row.key] = Measurement(float(row.kernel_us_median), kept or None)
-    return ResultSet(str(directory), "sweep", meta.get("gpu"), measurements)
+    for row in sweep.ok.itertuples(index=False):
+        kept = tuple(x for x in sweep.samples.get(row.key, ()) if _finite(x))
+        spread = (row.kernel_us_placement_min, row.kernel_us_placement_max) \
+            if _finite(getattr(row, "kernel_us_placement_min", None)) else None
+        measurements[row.key] = Measurement(float(row.kernel_us_median), kept or None, spread,
+                                            timer=getattr(row, "kernel_method", None))
+    return ResultSet(str(directory), "sweep", sweep.meta.get("gpu"), measurements,
+                     sweep.meta.get("settings", {}).get("method"))
 
 
 def load(path: str | Path) -> ResultSet:
     path = Path(path)
     if path.is_dir():
-        if not (path / "results.csv").exists():
-            raise InputError(f"{path}: a sweep directory must contain results.csv")
         return load_sweep(path)
     if path.is_file():
         return load_asv(path)
@@ -142,18 +164,46 @@ def load(path: str | Path) -> ResultSet:
 
 # ---- comparing -----------------------------------------------------------------------------------
 
-def _significance(a: Measurement, b: Measurement, alpha: float) -> tuple[bool, float | None, str]:
-    """(significant, p, test used) for the difference between ``a`` and ``b``."""
+def _significance(a: Measurement, b: Measurement, alpha: float) -> tuple[bool | None, float | None, str]:
+    """(significant, p, test used) for the difference between ``a`` and ``b``; significant is None
+    when nothing available can support a test."""
     if a.samples and b.samples:
         n, m = len(a.samples), len(b.samples)
-        # the smallest two-sided p any ranking can give; below alpha or the test can never fire
+        # the smallest two-sided p any ranking can give; at or above alpha the test can never fire
         if 2 / comb(n + m, min(n, m)) < alpha:
             p = float(mannwhitneyu(a.samples, b.samples, alternative="two-sided").pvalue)
             return p < alpha, p, "mann-whitney"
     if a.ci99 and b.ci99:
         overlap = a.ci99[1] >= b.ci99[0] and a.ci99[0] <= b.ci99[1]
         return not overlap, None, "ci99-overlap"
-    return True, None, "ratio-only"
+    n_a, n_b = (len(m.samples) if m.samples else 0 for m in (a, b))
+    return None, None, f"too few samples ({n_a} vs {n_b})"
+
+
+def spread_overlap(a: Measurement, b: Measurement) -> float:
+    """How far the two placement spreads overlap, as a share of A's median (0 where they do not,
+    or where either side has no spread)."""
+    if not (a.spread and b.spread):
+        return 0.0
+    return max(0.0, min(a.spread[1], b.spread[1]) - max(a.spread[0], b.spread[0])) / a.median
+
+
+def verdict(a: Measurement, b: Measurement, threshold: float, alpha: float) -> tuple[str, float | None, str]:
+    """(same | slower | faster | unsure, p, how it was decided) for B against A: see the module."""
+    ratio = b.median / a.median
+    if CPU_TIMER in (a.timer, b.timer):
+        return "unsure", None, "timed on the CPU, which the harness smoke-tests, not ranks"
+    significant, p, test = _significance(a, b, alpha)
+    if significant is None:
+        return "unsure", p, test
+    if 1 / (1 + threshold) <= ratio <= 1 + threshold:
+        return "same", p, test
+    if not significant:
+        return "unsure", p, f"{test}: not significant"
+    overlap = spread_overlap(a, b)
+    if overlap > threshold:
+        return "unsure", p, f"{test}; placement spreads overlap by {overlap:.1%}"
+    return ("slower" if ratio > 1 else "faster"), p, test
 
 
 def threshold_for(name: str, threshold: float, thresholds: dict[str, float | None]) -> float | None:
@@ -181,17 +231,9 @@ def compare(a: ResultSet, b: ResultSet, threshold: float = DEFAULT_THRESHOLD,
             row["status"] = "incomparable"  # the timing method changed in between
             row["test"] = f"version {ma.version} != {mb.version}"
         else:
-            ratio = mb.median / ma.median
-            significant, p, test = _significance(ma, mb, alpha)
-            if limit is None:
-                status = "informational"
-            elif significant and ratio > 1 + limit:
-                status = "regressed"
-            elif significant and ratio < 1 / (1 + limit):
-                status = "improved"
-            else:
-                status = "unchanged"
-            row.update(status=status, ratio=ratio, p=p, test=test)
+            status, p, test = verdict(ma, mb, DEFAULT_THRESHOLD if limit is None else limit, alpha)
+            row.update(status="informational" if limit is None else status, ratio=mb.median / ma.median, p=p,
+                       test=test)
         rows.append(row)
     columns = ["benchmark", "status", "ratio", "threshold", "p", "median_a", "median_b", "n_a", "n_b", "test"]
     table = pd.DataFrame(rows, columns=columns)
@@ -206,6 +248,10 @@ def check_comparable(a: ResultSet, b: ResultSet) -> None:
     if a.machine and b.machine and a.machine != b.machine:
         raise InputError(f"results come from different machines ({a.machine!r} vs {b.machine!r}); "
                          f"timings are only comparable on one machine")
+    entry_a, entry_b = ((s.method or {}).get("entry") for s in (a, b))
+    if entry_a and entry_b and entry_a != entry_b:
+        raise InputError(f"the sweeps were timed from different L2 entry states ({entry_a!r} vs {entry_b!r}); "
+                         f"re-run one with --l2-entry {entry_a}")
 
 
 # ---- command line --------------------------------------------------------------------------------
@@ -219,50 +265,89 @@ def format_table(table: pd.DataFrame) -> str:
     return shown.to_string(index=False)
 
 
+def _threshold_rule(text: str) -> tuple[str, float | None]:
+    """``REGEX=VALUE`` (VALUE a number >= 0 or ``none``) from --threshold-for."""
+    pattern, sep, value = text.rpartition("=")
+    if not sep or not pattern:
+        raise argparse.ArgumentTypeError(f"{text!r} is not REGEX=VALUE (e.g. 'CallTime=none' or 'fla=0.1')")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{pattern!r} is not a valid regular expression ({exc})") from None
+    if value.lower() == "none":
+        return pattern, None
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not (math.isfinite(number) and number >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: the threshold must be a number >= 0 or 'none'")
+    return pattern, number
+
+
+HELP = """\
+Verdict per benchmark (B against A; t = its threshold):
+  same     median ratio B/A within [1/(1+t), 1+t], with samples enough for the test
+  slower   ratio > 1+t, Mann-Whitney U (two-sided) p < alpha, and the placement spreads
+           (min..max of per-placement medians) overlap by <= t of A's median
+  faster   the same with ratio < 1/(1+t)
+  unsure   too few samples for any p < alpha; or beyond t but not significant; or the
+           placement spreads overlap by more than t (placement could explain the move);
+           or a sweep row timed on the CPU (the harness smoke-tests the CPU, never ranks it)
+  informational  benchmarks whose threshold is 'none' (call latency by default)
+  new / missing / incomparable  in one set only, or timed by another method version
+Exit status: 1 if any benchmark is slower (or unsure, with --strict), 2 on unusable
+input, 0 otherwise. Without samples, asv's 99% intervals stand in for the test."""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="regress.py",
-        description="Fail (exit 1) when result set B is slower than A: median ratio B/A above "
-                    "1+threshold and a significant Mann-Whitney U test. A and B are asv result "
-                    "files (asv run --record-samples) or sweep directories, from one machine.")
+    parser = Parser(prog="kda-regress", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=HELP,
+                    description="Compare result set B with A from the same machine and fail on a slowdown. "
+                                "A and B are asv result files (asv run --record-samples) or sweep directories.")
     parser.add_argument("a", help="baseline: asv result .json or sweep directory")
     parser.add_argument("b", help="candidate: same kind as A")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                        help="relative slowdown of the median that counts (default %(default)s)")
-    parser.add_argument("--threshold-for", metavar="REGEX=VALUE", action="append", default=None,
+                        help="relative move of the median that counts (default %(default)s)")
+    parser.add_argument("--threshold-for", metavar="REGEX=VALUE", action="append", type=_threshold_rule,
                         help="threshold of benchmarks whose name matches REGEX, or 'none' to report them "
                              f"without gating (repeatable; replaces the default {DEFAULT_THRESHOLDS})")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                         help="significance level of the Mann-Whitney U test (default %(default)s)")
+    parser.add_argument("--strict", action="store_true", help="fail on unsure benchmarks too")
     parser.add_argument("--json", metavar="PATH", help="also write the comparison as JSON here")
     args = parser.parse_args(argv)
+    if not (args.threshold >= 0 and 0 < args.alpha < 1):
+        parser.error(f"need --threshold >= 0 and 0 < --alpha < 1; got {args.threshold}, {args.alpha}")
 
+    thresholds = None if args.threshold_for is None else dict(args.threshold_for)
     try:
-        thresholds = None if args.threshold_for is None else {
-            pattern: None if value.lower() == "none" else float(value)
-            for pattern, _, value in (item.rpartition("=") for item in args.threshold_for)}
         a, b = load(args.a), load(args.b)
         check_comparable(a, b)
-    except (InputError, OSError, ValueError) as exc:
-        print(f"regress: {exc}", file=sys.stderr)
+    except (InputError, OSError) as exc:
+        print(f"kda-regress: error: {exc}", file=sys.stderr)
         return 2
     table = compare(a, b, args.threshold, args.alpha, thresholds)
     counts = table["status"].value_counts().reindex(STATUSES, fill_value=0)
-    regressed = table.loc[table["status"] == "regressed", "benchmark"].tolist()
+    slower = table.loc[table["status"] == "slower", "benchmark"].tolist()
+    unsure = table.loc[table["status"] == "unsure", "benchmark"].tolist()
 
-    print(f"A: {a.source}\nB: {b.source}\nregression: median B/A > 1 + threshold (default {args.threshold}, "
-          f"per benchmark in the threshold column) and p < {args.alpha} (two-sided Mann-Whitney U)\n")
+    print(f"A: {a.source}\nB: {b.source}\nslower: median B/A > 1 + threshold (default {args.threshold}, per benchmark "
+          f"in the threshold column), p < {args.alpha} (two-sided Mann-Whitney U) and placement spreads apart\n")
     print(format_table(table) if len(table) else "(no benchmarks)")
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()))
     if args.json:
-        report = dict(a=a.source, b=b.source, threshold=args.threshold, alpha=args.alpha,
+        report = dict(a=a.source, b=b.source, threshold=args.threshold, alpha=args.alpha, strict=args.strict,
                       thresholds=DEFAULT_THRESHOLDS if thresholds is None else thresholds,
-                      counts={s: int(n) for s, n in counts.items()}, regressed=regressed,
+                      counts={s: int(n) for s, n in counts.items()}, slower=slower, unsure=unsure,
                       rows=json.loads(table.astype({"status": str}).to_json(orient="records")))
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    if regressed:
-        print(f"FAIL: {len(regressed)} regressed: " + ", ".join(regressed))
+    failed = slower + (unsure if args.strict else [])
+    if failed:
+        print(f"FAIL: {len(slower)} slower" + (f", {len(unsure)} unsure (--strict)" if args.strict else "") + ": "
+              + ", ".join(failed))
         return 1
+    if unsure:
+        print(f"pass, with {len(unsure)} unsure (not gated; --strict gates them): " + ", ".join(unsure))
     return 0
 
 

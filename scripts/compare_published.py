@@ -1,91 +1,99 @@
 #!/usr/bin/env python3
-"""Our sweeps against published timings: does a table someone measured reproduce here, and under
-which pool layout?
+"""Our sweeps against published timings: does a table someone measured reproduce here, with which
+of the library's call variants, and under which pool layout?
 
     python scripts/compare_published.py results/published/triton-issue-h200.csv SWEEP_DIR [SWEEP_DIR ...]
         [--out DIR]   # writes DIR/comparison.csv and DIR/comparison.md (default: print only)
 
-Each sweep directory is one run; runs of one pool layout (slots per row, slot order, L2-cold or
-not) form one *variant*, whose figure for a published row is the median of its runs'
-medians. The run-to-run spread of a row is the largest max/min - 1 of its medians within any
-variant that has at least two runs; a variant reproduces a published figure when
-|ours / published - 1| is within that spread. With no repeated variant there is no spread, and
+A published figure names a library (its ``impl`` column: ``flashinfer``, ``fla``). In each run
+(sweep directory) the library's figure is that of its fastest verified variant at the point
+(kda_impls.bench.results.best_per_library), named in the table. Runs of one *layout* (slots per
+row, slot order, L2 entry state) form one group, whose figure for a published row is the median of
+its runs' figures. The run-to-run spread of a row is the largest max/min - 1 of its figures within
+any layout that has at least two runs; a layout reproduces a published figure when
+|ours / published - 1| is within that spread. With no repeated layout there is no spread, and
 nothing is called reproduced. Only unpadded pools without padding rows are compared.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-KEY = ["impl", "state_dtype", "H", "HV", "K", "V", "B"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_impls.bench.results import SweepDirError, best_per_library, load  # noqa: E402
+from kda_impls.cli import Parser, fail  # noqa: E402
+
+KEY = ["impl", "state_dtype", "H", "HV", "K", "V", "B"]  # impl: the published table's library
 
 
-def variant_label(settings: dict) -> str:
-    """The pool layout a run timed (and L2-hot, where it was). Sampling budgets are not part of
-    it: they change how many samples a median has, not what is measured."""
-    slots = settings.get("pool_slots_per_row", 1)
-    order = "sorted" if settings.get("sorted_slots", False) else "random"
-    return f"pool {slots}xB, {order} slots" + ("" if settings.get("l2_cold", True) else ", L2-hot")
+def layout_label(row) -> str:
+    """The pool layout and L2 entry state a row was timed in. Sampling budgets and placements are
+    not part of it: they change how well a median is known, not what is measured."""
+    return f"pool {row.slots_per_row}xB, {row.slot_order} slots, L2 {row.l2_entry}"
 
 
 def load_runs(dirs: list[Path]) -> pd.DataFrame:
-    """One row per (run, configuration) measured ok on an unpadded pool: KEY, kernel_us_median,
-    run, variant."""
+    """One row per (run, library, configuration) measured ok on an unpadded pool: KEY (impl: the
+    library), kernel_us_median, best_impl (the variant that was fastest), run, layout."""
     frames = []
     for run in dirs:
-        meta = json.loads((run / "meta.json").read_text())
-        table = pd.read_csv(run / "results.csv")
-        table = table[(table.status == "ok") & (table.slot_pad == 0) & (table.pad_rows == 0)]
-        frames.append(table[KEY + ["kernel_us_median"]].assign(
-            run=str(run), variant=variant_label(meta.get("settings", {}))))
+        table = load(run).ok
+        table = table[(table.slot_pad == 0) & (table.pad_rows == 0)]
+        best = best_per_library(table).rename(columns={"impl": "best_impl"}).rename(columns={"library": "impl"})
+        frames.append(best[KEY + ["kernel_us_median", "best_impl"]].assign(
+            run=str(run), layout=[layout_label(r) for r in best.itertuples()]))
     return pd.concat(frames, ignore_index=True)
 
 
 def compare(published: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per published figure and variant: ours (median over the variant's runs), ratio,
-    n_runs, the row's run-to-run spread and whether the figure is reproduced within it."""
-    per_variant = runs.groupby(KEY + ["variant"]).kernel_us_median.agg(
-        ours_us="median", n_runs="count", variant_spread=lambda s: s.max() / s.min() - 1).reset_index()
-    repeated = per_variant[per_variant.n_runs >= 2]
-    spread = repeated.groupby(KEY).variant_spread.max().rename("run_to_run_spread").reset_index()
+    """One row per published figure and layout: ours (median over the layout's runs), the variants
+    that won in those runs, ratio, n_runs, the row's run-to-run spread and whether the figure is
+    reproduced within it."""
+    per_layout = runs.groupby(KEY + ["layout"]).agg(
+        ours_us=("kernel_us_median", "median"), n_runs=("kernel_us_median", "count"),
+        layout_spread=("kernel_us_median", lambda s: s.max() / s.min() - 1),
+        best_impl=("best_impl", lambda v: ", ".join(sorted(set(v))))).reset_index()
+    repeated = per_layout[per_layout.n_runs >= 2]
+    spread = repeated.groupby(KEY).layout_spread.max().rename("run_to_run_spread").reset_index()
     table = (published.rename(columns={"kernel_us": "published_us"})
-             .merge(per_variant.drop(columns="variant_spread"), on=KEY, how="left")
+             .merge(per_layout.drop(columns="layout_spread"), on=KEY, how="left")
              .merge(spread, on=KEY, how="left"))
     table["ratio"] = table.ours_us / table.published_us
     table["reproduced"] = (table.ratio - 1).abs() <= table.run_to_run_spread  # False where no spread is known
-    return table.sort_values(["variant", "impl", "state_dtype", "HV", "K", "B"], ignore_index=True)
+    return table.sort_values(["layout", "impl", "state_dtype", "HV", "K", "B"], ignore_index=True)
 
 
 def summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per variant: figures compared, reproduced, and the range and median of ours / published."""
-    return table.dropna(subset=["ours_us"]).groupby("variant").agg(
+    """Per layout: figures compared, reproduced, and the range and median of ours / published."""
+    return table.dropna(subset=["ours_us"]).groupby("layout").agg(
         figures=("ratio", "count"), reproduced=("reproduced", "sum"), ratio_min=("ratio", "min"),
         ratio_median=("ratio", "median"), ratio_max=("ratio", "max")).reset_index()
 
 
 def markdown(table: pd.DataFrame, source: Path, dirs: list[Path]) -> str:
     wide = table.dropna(subset=["ours_us"]).assign(
-        cell=lambda t: t.apply(lambda r: f"{r.ours_us:.2f} ({r.ratio - 1:+.1%}{'' if r.reproduced else ' !'})", axis=1))
-    wide = wide.pivot_table(index=KEY + ["published_us", "run_to_run_spread"], columns="variant", values="cell",
+        cell=lambda t: t.apply(lambda r: f"{r.ours_us:.2f} ({r.ratio - 1:+.1%}{'' if r.reproduced else ' !'}) "
+                                         f"{r.best_impl}", axis=1))
+    wide = wide.pivot_table(index=KEY + ["published_us", "run_to_run_spread"], columns="layout", values="cell",
                             aggfunc="first").reset_index()
     return "\n\n".join([
         f"# Published figures ({source}) against our runs",
         "Runs: " + ", ".join(f"`{d}`" for d in dirs),
-        "Cells: our median kernel time in us (ours / published - 1); `!` where that is outside the "
-        "run-to-run spread of the row (largest max/min - 1 within a repeated variant).",
+        "Cells: our median kernel time in us of the library's fastest verified variant (ours / published - 1), "
+        "then that variant; `!` where the ratio is outside the run-to-run spread of the row (largest max/min - 1 "
+        "within a repeated layout).",
         wide.to_markdown(index=False, floatfmt=".3f"),
-        "## Per variant",
+        "## Per layout",
         summary(table).to_markdown(index=False, floatfmt=".3f"),
     ]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="compare_published.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("published", type=Path, help="CSV of published figures: impl, state_dtype, H, HV, K, V, B, "
                                                      "kernel_us (more columns are carried along)")
     parser.add_argument("runs", type=Path, nargs="+", help="sweep result directories")
@@ -95,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     missing = set(KEY + ["kernel_us"]) - set(published.columns)
     if missing:
         parser.error(f"{args.published} lacks the columns {sorted(missing)}")
-    table = compare(published, load_runs(args.runs))
+    try:
+        runs = load_runs(args.runs)
+    except SweepDirError as exc:
+        fail(parser.prog, str(exc))
+    table = compare(published, runs)
     text = markdown(table, args.published, args.runs)
     print(text)
     if args.out:

@@ -4,8 +4,9 @@
 B in {1, 8, 64, 512} x HV in {16, 32, 64} x (K, V) in {(64, 64), (128, 128), (128, 256)} x
 slot_pad in {0, 16, 64} x state dtype, H = HV, plus a GVA slice (H = HV / 4). Every case draws
 fresh inputs, poisons the output with NaN, and checks untouched slots and padding bit for bit
-(kda_impls.verify). Rows with slot -1 are included (B // 8 of them). Exits 1 if any case is wrong
-or errors; unsupported combinations are recorded with the implementation's reason.
+(kda_impls.verify, through the harness's case runner). Rows with slot -1 are included (B // 8 of
+them). Exits 1 if any case is wrong or errors; unsupported combinations are recorded with the
+implementation's reason.
 
     python scripts/gpu_correctness.py --impls triton,fla,flashinfer --out results/h200/correctness
 """
@@ -26,7 +27,9 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kda_impls import ContractError, Unsupported, get, make_inputs, names, verify  # noqa: E402
+from kda_impls import get, names  # noqa: E402
+from kda_impls.bench.case import run_case  # noqa: E402
+from kda_impls.bench.config import Config, PoolLayout  # noqa: E402
 from kda_impls.bench.results import environment, write_meta  # noqa: E402
 
 BATCHES = (1, 8, 64, 512)
@@ -43,19 +46,14 @@ def grid():
         yield dict(B=B, H=HV // 4, HV=HV, K=K, V=V, slot_pad=16, state_dtype=dtype)
 
 
-def check_case(impl, case: dict, device: str, seed: int) -> dict:
-    row = {"impl": impl.name, **case, "pad_rows": case["B"] // 8}
-    inputs = make_inputs(**{**case, "state_dtype": getattr(torch, case["state_dtype"])}, pad_rows=row["pad_rows"],
-                         n_slots=case["B"] + 8, device=device, seed=seed)
-    reason = impl.unsupported(inputs)
-    if reason:
-        return {**row, "status": "unsupported", "detail": reason}
-    try:
-        verdict = verify(impl, inputs)
-    except (ContractError, Unsupported) as exc:
-        return {**row, "status": "error", "detail": str(exc)}
-    return {**row, "status": "ok" if verdict.ok else "wrong", "err_out": verdict.err_out,
-            "err_state": verdict.err_state, "detail": "; ".join(verdict.problems)}
+def check_case(impl: str, case: dict, device: str) -> dict:
+    """One case through the harness's case runner (correctness only): fresh inputs, a pool of 2B
+    slots, B // 8 rows with slot -1."""
+    case = dict(case)
+    cfg = Config(impl, **case, pad_rows=case["B"] // 8, layout=PoolLayout(slot_pad=case.pop("slot_pad")))
+    row = run_case(cfg, device)
+    return {"impl": impl, **cfg.columns(), "status": row["status"], "err_out": row["err_out"],
+            "err_state": row["err_state"], "detail": row["reason"]}
 
 
 def main() -> int:
@@ -65,19 +63,19 @@ def main() -> int:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
 
-    impls = [get(n) for n in args.impls.split(",")]
+    impls = args.impls.split(",")
     cases = list(grid())
     rows, started = [], time.perf_counter()
     for impl in impls:
-        for seed, case in enumerate(tqdm(cases, desc=impl.name, mininterval=2.0)):
-            rows.append(check_case(impl, case, args.device, seed))
+        for case in tqdm(cases, desc=impl, mininterval=2.0):
+            rows.append(check_case(impl, case, args.device))
             torch.cuda.empty_cache()
     table = pd.DataFrame(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "correctness.csv", index=False)
     versions = {"python": platform.python_version()}
     for impl in impls:
-        versions |= impl.versions()
+        versions |= get(impl).versions()
     write_meta(args.out, environment(torch.device(args.device), args.out, shlex.join(sys.argv))
                | {"versions": versions, "wall_s": round(time.perf_counter() - started, 1)})
 

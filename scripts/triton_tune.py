@@ -1,19 +1,17 @@
 #!/usr/bin/env python3
 """Measure the Triton KDA decode kernel's tile configs on this GPU and regenerate the tuning table.
 
-Measure (one GPU, about 3 minutes; stops timing at --budget-s and still writes everything):
+Measure (one GPU, a few minutes; stops timing at --budget-s and still writes everything):
 
     python3 scripts/triton_tune.py --out $OUT/triton_tune.csv
 
 For HV in {16, 32, 64}, (K, V) in {(64, 64), (128, 128), (128, 256)}, B in {1, 16, 64, 256}, bf16
-and fp32 state (H = HV), each candidate tile config is verified once against the float64
-reference (kda_impls.verify on a small batch: the compiled kernel does not depend on B), then
-timed with the harness's kernel_time (CUDA-graph replay, events, median) over launches on
-disjoint slots of one pool and disjoint input rows, so that one pass touches at least 3x the L2
-and every launch runs L2-cold. The best config
-per shape is also timed on a pool with padded slots. Bandwidth counts the state read and written
-once plus every input and the output (DecodeInputs.nbytes), against an in-run 1 GiB
-device-to-device copy (bytes read + written).
+and fp32 state (H = HV), each candidate tile config runs through the harness's case runner as a
+sweep row does (kda_impls.bench.run_case with the config forced: verified against the float64
+reference, then timed over placements in the default L2 entry state), so the table is chosen by the
+figures the sweeps report. The best config per shape is also timed on a pool with padded slots.
+Bandwidth counts the state read and written once plus every input and the output
+(DecodeInputs.nbytes), against an in-run 1 GiB device-to-device copy (bytes read + written).
 
 Writes the CSV (every candidate), a JSON of the environment and the copy bandwidth beside it
 (``.json``), the regenerated ``triton_tuning.py`` beside it, and prints the best per shape.
@@ -28,7 +26,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import os
 import shlex
 import sys
@@ -39,11 +36,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kda_impls import DecodeInputs, make_inputs, verify  # noqa: E402
-from kda_impls.dtypes import dtype_name  # noqa: E402
+from kda_impls.bench.case import Method, run_case  # noqa: E402
+from kda_impls.bench.config import Config, PoolLayout  # noqa: E402
 from kda_impls.bench.results import environment  # noqa: E402
 from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth  # noqa: E402
-from kda_impls.bench.timing import Budget, kernel_time  # noqa: E402
+from kda_impls.bench.timing import Budget  # noqa: E402
+from kda_impls.dtypes import dtype_name  # noqa: E402
 from kda_impls.impls.triton_kda import TileConfig, TritonKDA, choose_config, compile_kernel, table_key, tile_shape  # noqa: E402
 
 VALUE_HEADS = (16, 32, 64)
@@ -51,12 +49,12 @@ HEAD_DIMS = ((128, 128), (64, 64), (128, 256))
 BATCHES = (1, 16, 64, 256)
 STATE_DTYPES = (torch.bfloat16, torch.float32)
 PADDED_SLOT = 64  # elements of padding per slot for the padding-cost timing
-L2_MULTIPLE = 3  # one graph replay touches at least this many L2s of distinct bytes
 TABLE_PATH = Path(__file__).resolve().parents[1] / "kda_impls" / "impls" / "triton_tuning.py"
-# Per timing: sample until the median's 95% interval is within 1%, or 0.1 s (many configs to time).
-TIMING_BUDGET = Budget(min_samples=5, max_seconds=0.1, rel_ci=0.01)
-COLUMNS = ["state_dtype", "HV", "K", "V", "B", "slot_pad", "config", "source", "status", "us", "bytes",
-           "GBps", "pct_copy", "floor_us", "launches", "method", "samples", "regs", "spills", "best"]
+# Per candidate: three placements sharing 0.12 s of sampling (many configs to time), no call time.
+METHOD = Method(kernel=Budget(min_samples=12, max_seconds=0.12, rel_ci=0.01), call=None)
+PLACEMENTS = 3
+COLUMNS = ["state_dtype", "HV", "K", "V", "B", "slot_pad", "config", "source", "status", "us", "us_placement_min",
+           "us_placement_max", "bytes", "GBps", "pct_copy", "floor_us", "method", "samples", "regs", "spills", "best"]
 
 
 def candidate_configs(K: int, V: int, element_size: int, B: int) -> list[TileConfig]:
@@ -75,50 +73,22 @@ def candidate_configs(K: int, V: int, element_size: int, B: int) -> list[TileCon
     return list(dict.fromkeys(configs))
 
 
-class Rotation:
-    """``launches`` disjoint decode steps of batch ``B`` over one pool and one set of input rows:
-    step r owns rows [r*B, (r+1)*B) and the distinct slots those rows name."""
-
-    def __init__(self, HV, K, V, B, state_dtype, slot_pad, l2_bytes, device, seed):
-        # sized by the state alone, which is most of a step's bytes: the replay's bytes only exceed this
-        state_bytes = 2 * B * HV * V * K * state_dtype.itemsize
-        self.launches = max(2, math.ceil(L2_MULTIPLE * l2_bytes / state_bytes))
-        total = self.launches * B
-        self.inputs = make_inputs(total, HV, HV, K, V, state_dtype=state_dtype, slot_pad=slot_pad, n_slots=total,
-                                  device=device, seed=seed)
-        self.out = torch.empty(total, HV, V, dtype=self.inputs.v.dtype, device=device)
-        self.B, self.device = B, device
-        self.step_bytes = self.step(0)[0].nbytes()
-
-    def step(self, r: int) -> tuple[DecodeInputs, torch.Tensor]:
-        x, rows = self.inputs, slice(r * self.B, (r + 1) * self.B)
-        part = DecodeInputs(q=x.q[rows], k=x.k[rows], v=x.v[rows], a=x.a[rows], b=x.b[rows], A_log=x.A_log,
-                            dt_bias=x.dt_bias, state=x.state, slots=x.slots[rows], scale=x.scale)
-        return part, self.out[rows]
-
-    def launchers(self, impl: TritonKDA):
-        # _launcher, not bind: the rotation is valid by construction, and bind's checks (a device
-        # sync each) would dominate binding hundreds of launchers. verify() ran bind's path already.
-        return [impl._launcher(*self.step(r)) for r in range(self.launches)]
-
-
 def measure(args) -> int:
     device = torch.device("cuda")
     started = time.perf_counter()
     copy_gbps = copy_bandwidth(device) / 1e9
     meta = environment(device, args.out.parent, shlex.join(sys.argv)) | {
         "torch": torch.__version__, "cuda": torch.version.cuda, **TritonKDA().versions(),
-        "copy_GBps": copy_gbps, "copy_bytes": 2 * GPU_COPY_BYTES, "l2_multiple": L2_MULTIPLE,
+        "copy_GBps": copy_gbps, "copy_bytes": 2 * GPU_COPY_BYTES, "l2_entry": METHOD.entry, "placements": PLACEMENTS,
     }
-    l2_bytes = meta["device"]["l2_bytes"]
-    print(f"{meta['gpu']}: L2 {l2_bytes / 2**20:.0f} MiB, copy {copy_gbps:.0f} GB/s (1 GiB, read + write); "
-          f"torch {torch.__version__}, triton {meta['triton']}", flush=True)
+    print(f"{meta['gpu']}: L2 {meta['device']['l2_bytes'] / 2**20:.0f} MiB, copy {copy_gbps:.0f} GB/s (1 GiB, "
+          f"read + write); torch {torch.__version__}, triton {meta['triton']}", flush=True)
 
     rows = []
     for state_dtype in STATE_DTYPES:
         for K, V in HEAD_DIMS:
             for HV in VALUE_HEADS:
-                rows += tune_shape(HV, K, V, state_dtype, device, l2_bytes, copy_gbps, started, args.budget_s)
+                rows += tune_shape(HV, K, V, state_dtype, device, copy_gbps, started, args.budget_s)
     meta["wall_s"] = time.perf_counter() - started
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -135,10 +105,9 @@ def measure(args) -> int:
     return 1 if failed else 0
 
 
-def tune_shape(HV, K, V, state_dtype, device, l2_bytes, copy_gbps, started, budget_s) -> list[dict]:
-    """Every batch size of one shape: each config verified once (per shape), timed per batch."""
+def tune_shape(HV, K, V, state_dtype, device, copy_gbps, started, budget_s) -> list[dict]:
+    """Every batch size of one shape: each config verified and timed per batch."""
     esize = state_dtype.itemsize
-    verdicts: dict[TileConfig, str] = {}
     rows = []
     for B in BATCHES:
         base = dict(state_dtype=dtype_name(state_dtype), HV=HV, K=K, V=V, B=B, slot_pad=0)
@@ -150,7 +119,7 @@ def tune_shape(HV, K, V, state_dtype, device, l2_bytes, copy_gbps, started, budg
                      for c, s in configs.items()]
             continue
         try:
-            rows += tune_batch(base, configs, verdicts, device, l2_bytes, copy_gbps)
+            rows += tune_batch(base, configs, device, copy_gbps)
         except Exception as exc:  # out of memory, say: record it, go on with the next batch size
             rows.append({**base, "status": f"error: {type(exc).__name__}: {exc}"[:300]})
         torch.cuda.empty_cache()
@@ -160,63 +129,48 @@ def tune_shape(HV, K, V, state_dtype, device, l2_bytes, copy_gbps, started, budg
     return rows
 
 
-def tune_batch(base: dict, configs: dict, verdicts: dict, device, l2_bytes, copy_gbps) -> list[dict]:
-    HV, K, V, B = base["HV"], base["K"], base["V"], base["B"]
-    state_dtype = getattr(torch, base["state_dtype"])
-    rotation = Rotation(HV, K, V, B, state_dtype, 0, l2_bytes, device, seed=B)
+def tune_batch(base: dict, configs: dict, device, copy_gbps: float) -> list[dict]:
     rows = []
     for config, source in configs.items():
-        row = {**base, "config": str(config), "source": source, "launches": rotation.launches}
-        if config not in verdicts:
-            verdicts[config] = check_config(config, HV, K, V, state_dtype, device)
-        row["status"] = verdicts[config]
-        if row["status"] == "ok":
-            try:
-                compiled = compile_kernel(*rotation.step(0), config)
-                row.update(regs=compiled.n_regs, spills=compiled.n_spills)
-                row.update(timing_columns(rotation, TritonKDA(config), copy_gbps))
-            except Exception as exc:  # a config the compiler or the GPU rejects must not end the run
-                row["status"] = f"error: {type(exc).__name__}: {exc}"[:300]
+        row = {**base, "config": str(config), "source": source}
+        try:
+            row |= case_columns(base, config, device, copy_gbps)
+        except Exception as exc:  # a config the compiler or the GPU rejects must not end the run
+            row["status"] = f"error: {type(exc).__name__}: {exc}"[:300]
         rows.append(row)
-    del rotation
     timed = [r for r in rows if r["status"] == "ok"]
     if timed:
         best = min(timed, key=lambda r: r["us"])
         best["best"] = True
-        rows.append(time_padded(best, state_dtype, device, l2_bytes, copy_gbps))
+        config = TileConfig.parse(best["config"], TileConfig(BV=base["V"]), source="best config")
+        padded = {**base, "slot_pad": PADDED_SLOT}
+        rows.append({**best, **case_columns(padded, config, device, copy_gbps), "source": "best, padded pool",
+                     "best": False})
     return rows
 
 
-def check_config(config: TileConfig, HV, K, V, state_dtype, device) -> str:
-    """One verify() on a small batch with a padded pool and a -1 row: 'ok' or why not."""
-    inputs = make_inputs(4, HV, HV, K, V, state_dtype=state_dtype, slot_pad=16, pad_rows=1, device=device, seed=7)
-    try:
-        verdict = verify(TritonKDA(config), inputs)
-    except Exception as exc:
-        return f"error: {type(exc).__name__}: {exc}"[:300]
-    return "ok" if verdict.ok else f"wrong: {verdict}"[:300]
+def case_columns(base: dict, config: TileConfig, device, copy_gbps: float) -> dict:
+    """The case runner's row for ``config`` forced on the shape ``base``, as tune columns."""
+    HV, K, V, B = base["HV"], base["K"], base["V"], base["B"]
+    cfg = Config("triton", B, HV, HV, K, V, state_dtype=base["state_dtype"],
+                 layout=PoolLayout(slot_pad=base["slot_pad"], placements=PLACEMENTS))
+    row = run_case(cfg, device, METHOD, impl=TritonKDA(config), copy_bw=copy_gbps * 1e9)
+    columns = {"status": row["status"] if row["status"] != "wrong" else f"wrong: {row['reason']}"[:300]}
+    if row["status"] == "ok":
+        compiled = compile_kernel(*_compile_args(cfg, device), config)
+        columns |= {"us": row["kernel_us_median"], "us_placement_min": row["kernel_us_placement_min"],
+                    "us_placement_max": row["kernel_us_placement_max"], "bytes": row["bytes"],
+                    "GBps": row["gbps"], "pct_copy": 100 * row["roofline_frac"], "floor_us": row["floor_us"],
+                    "method": row["kernel_method"], "samples": row["n_samples"], "regs": compiled.n_regs,
+                    "spills": compiled.n_spills}
+    elif row["status"] != "wrong":
+        columns["status"] = f"{row['status']}: {row['reason']}"[:300]
+    return columns
 
 
-def time_padded(best: dict, state_dtype, device, l2_bytes, copy_gbps) -> dict:
-    """The best config again, on a pool whose slots are PADDED_SLOT elements apart beyond HV*V*K."""
-    HV, K, V, B = best["HV"], best["K"], best["V"], best["B"]
-    config = TileConfig.parse(best["config"], TileConfig(BV=V), source="best config")
-    row = {**best, "slot_pad": PADDED_SLOT, "source": "best, padded pool", "best": False}
-    try:
-        rotation = Rotation(HV, K, V, B, state_dtype, PADDED_SLOT, l2_bytes, device, seed=B + 1)
-        row.update(timing_columns(rotation, TritonKDA(config), copy_gbps), launches=rotation.launches)
-    except Exception as exc:
-        row.update(status=f"error: {type(exc).__name__}: {exc}"[:300], us=None)
-    return row
-
-
-def timing_columns(rotation: Rotation, impl: TritonKDA, copy_gbps: float) -> dict:
-    """Time one launch of ``impl`` over ``rotation`` (the harness's L2-cold graph-replay timer)."""
-    timing = kernel_time(rotation.launchers(impl), rotation.device, TIMING_BUDGET)
-    us, step_bytes = timing.median * 1e6, rotation.step_bytes
-    gbps = step_bytes / (us * 1e-6) / 1e9
-    return {"us": us, "bytes": step_bytes, "GBps": gbps, "pct_copy": 100 * gbps / copy_gbps,
-            "floor_us": step_bytes / (copy_gbps * 1e9) * 1e6, "method": timing.method, "samples": timing.n}
+def _compile_args(cfg: Config, device):
+    inputs = cfg.make_inputs(device)
+    return inputs, torch.empty(inputs.B, inputs.HV, inputs.V, dtype=inputs.v.dtype, device=device)
 
 
 def print_summary(rows: list[dict]) -> None:

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
 
@@ -18,7 +17,7 @@ import json5  # asv's reader of asv.conf.json (it has comments)
 import numpy as np
 
 from kda_impls.bench.config import Config
-from kda_impls.bench.measure import COLUMNS
+from kda_impls.bench.case import COLUMNS
 from kda_impls.bench.results import assemble, write_meta, write_row
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,11 +66,12 @@ def write_sweep_dir(path: Path, rows: dict[Config, list[float] | str], meta: dic
     """``rows`` maps a config to its kernel samples in microseconds (status "ok"), or to the status
     of a row without measurements ("unsupported", "wrong", ...)."""
     for cfg, measured in rows.items():
-        row = dict.fromkeys(COLUMNS) | asdict(cfg) | {"key": cfg.key(), "kernel_samples_us": [], "call_samples_us": []}
+        row = dict.fromkeys(COLUMNS) | cfg.columns() | {"key": cfg.key(), "kernel_samples_us": [], "call_samples_us": []}
         if isinstance(measured, str):
             row |= {"status": measured, "reason": "a test's row"}
         else:
-            row |= {"status": "ok", "kernel_us_median": float(np.median(measured)), "kernel_samples_us": measured}
+            row |= {"status": "ok", "kernel_us_median": float(np.median(measured)), "kernel_samples_us": measured,
+                    "kernel_method": "cuda-graph"}
         write_row(path, row)
     assemble(path)
     write_meta(path, meta)

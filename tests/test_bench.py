@@ -1,5 +1,6 @@
-"""The benchmark harness on the CPU: timers, rows, atomic files, and the sweep CLI end to end (with a
-worker that segfaults and an implementation that is wrong or unsupported)."""
+"""The benchmark harness on the CPU: configurations and pool layouts, the case runner, timers
+(placements, L2 entry states, budgets), clocks, atomic files, and a sweep end to end (with a worker
+that segfaults and an implementation that is wrong or unsupported)."""
 
 import itertools
 import json
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,25 +20,26 @@ import pytest
 import torch
 
 from helpers import REPO
-from kda_impls.bench import timing
-from kda_impls.bench.config import Config
-from kda_impls.bench.measure import COLUMNS, measure
-from kda_impls.bench.presets import PRESETS
+from kda_impls.bench import case, clocks, timing
+from kda_impls.bench.case import COLUMNS, Method, run_case
+from kda_impls.bench.config import Config, PoolLayout
+from kda_impls.bench.presets import PRESETS, adhoc_configs
 from kda_impls.bench.results import atomic_write
-from kda_impls.bench.timing import Budget, Timing, call_time, kernel_time, rotation_inputs, working_set_bytes
+from kda_impls.bench.timing import Budget, Timing, call_time, kernel_time, rotation_plan, working_set_bytes
 
 TESTS = Path(__file__).resolve().parent
 SWEEP_IMPLS = "naive,misbehaves"
 SMOKE_CONFIGS = len(PRESETS["smoke"].configs(["x"]))
+QUICK = Method(kernel=Budget(1, 4, 0.05), call=Budget(1, 2, 0.01))
 
 
-def sweep(out: Path) -> subprocess.CompletedProcess:
+def sweep(out: Path, *extra: str) -> subprocess.CompletedProcess:
     env = os.environ | {
         "KDA_EXTRA_IMPLS": "misbehaves=bench_impls:Misbehaves",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
     }
-    return subprocess.run([sys.executable, "scripts/sweep.py", "--preset", "smoke", "--device", "cpu",
-                           "--impls", SWEEP_IMPLS, "--out", str(out)],
+    return subprocess.run([sys.executable, "scripts/sweep.py", "--preset", "smoke", "--devices", "cpu",
+                           "--impls", SWEEP_IMPLS, "--out", str(out), *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -56,11 +59,15 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
     naive = table[table.impl == "naive"]
     assert (naive.status == "ok").all(), naive[["key", "status", "reason"]]
     assert (naive.kernel_us_median > 0).all() and (naive.n_samples >= 1).all()
-    assert (naive.kernel_us_p25 <= naive.kernel_us_median).all() and (naive.kernel_us_median <= naive.kernel_us_p75).all()
+    assert (naive.kernel_us_placement_min <= naive.kernel_us_median).all()
+    assert (naive.kernel_us_median <= naive.kernel_us_placement_max).all()
+    assert (naive.placements == PoolLayout().placements).all() and (naive.l2_entry == "none").all()
+    assert (naive.device == "cpu").all() and naive.host.notna().all()
     assert (naive.err_out < 1e-2).all() and naive.first_call_ms.notna().all() and naive.call_us_median.notna().all()
 
     row = naive.iloc[0]
-    cfg = Config(**{f: row[f] for f in ("impl", "B", "H", "HV", "K", "V", "slot_pad", "state_dtype", "pad_rows")})
+    cfg = Config.from_columns(row.to_dict())
+    assert cfg.key() == row.key
     assert row.bytes == cfg.make_inputs("cpu").nbytes()
     assert math.isclose(row.gbps, row.bytes / (row.kernel_us_median * 1e-6) / 1e9, rel_tol=1e-9)
     assert math.isclose(row.floor_us, row.bytes / (row.copy_gbps * 1e9) * 1e6, rel_tol=1e-9)
@@ -72,7 +79,8 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
 
     meta = json.loads((out / "meta.json").read_text())
     assert meta["device"]["type"] == "cpu" and meta["copy_bandwidth_Bps"] > 0
-    assert meta["settings"]["l2_cold"] is True and meta["versions"]["torch"] == torch.__version__
+    assert meta["settings"]["method"]["entry"] == timing.DEFAULT_ENTRY
+    assert meta["settings"]["device_type"] == "cpu" and meta["versions"]["torch"] == torch.__version__
     assert set(meta["impls"]) == set(SWEEP_IMPLS.split(",")) and "sha" in meta["git"]
     assert "--preset smoke" in meta["command"] and len(meta["runs"]) >= 1
 
@@ -80,6 +88,19 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
         for fmt in ("png", "svg"):
             assert (out / f"{chart}.{fmt}").stat().st_size > 1000, chart
     assert "wall time" in done.stdout and "naive" in done.stdout
+
+
+def test_result_files_get_the_permissions_of_plain_files(swept):
+    out, _ = swept
+    mode = 0o666 & ~_umask()
+    for name in ("results.csv", "meta.json", "samples.json", "latency.png"):
+        assert (out / name).stat().st_mode & 0o777 == mode, name
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def test_statuses_crashed_wrong_unsupported(swept):
@@ -161,16 +182,53 @@ def test_timing_statistics():
     assert not Timing(list(np.linspace(0.5, 1.5, 50)), "perf_counter").converged(0.01)
 
 
-def test_kernel_time_excludes_the_first_call():
-    calls = []
-
+def _sleeper(calls: list, first_s: float = 0.05, then_s: float = 0.001):
     def launcher():
         calls.append(1)
-        time.sleep(0.05 if len(calls) == 1 else 0.001)  # the first call "compiles"
+        time.sleep(first_s if len(calls) == 1 else then_s)  # the first call "compiles"
+    return launcher
 
-    t = kernel_time([launcher], "cpu", Budget(min_samples=3, max_samples=8, max_seconds=5, rel_ci=0.0))
+
+def test_kernel_time_excludes_the_first_call():
+    calls = []
+    launcher = _sleeper(calls)
+    t = kernel_time(lambda p: None, lambda x: launcher, "cpu",
+                    Budget(min_samples=3, max_samples=8, max_seconds=5, rel_ci=0.0))
     assert t.method == "perf_counter" and t.n == 8  # rel_ci=0 never converges: stops at max_samples
     assert len(calls) > t.n and 0.001 <= t.median < 0.02 and max(t.samples) < 0.05
+    assert t.entry == "none" and t.input_sets == 1
+
+
+def test_placements_each_get_fresh_inputs_and_a_share_of_the_budget():
+    """Placement p draws its inputs with make(p); the kernel time is the median of the placements'
+    medians, not of the pooled samples; each placement stops at its share of max_samples."""
+    drawn, speeds = [], {0: 0.001, 1: 0.004, 2: 0.002}
+
+    def make(p):
+        drawn.append(p)
+        return p
+
+    def bind(p):
+        return lambda: time.sleep(speeds[p])
+
+    t = kernel_time(make, bind, "cpu", Budget(min_samples=3, max_samples=12, max_seconds=5, rel_ci=0.0),
+                    placements=3)
+    assert drawn == [0, 1, 2] and len(t.placement_medians) == 3 and t.n == 12
+    order = np.argsort(t.placement_medians).tolist()
+    assert order == [0, 2, 1]  # the placements' own speeds, each timed on its own inputs
+    assert t.median == t.placement_medians[2] == sorted(t.placement_medians)[1]
+    assert t.placement_min == min(t.placement_medians) and t.placement_max == max(t.placement_medians)
+    mixed = Timing([1.0, 1.0, 1.0, 2.0, 9.0, 9.5], "perf_counter", placement_medians=[1.0, 5.0, 9.2])
+    assert mixed.median == 5.0 and float(np.median(mixed.samples)) == 1.5  # over placements, not pooled
+
+
+def test_budget_share_and_validation():
+    share = Budget(min_samples=10, max_samples=100, max_seconds=0.3).share(3)
+    assert (share.min_samples, share.max_samples) == (4, 34) and math.isclose(share.max_seconds, 0.1)
+    with pytest.raises(ValueError, match="min_samples <= max_samples"):
+        Budget(min_samples=5, max_samples=2)
+    with pytest.raises(ValueError, match="max_seconds"):
+        Budget(max_seconds=0)
 
 
 def test_timers_stop_at_max_seconds():
@@ -179,34 +237,122 @@ def test_timers_stop_at_max_seconds():
     assert time.perf_counter() - start < 1.0 and 3 <= t.n < 100 and t.method == "perf_counter"
 
 
-def test_measure_records_contract_errors():
-    row = measure(Config("naive", B=2, H=3, HV=4, K=8, V=8), "cpu", kernel_budget=Budget(1, 2, 0.01),
-                  call_budget=Budget(1, 2, 0.01))
+def test_rotation_plan_by_entry_state(monkeypatch):
+    x = Config("naive", B=2, H=1, HV=2, K=16, V=16, layout=PoolLayout(slot_pad=4)).make_inputs("cpu")
+    per_set = working_set_bytes(x)
+    assert per_set == x.pool_span().nbytes + sum(t.nbytes for n, t in x.tensors().items() if n != "state")
+    assert rotation_plan("previous-step", x, "cpu") == ("none", 1)  # the CPU's caches: not modelled
+    monkeypatch.setattr(timing, "as_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(timing, "l2_bytes", lambda device: 3 * per_set)  # 3 L2s = 9 sets: over the cap
+    assert rotation_plan("previous-step", x, "cuda") == ("dirty", 1)
+    monkeypatch.setattr(timing, "l2_bytes", lambda device: 2 * per_set)
+    assert rotation_plan("previous-step", x, "cuda") == ("previous-step", 6)
+    monkeypatch.setattr(timing, "l2_bytes", lambda device: per_set // 10)  # tiny L2: still two pools
+    assert rotation_plan("previous-step", x, "cuda") == ("previous-step", timing.MIN_INPUT_SETS)
+    for entry in ("clean", "dirty", "hot"):
+        assert rotation_plan(entry, x, "cuda") == (entry, 1)
+
+
+def test_entry_states_are_named():
+    with pytest.raises(ValueError, match="unknown L2 entry state 'warm'"):
+        timing.entry_op("warm", "cpu")
+    with pytest.raises(ValueError, match="unknown L2 entry state"):
+        Method(entry="warm")
+    assert timing.entry_op("clean", "cpu") is None and timing.DEFAULT_ENTRY in timing.ENTRY_STATES
+
+
+def test_run_case_records_contract_errors():
+    cfg = Config("naive", B=2, H=3, HV=4, K=8, V=8)
+    row = run_case(cfg, "cpu", QUICK)
     assert row["status"] == "error" and "HV must be a multiple of H" in row["reason"]
-    assert row["kernel_us_median"] is None and row["key"] == Config("naive", 2, 3, 4, 8, 8).key()
+    assert row["kernel_us_median"] is None and row["key"] == cfg.key()
 
 
-def test_rotation_covers_three_times_the_l2(monkeypatch):
-    cfg = Config("naive", B=2, H=1, HV=2, K=16, V=16, slot_pad=4)
-    assert len(rotation_inputs(cfg, "cpu")) == 1  # the CPU: one set
-    monkeypatch.setattr(timing, "l2_bytes", lambda device: 100_000)
-    sets = rotation_inputs(cfg, "cpu")
-    per_set = working_set_bytes(sets[0])
-    assert len(sets) == math.ceil(3 * 100_000 / per_set) and len(sets) * per_set >= 300_000
-    assert len({x.state.data_ptr() for x in sets}) == len(sets)  # independent pools
-    assert all(x.N == cfg.B and x.slot_stride == 2 * 16 * 16 + 4 for x in sets)
-    assert len(rotation_inputs(cfg, "cpu", l2_cold=False)) == 1
-    monkeypatch.setattr(timing, "l2_bytes", lambda device: 1)  # one set would cover it: still two pools
-    assert len(rotation_inputs(cfg, "cpu")) == 2
+def test_run_case_without_a_method_only_checks():
+    row = run_case(Config("naive", B=3, H=1, HV=2, K=16, V=16, pad_rows=1), "cpu")
+    assert row["status"] == "ok" and row["err_out"] < 1e-2 and row["first_call_ms"] > 0
+    assert row["kernel_us_median"] is None and row["call_us_median"] is None and row["kernel_samples_us"] == []
 
 
-def test_config_key_and_batch_scaling():
-    cfg = Config("triton", B=64, H=16, HV=32, K=128, V=128, slot_pad=16, state_dtype="float32", pad_rows=8)
-    assert cfg.key() == "triton_B64_H16_HV32_K128_V128_slotpad16_float32_padrows8"
+def test_run_case_times_over_the_layouts_placements():
+    cfg = Config("naive", B=3, H=1, HV=2, K=16, V=16, layout=PoolLayout(placements=2))
+    row = run_case(cfg, "cpu", QUICK)
+    assert row["status"] == "ok" and len(row["kernel_placement_us"]) == 2
+    assert row["kernel_us_placement_min"] <= row["kernel_us_median"] <= row["kernel_us_placement_max"]
+    assert row["retimed"] is False and row["throttled"] is None and row["l2_entry"] == "none"
+    assert row["bytes"] == cfg.make_inputs("cpu").nbytes()
+
+
+class Throttled:
+    """A clock monitor that reports a power cap during the first timing only."""
+
+    timings = 0
+
+    def __init__(self, device):
+        pass
+
+    def __enter__(self):
+        Throttled.timings += 1
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def summary(self):
+        first = Throttled.timings == 1
+        return dict.fromkeys(clocks.COLUMNS) | {"throttled": first, "throttle_reasons": "sw-power-cap" if first else ""}
+
+
+def test_a_row_timed_while_throttled_is_timed_again(monkeypatch):
+    monkeypatch.setattr(case.clocks, "ClockMonitor", Throttled)
+    Throttled.timings = 0
+    row = run_case(Config("naive", B=2, H=1, HV=2, K=16, V=16), "cpu", QUICK)
+    assert Throttled.timings == 2 and row["retimed"] is True and row["throttled"] is False
+    Throttled.timings = 0
+    row = run_case(Config("naive", B=2, H=1, HV=2, K=16, V=16), "cpu", replace(QUICK, retime_throttled=False))
+    assert Throttled.timings == 1 and row["retimed"] is False and row["throttled"] is True
+
+
+def test_clock_summary_flags_slowdown_reasons_only():
+    monitor = clocks.ClockMonitor("cpu")
+    assert monitor.handle is None and monitor.summary() == dict.fromkeys(clocks.COLUMNS)
+    idle_and_app_clocks = 0x1 | 0x2
+    monitor.readings = [(1980, 3201, 400.0, 50, idle_and_app_clocks), (1755, 3201, 690.0, 61, 0x0)]
+    summary = monitor.summary()
+    assert summary["throttled"] is False and summary["throttle_reasons"] == ""
+    assert (summary["sm_mhz_min"], summary["power_w_max"], summary["temp_c_max"]) == (1755, 690.0, 61)
+    monitor.readings.append((1335, 3201, 700.0, 62, 0x4 | 0x20))
+    summary = monitor.summary()
+    assert summary["throttled"] is True and summary["throttle_reasons"] == "sw-power-cap+sw-thermal"
+    assert summary["sm_mhz_min"] == 1335 and summary["sm_mhz_median"] == 1755
+    assert clocks.gpu_limits("cpu") == {}
+
+
+def test_config_key_layout_and_batch_scaling():
+    layout = PoolLayout(slot_pad=16, slots_per_row=2, slot_order="sorted", placements=5)
+    cfg = Config("triton", B=64, H=16, HV=32, K=128, V=128, state_dtype="float32", pad_rows=8, layout=layout)
+    assert cfg.key() == "triton_B64_H16_HV32_K128_V128_float32_padrows8_slotpad16_spr2_sorted_pl5"
+    assert Config.from_columns(cfg.columns() | {"status": "ok"}) == cfg
     assert cfg.at_batch(8).pad_rows == 1 and cfg.at_batch(1).pad_rows == 0
     assert Config("naive", 4, 1, 1, 8, 8, pad_rows=4).at_batch(2).pad_rows == 2
     x = cfg.at_batch(4).make_inputs("cpu")
     assert x.state.dtype == torch.float32 and x.slot_stride == 32 * 128 * 128 + 16 and int((x.slots < 0).sum()) == 1
+    assert x.N == 8 and x.slots[x.slots >= 0].tolist() == sorted(x.slots[x.slots >= 0].tolist())
+    for bad, match in ((dict(slot_pad=-1), "slot_pad"), (dict(slots_per_row=0), "slots_per_row"),
+                       (dict(slot_order="shuffled"), "slot_order"), (dict(placements=0), "placements")):
+        with pytest.raises(ValueError, match=match):
+            PoolLayout(**bad)
+
+
+def test_timed_pools_follow_the_layout_and_the_check_gets_spare_slots():
+    cfg = Config("naive", B=5, H=1, HV=2, K=16, V=16)
+    dense = replace(cfg, layout=PoolLayout(slot_order="sorted")).make_inputs("cpu")
+    assert dense.N == 5 and dense.slots.tolist() == list(range(5))
+    sparse = replace(cfg, layout=PoolLayout(slots_per_row=3, slot_order="sorted")).make_inputs("cpu")
+    assert sparse.N == 15 and sparse.slots.tolist() == sorted(sparse.slots.tolist()) and sparse.slots.unique().numel() == 5
+    shuffled = cfg.make_inputs("cpu").slots.tolist()
+    assert sorted(shuffled) == list(range(5)) and shuffled != list(range(5))
+    assert cfg.make_inputs("cpu", timed=False).N == 10  # untouched slots for verify to check
 
 
 def test_presets():
@@ -218,25 +364,27 @@ def test_presets():
     kimi = PRESETS["kimi-linear-48b"].configs(["naive"])
     assert len(kimi) == 10 * 3 * 2 and {c.B for c in kimi} == {2**i for i in range(10)}
     assert {(c.H, c.HV, c.K, c.V) for c in kimi} == {(32, 32, 128, 128)}
+    assert {c.layout.slot_pad for c in kimi} == {0, 16, 64}
     assert all(c.H < c.HV for c in PRESETS["gva"].configs(["naive"]))
     assert {c.HV for c in PRESETS["shapes"].configs(["naive"])} == {16, 32, 64}
     assert len(PRESETS["full"].configs(["naive"])) > len(kimi)
 
 
-def test_rotation_pools_can_hold_more_slots_than_rows():
-    cfg = Config("naive", B=3, H=1, HV=2, K=16, V=16)
-    sets = rotation_inputs(cfg, "cpu", pool_slots_per_row=4)
-    assert [x.N for x in sets] == [12]
-    assert sets[0].slots.unique().numel() == 3 and int(sets[0].slots.max()) < 12
+def test_presets_take_the_layout_and_narrow_to_given_axes():
+    layout = PoolLayout(slots_per_row=2, slot_order="sorted", placements=4)
+    narrowed = PRESETS["kimi-linear-48b"].configs(["naive"], layout, only={"B": (1, 64), "slot_pad": (16,)})
+    assert {(c.B, c.layout.slot_pad) for c in narrowed} == {(1, 16), (64, 16)}
+    assert len(narrowed) == 4 and {c.state_dtype for c in narrowed} == {"bfloat16", "float32"}
+    assert all(replace(c.layout, slot_pad=0) == layout for c in narrowed)
+    assert PRESETS["kimi-linear-48b"].configs(["naive"], only={"HV": (64,)}) == []
 
 
-def test_rotation_pools_can_name_their_slots_in_order():
-    cfg = Config("naive", B=5, H=1, HV=2, K=16, V=16)
-    dense, sparse = (rotation_inputs(cfg, "cpu", pool_slots_per_row=n, sorted_slots=True)[0] for n in (1, 3))
-    assert dense.slots.tolist() == list(range(5))
-    assert sparse.slots.tolist() == sorted(sparse.slots.tolist()) and sparse.slots.unique().numel() == 5
-    shuffled = rotation_inputs(cfg, "cpu")[0].slots.tolist()
-    assert sorted(shuffled) == list(range(5)) and shuffled != list(range(5))
+def test_axes_alone_define_a_grid():
+    grid = adhoc_configs(["naive", "triton"], {"B": (1, 16), "HV": (32, 64), "state_dtype": ("float32",)})
+    assert len(grid) == 2 * 2 * 2 and {c.state_dtype for c in grid} == {"float32"}
+    assert all(c.H == c.HV and c.K == c.V == 128 for c in grid)
+    gva = adhoc_configs(["naive"], {"H": (8,), "HV": (32,), "K": (64,), "V": (32,)})
+    assert {(c.B, c.H, c.HV, c.K, c.V) for c in gva} == {(b, 8, 32, 64, 32) for b in (1, 16, 64, 256)}
 
 
 def test_the_stated_commit_wins_over_a_stale_checkout(monkeypatch, tmp_path):

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from helpers import EXISTING, MACHINE, REPO, asv_env, register_machine, run_asv, write_sweep_dir
@@ -86,7 +87,7 @@ def test_equal_distributions_pass(tmp_path):
     b = asv_file(tmp_path / "b.json", {c: timings(100 + i) for i, c in enumerate(combos)})
     code, report, out = gate(tmp_path, a, b)
     assert code == 0, out
-    assert report["counts"]["unchanged"] == 3 and report["regressed"] == []
+    assert report["counts"]["same"] == 3 and report["slower"] == []
 
 
 def test_ten_percent_shift_fails_naming_it(tmp_path):
@@ -97,8 +98,8 @@ def test_ten_percent_shift_fails_naming_it(tmp_path):
     b = asv_file(tmp_path / "b.json", slower)
     code, report, out = gate(tmp_path, a, b, cli=True)
     assert code == 1, out
-    assert report["regressed"] == [name("triton", 64)]
-    assert f"FAIL: 1 regressed: {name('triton', 64)}" in out
+    assert report["slower"] == [name("triton", 64)]
+    assert f"FAIL: 1 slower: {name('triton', 64)}" in out
     row = next(r for r in report["rows"] if r["benchmark"] == name("triton", 64))
     assert row["ratio"] == pytest.approx(1.10, abs=0.01) and row["p"] < 1e-6 and row["test"] == "mann-whitney"
 
@@ -107,10 +108,10 @@ def test_improvement_passes(tmp_path):
     a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0)})
     b = asv_file(tmp_path / "b.json", {("'triton'", "1"): [0.8 * x for x in timings(1)]})
     code, report, _ = gate(tmp_path, a, b)
-    assert code == 0 and statuses(report) == {name("triton", 1): "improved"}
+    assert code == 0 and statuses(report) == {name("triton", 1): "faster"}
 
 
-def test_noisy_but_equal_passes(tmp_path):
+def test_noisy_but_equal_is_unsure_and_passes_unless_strict(tmp_path):
     # 40% spread and few samples: the medians differ by more than the threshold by chance,
     # and the test sees that this is chance
     a = asv_file(tmp_path / "a.json", {("'fla'", "1"): timings(3, n=8, cv=0.4)})
@@ -118,29 +119,32 @@ def test_noisy_but_equal_passes(tmp_path):
     code, report, out = gate(tmp_path, a, b)
     (row,) = report["rows"]
     assert row["ratio"] > 1.05 and row["p"] > 0.01, row
-    assert code == 0 and row["status"] == "unchanged", out
+    assert code == 0 and row["status"] == "unsure" and "not significant" in row["test"], out
+    assert report["unsure"] == [name("fla", 1)] and "pass, with 1 unsure" in out
+    code, report, out = gate(tmp_path, a, b, "--strict")
+    assert code == 1 and "1 unsure (--strict)" in out
 
 
 @pytest.mark.parametrize("threshold, regressed", [(None, False), ("0.01", True)])
 def test_a_significant_shift_regresses_only_beyond_the_threshold(tmp_path, threshold, regressed):
-    """A 2% shift, highly significant: unchanged under the 5% default, a regression under 1%."""
+    """A 2% shift, highly significant: the same under the 5% default, slower under 1%."""
     a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0, n=200, cv=0.002)})
     b = asv_file(tmp_path / "b.json", {("'triton'", "1"): [1.02 * x for x in timings(1, n=200, cv=0.002)]})
     code, report, _ = gate(tmp_path, a, b, *(["--threshold", threshold] if threshold else []))
     (row,) = report["rows"]
     assert row["p"] < 1e-10 and code == int(regressed)
-    assert row["status"] == ("regressed" if regressed else "unchanged")
+    assert row["status"] == ("slower" if regressed else "same")
 
 
 def test_new_missing_skipped_and_failed(tmp_path):
     params = [["'fla'", "'naive'", "'triton'"], ["1"]]
     a = asv_file(tmp_path / "a.json", {("'naive'", "1"): timings(0), ("'fla'", "1"): timings(1)}, params=params)
-    # triton ran only in B (new); fla failed in B (missing); naive is unchanged
+    # triton ran only in B (new); fla failed in B (missing); naive is the same
     b = asv_file(tmp_path / "b.json", {("'naive'", "1"): timings(2), ("'fla'", "1"): None,
                                        ("'triton'", "1"): timings(3)}, params=params)
     code, report, out = gate(tmp_path, a, b)
     assert code == 0, out
-    assert statuses(report) == {name("naive", 1): "unchanged", name("fla", 1): "missing",
+    assert statuses(report) == {name("naive", 1): "same", name("fla", 1): "missing",
                                 name("triton", 1): "new"}
 
 
@@ -151,10 +155,10 @@ def test_without_samples_uses_confidence_intervals(tmp_path):
                                        ("'naive'", "1"): [1.1 * x for x in timings(3, cv=0.3)]},
                  record_samples=False)
     code, report, _ = gate(tmp_path, a, b)
-    assert code == 1 and report["regressed"] == [name("triton", 1)]
+    assert code == 1 and report["slower"] == [name("triton", 1)]
     tests = {row["benchmark"]: row["test"] for row in report["rows"]}
-    assert set(tests.values()) == {"ci99-overlap"}
-    assert statuses(report)[name("naive", 1)] == "unchanged"  # wide intervals overlap
+    assert tests == {name("triton", 1): "ci99-overlap", name("naive", 1): "ci99-overlap: not significant"}
+    assert statuses(report)[name("naive", 1)] == "unsure"  # 10% off, but the wide intervals overlap
 
 
 def test_changed_timing_method_is_not_compared(tmp_path):
@@ -238,10 +242,10 @@ def test_real_asv_files(tmp_path, asv_project):
     assert all(len(m.samples) == 40 and m.version == "1" for m in loaded.measurements.values())
 
     code, report, out = gate(tmp_path, a, again)
-    assert code == 0 and report["counts"]["unchanged"] == 3, out
+    assert code == 0 and report["counts"]["same"] == 3, out
     code, report, out = gate(tmp_path, a, slower)
     assert code == 1, out
-    assert sorted(report["regressed"]) == [f"{toy}('fast', 1)", f"{toy}('fast', 64)"]
+    assert sorted(report["slower"]) == [f"{toy}('fast', 1)", f"{toy}('fast', 64)"]
 
 
 # ---- sweep directories -----------------------------------------------------------------------------
@@ -265,10 +269,10 @@ def test_sweep_directories(tmp_path):
     same = sweep_dir(tmp_path / "same", {TRITON: microseconds(2), FLA: microseconds(3)})
     slower = sweep_dir(tmp_path / "slower", {TRITON: microseconds(4, 1.10), FLA: None})
     code, report, out = gate(tmp_path, a, same)
-    assert code == 0 and report["counts"]["unchanged"] == 2, out
+    assert code == 0 and report["counts"]["same"] == 2, out
     code, report, out = gate(tmp_path, a, slower, cli=True)
     assert code == 1, out
-    assert report["regressed"] == [TRITON.key()] and statuses(report)[FLA.key()] == "missing"
+    assert report["slower"] == [TRITON.key()] and statuses(report)[FLA.key()] == "missing"
     assert report["rows"][0]["test"] == "mann-whitney" and report["rows"][0]["n_a"] == 60
 
 
@@ -290,12 +294,12 @@ def test_thresholds_by_benchmark_name(tmp_path):
     a = asv_file(tmp_path / "a.json", shifted)
     b = asv_file(tmp_path / "b.json", slower)
     code, report, _ = gate(tmp_path, a, b)
-    assert code == 1 and len(report["regressed"]) == 2  # kernel-time names: the 5% default
+    assert code == 1 and len(report["slower"]) == 2  # kernel-time names: the 5% default
     code, report, _ = gate(tmp_path, a, b, "--threshold-for", r"'naive'=0.5")
-    assert code == 1 and report["regressed"] == [name("triton", 1)]
+    assert code == 1 and report["slower"] == [name("triton", 1)]
     assert report["thresholds"] == {"'naive'": 0.5}
     loose = regress.compare(regress.load(a), regress.load(b), thresholds={"track_kernel": 0.5})
-    assert set(loose["status"]) == {"unchanged"} and set(loose["threshold"]) == {0.5}
+    assert set(loose["status"]) == {"same"} and set(loose["threshold"]) == {0.5}
 
 
 def test_call_time_is_reported_not_gated_by_default(tmp_path):
@@ -310,7 +314,98 @@ def test_call_time_is_reported_not_gated_by_default(tmp_path):
     a = asv_file(tmp_path / "a.json", shifted)
     b = asv_file(tmp_path / "b.json", doubled)
     code, report, printed = gate(tmp_path, a, b, "--threshold-for", r"'naive'=none", cli=True)
-    assert code == 1 and report["regressed"] == [name("triton", 1)]
+    assert code == 1 and report["slower"] == [name("triton", 1)]
     naive = next(row for row in report["rows"] if row["benchmark"] == name("naive", 1))
     assert naive["status"] == "informational" and naive["ratio"] > 1.5 and naive["p"] < 0.01
     assert report["thresholds"] == {"'naive'": None} and "1 informational" in printed
+
+
+# ---- each decision of the verdict -----------------------------------------------------------------
+
+def measurement(median: float, n: int = 60, spread: float | None = 0.01, timer: str = "cuda-graph",
+                seed: int = 0) -> regress.Measurement:
+    """``n`` samples around ``median`` (1% noise), placement medians within +-``spread`` of it."""
+    samples = tuple(median * np.random.default_rng(seed).lognormal(0.0, 0.01, n)) if n else None
+    band = None if spread is None else (median * (1 - spread), median * (1 + spread))
+    return regress.Measurement(median, samples, band, timer=timer)
+
+
+@pytest.mark.parametrize("ratio, status", [(1.0, "same"), (1.049, "same"), (1 / 1.049, "same"), (1.06, "slower"),
+                                           (1 / 1.06, "faster")])
+def test_verdict_by_ratio_beyond_the_threshold(ratio, status):
+    a, b = measurement(10.0, seed=1), measurement(10.0 * ratio, seed=2)
+    assert regress.verdict(a, b, 0.05, 0.01)[0] == status
+
+
+def test_too_few_samples_are_unsure_whatever_the_ratio():
+    for n in (1, 2, 4):  # 4 against 4: no ranking gives p < 0.01
+        for ratio in (1.0, 1.5):
+            status, p, test = regress.verdict(measurement(10.0, n=n), measurement(10.0 * ratio, n=n), 0.05, 0.01)
+            assert (status, p) == ("unsure", None) and test == f"too few samples ({n} vs {n})"
+    assert regress.verdict(measurement(10.0, n=0), measurement(20.0, n=0), 0.05, 0.01)[0] == "unsure"
+    assert regress.verdict(measurement(10.0, n=6), measurement(20.0, n=6), 0.05, 0.01)[0] == "slower"
+
+
+def test_overlapping_placement_spreads_make_a_significant_move_unsure():
+    """B's samples are 8% slower, but each side's placements range over +-6%: the ranges overlap
+    by 4.5% of A (under the 5% threshold: slower); over +-10% they overlap by 12.8% (unsure)."""
+    a, b = measurement(10.0, spread=0.06, seed=1), measurement(10.8, spread=0.06, seed=2)
+    assert regress.spread_overlap(a, b) == pytest.approx((10.6 - 10.152) / 10.0)
+    assert regress.verdict(a, b, 0.05, 0.01)[0] == "slower"
+    a, b = measurement(10.0, spread=0.10, seed=1), measurement(10.8, spread=0.10, seed=2)
+    status, _, test = regress.verdict(a, b, 0.05, 0.01)
+    assert status == "unsure" and "placement spreads overlap by 12.8%" in test
+    assert regress.verdict(measurement(10.0, spread=None), measurement(10.8, spread=0.10), 0.05, 0.01)[0] == "slower"
+
+
+def test_rows_timed_on_the_cpu_are_never_judged():
+    for timer_a, timer_b in (("perf_counter", "perf_counter"), ("cuda-graph", "perf_counter")):
+        status, _, test = regress.verdict(measurement(10.0, timer=timer_a), measurement(30.0, timer=timer_b), 0.05, 0.01)
+        assert status == "unsure" and "CPU" in test
+
+
+def sweep_dir_with_placements(path: Path, rows: dict[Config, list[float]], **meta) -> Path:
+    """Sweep rows whose three placements are the thirds of their samples."""
+    out = write_sweep_dir(path, rows, {"gpu": "NVIDIA H200"} | meta)
+    table = pd.read_csv(out / "results.csv")
+    for cfg, samples in rows.items():
+        medians = [float(np.median(third)) for third in np.array_split(np.asarray(samples), 3)]
+        table.loc[table.key == cfg.key(), ["kernel_us_placement_min", "kernel_us_placement_max"]] = \
+            [min(medians), max(medians)]
+    table.to_csv(out / "results.csv", index=False)
+    return out
+
+
+def test_sweep_directories_carry_their_placement_spread(tmp_path):
+    narrow = microseconds(0)
+    wide = list(np.concatenate([np.array(narrow[:20]) * 0.9, narrow[20:40], np.array(narrow[40:]) * 1.1]))
+    a = sweep_dir_with_placements(tmp_path / "a", {TRITON: wide})
+    b = sweep_dir_with_placements(tmp_path / "b", {TRITON: [1.08 * x for x in wide]})
+    loaded = regress.load(a).measurements[TRITON.key()]
+    assert loaded.spread[0] < loaded.median < loaded.spread[1] and loaded.timer == "cuda-graph"
+    code, report, _ = gate(tmp_path, a, b)
+    assert code == 0 and statuses(report) == {TRITON.key(): "unsure"}  # +-10% placements, 8% move
+    c = sweep_dir_with_placements(tmp_path / "c", {TRITON: narrow})
+    d = sweep_dir_with_placements(tmp_path / "d", {TRITON: [1.08 * x for x in narrow]})
+    code, report, _ = gate(tmp_path, c, d)
+    assert code == 1 and report["slower"] == [TRITON.key()]
+
+
+def test_refuses_sweeps_timed_from_different_l2_entry_states(tmp_path):
+    a = sweep_dir_with_placements(tmp_path / "a", {TRITON: microseconds(0)}, settings={"method": {"entry": "clean"}})
+    b = sweep_dir_with_placements(tmp_path / "b", {TRITON: microseconds(1)}, settings={"method": {"entry": "dirty"}})
+    code, _, out = gate(tmp_path, a, b)
+    assert code == 2 and "different L2 entry states ('clean' vs 'dirty')" in out
+
+
+def test_two_cpu_sweeps_of_one_commit_pass_the_gate(tmp_path):
+    """The A/A pair on a CPU: interpreted Triton rows have one or two samples, naive ones move with
+    the machine's load; none of them may be called slower."""
+    args = ["--devices", "cpu", "--impls", "naive,triton", "--B", "1,4", "--H", "1", "--HV", "2", "--K", "16",
+            "--V", "16", "--no-charts"]
+    for label in ("a", "b"):
+        done = subprocess.run([sys.executable, "scripts/sweep.py", *args, "--out", str(tmp_path / label)],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+    code, report, out = gate(tmp_path, tmp_path / "a", tmp_path / "b", cli=True)
+    assert code == 0 and report["counts"]["slower"] == 0 and report["counts"]["unsure"] == 4, out

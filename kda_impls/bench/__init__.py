@@ -1,10 +1,11 @@
-"""The benchmark harness: configurations, timers, the copy roofline, one measured row, and the sweep
-over presets (``scripts/sweep.py``, ``scripts/plot.py``; results/README.md documents the output)."""
+"""The benchmark harness: configurations and pool layouts, the case runner, timers, the copy
+roofline, clocks, and the sweep over presets (``scripts/sweep.py``, ``scripts/plot.py``;
+results/README.md documents the output)."""
 
-from .config import Config
-from .measure import COLUMNS, STATUSES, measure
+from .case import COLUMNS, STATUSES, Method, run_case
+from .config import Config, PoolLayout
 from .roofline import copy_bandwidth
-from .timing import Budget, Timing, bind_rotation, call_time, flush_l2, kernel_time, l2_bytes
+from .timing import DEFAULT_ENTRY, ENTRY_STATES, Budget, Timing, call_time, flush_l2, kernel_time, l2_bytes
 
-__all__ = ["COLUMNS", "STATUSES", "Budget", "Config", "Timing", "bind_rotation", "call_time", "copy_bandwidth",
-           "flush_l2", "kernel_time", "l2_bytes", "measure"]
+__all__ = ["COLUMNS", "DEFAULT_ENTRY", "ENTRY_STATES", "STATUSES", "Budget", "Config", "Method", "PoolLayout",
+           "Timing", "call_time", "copy_bandwidth", "flush_l2", "kernel_time", "l2_bytes", "run_case"]

@@ -1,13 +1,50 @@
-"""One benchmark configuration: an implementation and the shape and layout of its inputs."""
+"""One benchmark configuration: an implementation, the shape of its inputs, and how its state pools
+lie in memory (:class:`PoolLayout`)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import torch
 
 from ..inputs import DecodeInputs, make_inputs
+
+SLOT_ORDERS = ("random", "sorted")
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """Where a row's state lives: part of its configuration, recorded in every row and its key.
+
+    ``slot_pad``: elements of padding after each slot (slot stride ``HV*V*K + slot_pad``).
+    ``slots_per_row``: timed pools hold ``slots_per_row * B`` slots, the rows' slots drawn among
+    them (1: every slot live, the least memory for the same bytes moved; a serving pool holds more).
+    ``slot_order``: the rows name their slots in ``random`` order (a pool in use) or ``sorted``
+    (a fresh pool's order; with one slot per row that is ``arange(B)``, the dense layout of the
+    simplest benchmarks).
+    ``placements``: independent allocations a row is timed on (fresh pools behind a spacer of
+    random size, so that their pages differ); the kernel time is the median over them, their
+    spread a column of its own. Where a pool lands moved one kernel by up to 6% on the H200.
+    """
+
+    slot_pad: int = 0
+    slots_per_row: int = 1
+    slot_order: str = "random"
+    placements: int = 3
+
+    def __post_init__(self):
+        if self.slot_pad < 0:
+            raise ValueError(f"slot_pad must be >= 0; got {self.slot_pad}")
+        if self.slots_per_row < 1:
+            raise ValueError(f"slots_per_row must be >= 1; got {self.slots_per_row}")
+        if self.slot_order not in SLOT_ORDERS:
+            raise ValueError(f"slot_order must be one of {', '.join(SLOT_ORDERS)}; got {self.slot_order!r}")
+        if self.placements < 1:
+            raise ValueError(f"placements must be >= 1; got {self.placements}")
+
+    def key(self) -> str:
+        return f"slotpad{self.slot_pad}_spr{self.slots_per_row}_{self.slot_order}_pl{self.placements}"
 
 
 @dataclass(frozen=True)
@@ -18,25 +55,38 @@ class Config:
     HV: int
     K: int
     V: int
-    slot_pad: int = 0  # elements of padding after each slot of the state pool
     state_dtype: str = "bfloat16"  # a torch dtype name
     pad_rows: int = 0  # batch rows with slot -1
+    layout: PoolLayout = field(default_factory=PoolLayout)
 
     def key(self) -> str:
         """Stable id of this row (resume, samples.json, regression comparisons); safe as a file name."""
-        return (f"{self.impl}_B{self.B}_H{self.H}_HV{self.HV}_K{self.K}_V{self.V}_slotpad{self.slot_pad}"
-                f"_{self.state_dtype}_padrows{self.pad_rows}")
+        return (f"{self.impl}_B{self.B}_H{self.H}_HV{self.HV}_K{self.K}_V{self.V}_{self.state_dtype}"
+                f"_padrows{self.pad_rows}_{self.layout.key()}")
+
+    def columns(self) -> dict:
+        """The configuration as flat result columns (the layout's fields beside the shape's)."""
+        flat = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "layout"}
+        return flat | asdict(self.layout)
+
+    @classmethod
+    def from_columns(cls, row: dict) -> "Config":
+        """The configuration a result row (:meth:`columns`, plus any other columns) was measured on."""
+        layout = PoolLayout(**{f.name: _plain(row[f.name]) for f in fields(PoolLayout)})
+        return cls(**{f.name: _plain(row[f.name]) for f in fields(cls) if f.name != "layout"}, layout=layout)
 
     @property
     def torch_state_dtype(self) -> torch.dtype:
         return getattr(torch, self.state_dtype)
 
-    def make_inputs(self, device, seed: int = 0, n_slots: int | None = None, sorted_slots: bool = False
-                    ) -> DecodeInputs:
-        """Random inputs of this shape and layout (:func:`kda_impls.make_inputs`, drawn on ``device``)."""
+    def make_inputs(self, device, seed: int = 0, *, timed: bool = True) -> DecodeInputs:
+        """Random inputs of this shape (:func:`kda_impls.make_inputs`, drawn on ``device``): laid out
+        as the layout says when ``timed``; for the correctness check (``timed=False``), in a pool of
+        twice the slots the rows need, so that untouched slots exist to be checked."""
+        n_slots = self.layout.slots_per_row * self.B if timed else None
         return make_inputs(self.B, self.H, self.HV, self.K, self.V, state_dtype=self.torch_state_dtype,
-                           slot_pad=self.slot_pad, n_slots=n_slots, pad_rows=self.pad_rows,
-                           sorted_slots=sorted_slots, device=device, seed=seed)
+                           slot_pad=self.layout.slot_pad, n_slots=n_slots, pad_rows=self.pad_rows,
+                           sorted_slots=self.layout.slot_order == "sorted", device=device, seed=seed)
 
     def at_batch(self, B: int) -> "Config":
         """This configuration at batch ``B``, keeping the share of padding rows (and at least one
@@ -47,3 +97,8 @@ class Config:
         if self.pad_rows < self.B:
             pad_rows = min(pad_rows, B - 1)
         return replace(self, B=B, pad_rows=pad_rows)
+
+
+def _plain(value):
+    """A value read back from a CSV or JSON row as the plain Python type a Config holds."""
+    return value.item() if hasattr(value, "item") else value

@@ -1,7 +1,7 @@
 """Charts of a sweep directory, as PNG and SVG beside its results.csv.
 
-- latency: kernel time against batch per implementation (log-log, band p25..p75) and, dashed, the
-  latency of one eager call;
+- latency: kernel time against batch per implementation (log-log; the median over placements, the
+  band their min..max) and, dotted, the latency of one eager call;
 - bandwidth: bytes moved / kernel time against batch, with the measured copy bandwidth (roofline);
 - speedup: kernel-time ratio to a baseline implementation against batch;
 - heatmap: share of the copy roofline over HV x (K, V) at one batch;
@@ -9,14 +9,13 @@
 
 Only ``ok`` rows are drawn; the title counts the others. The batch charts draw one panel per shape
 and state dtype that has several batches (at the shape's least slot padding, without padding rows).
+Every implementation keeps one colour (its library's) and marker in every chart of every run.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import textwrap
+import zlib
 from pathlib import Path
 
 import matplotlib
@@ -26,42 +25,76 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator  # noqa: E402
 
-from .. import dtypes  # noqa: E402
+from .. import dtypes, registry  # noqa: E402
+from ..cli import Parser, fail  # noqa: E402
+from .case import CONFIG_COLUMNS  # noqa: E402
+from .results import SweepDirError, load  # noqa: E402
 
 SHAPE = ["H", "HV", "K", "V"]
-CONFIG = [*SHAPE, "state_dtype", "slot_pad", "pad_rows"]
+CONFIG = [c for c in CONFIG_COLUMNS if c not in ("impl", "B")]  # a panel's line: one configuration over B
 MAX_PANELS = 6
 MIN_WIDTH = 8.0  # inches
 CHARS_PER_INCH = 12  # of 10-point text, to wrap titles and lay out legends
 FORMATS = ("png", "svg")
 
 
-def load(out_dir: Path) -> tuple[pd.DataFrame, dict]:
-    out_dir = Path(out_dir)
-    return pd.read_csv(out_dir / "results.csv"), json.loads((out_dir / "meta.json").read_text())
+# One colour per library and one marker per implementation, fixed, so that a chart of any run
+# reads like every other: the registered implementations in registry order, others by name hash.
+LIBRARY_COLORS = {"naive": "#7f7f7f", "triton": "#d62728", "fla": "#1f77b4", "flashinfer": "#2ca02c"}
+OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+LINESTYLES = ("-", "--", "-.", ":")
 
 
-def _colors(table: pd.DataFrame) -> dict[str, str]:
-    """One colour per implementation, the same in every chart of the directory."""
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    return {impl: cycle[i % len(cycle)] for i, impl in enumerate(sorted(table.impl.unique()))}
+def _stable_index(name: str, n: int) -> int:
+    return zlib.crc32(name.encode()) % n
+
+
+def style(impl: str) -> dict:
+    """``color``, ``marker`` and ``linestyle`` of ``impl`` in every chart of every run: its library's
+    colour (the name up to the first '-'), and its place among that library's registered variants."""
+    library = impl.split("-")[0]
+    color = LIBRARY_COLORS.get(library) or OTHER_COLORS[_stable_index(library, len(OTHER_COLORS))]
+    siblings = [name for name in registry.BUILTIN if name.split("-")[0] == library]
+    index = siblings.index(impl) if impl in siblings else _stable_index(impl, len(MARKERS))
+    return dict(color=color, marker=MARKERS[index % len(MARKERS)], linestyle=LINESTYLES[index % len(LINESTYLES)])
 
 
 def _title(title: str, meta: dict, table: pd.DataFrame, chars: int) -> str:
-    """The chart, then the device, L2 regime and library versions (as the implementations report
-    them), then how many rows are not drawn and why."""
+    """The chart, then the device, L2 entry state and library versions (as the implementations report
+    them), then how many rows are not drawn and why; wrapped between items, never inside one."""
     device = meta["device"]
     gpu = device["name"] + (f" (sm_{device['compute_capability'].replace('.', '')})"
                             if device.get("compute_capability") else "")
     versions = {n: v for n, v in meta.get("versions", {}).items() if v and v != "not installed" and n != "python"}
     ordered = sorted(versions, key=lambda n: (n not in ("torch", "triton"), n))
-    about = [gpu, "L2-cold" if meta["settings"]["l2_cold"] else "L2-hot", *(f"{n} {versions[n]}" for n in ordered)]
+    entry = meta.get("settings", {}).get("method", {}).get("entry")
+    about = [gpu, *([f"L2 entry: {entry}"] if entry and device.get("type") == "cuda" else []),
+             *(f"{n} {versions[n]}" for n in ordered)]
     skipped = table.status.value_counts().drop("ok", errors="ignore")
     if not skipped.empty:
         about.append("not drawn: " + ", ".join(f"{n} {s}" for s, n in skipped.items()) + " rows")
-    return f"KDA decode · {title}\n" + textwrap.fill(" · ".join(about), chars)
+    return f"KDA decode · {title}\n" + "\n".join(_balanced_lines(about, chars))
+
+
+def _balanced_lines(items: list[str], chars: int, sep: str = " · ") -> list[str]:
+    """``items`` joined by ``sep`` on as few lines of at most ``chars`` as they fit, the items spread
+    evenly over those lines (no line a lone word), an item never split."""
+    lines = max(1, math.ceil(len(sep.join(items)) / chars))
+    while True:
+        target = len(sep.join(items)) / lines
+        out, current = [], []
+        for item in items:
+            if current and len(sep.join(current + [item])) > target + len(item) / 2 and len(out) < lines - 1:
+                out.append(sep.join(current))
+                current = []
+            current.append(item)
+        out.append(sep.join(current))
+        if all(len(line) <= chars for line in out) or lines >= len(items):
+            return out
+        lines += 1
 
 
 def _figure(n_panels: int, title: str, meta: dict, table: pd.DataFrame, *, cols: int = 3,
@@ -83,9 +116,9 @@ def _legend(fig, handles: list, labels: list[str]) -> None:
     fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
 
 
-def _impl_handles(impls, colors) -> tuple[list, list[str]]:
+def _impl_handles(impls) -> tuple[list, list[str]]:
     impls = sorted(impls)
-    return [Line2D([], [], color=colors[i], marker="o", ms=3.5) for i in impls], impls
+    return [Line2D([], [], ms=3.5, **style(i)) for i in impls], impls
 
 
 def _log_y(ax) -> None:
@@ -96,6 +129,22 @@ def _log_y(ax) -> None:
     ax.yaxis.set_major_formatter(plain)
     lo, hi = ax.get_ylim()
     ax.yaxis.set_minor_formatter(plain if hi / lo < 10 else NullFormatter())
+
+
+def _ratio_y(ax, ratios: pd.Series) -> None:
+    """A y axis of ratios with labelled ticks whatever their span: linear ticks (at least four) on
+    a narrow span, powers of two on a wide one (a log axis over 0.8-1.3 shows only "1x")."""
+    lo, hi = min(ratios.min(), 1.0), max(ratios.max(), 1.0)
+    if hi / lo > 4:
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_locator(LogLocator(base=2))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}×" if y >= 1 else f"1/{1 / y:g}×"))
+        return
+    pad = 0.08 * (hi - lo) or 0.05
+    ax.set_ylim(lo - pad, hi + pad)
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10], min_n_ticks=4))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.3g}×"))
 
 
 def _shape_label(key: tuple) -> str:
@@ -122,27 +171,30 @@ def _batch_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     return panels[:MAX_PANELS]
 
 
-def latency(ok, table, meta, colors, **_):
+def latency(ok, table, meta, **_):
     panels = _batch_panels(ok)
     if not panels:
         return None
     fig, axes = _figure(len(panels), "latency against batch", meta, table)
     for ax, (key, rows) in zip(axes, panels):
         for impl, r in rows.sort_values("B").groupby("impl"):
-            ax.fill_between(r.B, r.kernel_us_p25, r.kernel_us_p75, color=colors[impl], alpha=0.25, lw=0)
-            ax.plot(r.B, r.kernel_us_median, "o-", color=colors[impl], ms=3.5)
-            ax.plot(r.B, r.call_us_median, "--", color=colors[impl], lw=1, alpha=0.8)
+            look = style(impl)
+            ax.fill_between(r.B, r.kernel_us_placement_min, r.kernel_us_placement_max, color=look["color"],
+                            alpha=0.25, lw=0)
+            ax.plot(r.B, r.kernel_us_median, ms=3.5, **look)
+            ax.plot(r.B, r.call_us_median, ":", color=look["color"], lw=1, alpha=0.8)
         _log_y(ax)
         _batch_axis(ax, rows.B.unique())
         ax.set_ylabel("µs")
         ax.set_title(_shape_label(key), fontsize=9)
-    handles, labels = _impl_handles(pd.concat([r for _, r in panels]).impl.unique(), colors)
-    handles += [Line2D([], [], color="0.3", marker="o", ms=3.5), Line2D([], [], color="0.3", ls="--", lw=1)]
-    _legend(fig, handles, labels + ["kernel time (median; band p25–p75)", "one eager call (median)"])
+    handles, labels = _impl_handles(pd.concat([r for _, r in panels]).impl.unique())
+    handles += [Line2D([], [], color="0.3", marker="o", ms=3.5), Line2D([], [], color="0.3", ls=":", lw=1)]
+    _legend(fig, handles, labels + ["kernel time (median over placements; band: their min–max)",
+                                    "one eager call (median)"])
     return fig
 
 
-def bandwidth(ok, table, meta, colors, **_):
+def bandwidth(ok, table, meta, **_):
     panels = _batch_panels(ok)
     if not panels:
         return None
@@ -150,19 +202,19 @@ def bandwidth(ok, table, meta, colors, **_):
     roof = meta["copy_bandwidth_Bps"] / 1e9
     for ax, (key, rows) in zip(axes, panels):
         for impl, r in rows.sort_values("B").groupby("impl"):
-            ax.plot(r.B, r.gbps, "o-", color=colors[impl], ms=3.5)
+            ax.plot(r.B, r.gbps, ms=3.5, **style(impl))
         ax.axhline(roof, color="k", ls=":", lw=1.2)
         ax.set_ylim(0, roof * 1.08)
         _batch_axis(ax, rows.B.unique())
         ax.set_ylabel("GB/s (bytes moved / kernel time)")
         ax.set_title(_shape_label(key), fontsize=9)
-    handles, labels = _impl_handles(pd.concat([r for _, r in panels]).impl.unique(), colors)
+    handles, labels = _impl_handles(pd.concat([r for _, r in panels]).impl.unique())
     handles.append(Line2D([], [], color="k", ls=":", lw=1.2))
     _legend(fig, handles, labels + [f"measured device copy: {roof:,.4g} GB/s"])
     return fig
 
 
-def speedup(ok, table, meta, colors, baseline=None, **_):
+def speedup(ok, table, meta, baseline=None, **_):
     baseline = baseline or ("flashinfer" if (ok.impl == "flashinfer").any() else "naive")
     base = ok[ok.impl == baseline][[*CONFIG, "B", "kernel_us_median"]]
     joined = ok[ok.impl != baseline].merge(base, on=[*CONFIG, "B"], suffixes=("", "_base"))
@@ -174,21 +226,19 @@ def speedup(ok, table, meta, colors, baseline=None, **_):
     fig, axes = _figure(len(panels), f"speedup over {baseline} (kernel time)", meta, table)
     for ax, (key, rows) in zip(axes, panels):
         for impl, r in rows.sort_values("B").groupby("impl"):
-            ax.plot(r.B, r.speedup, "o-", color=colors[impl], ms=3.5)
-        ax.axhline(1, color=colors[baseline], ls=":", lw=1.2)
-        ax.set_yscale("log", base=2)
-        ax.yaxis.set_major_locator(LogLocator(base=2))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}×" if y >= 1 else f"1/{1 / y:g}×"))
+            ax.plot(r.B, r.speedup, ms=3.5, **style(impl))
+        ax.axhline(1, color=style(baseline)["color"], ls=":", lw=1.2)
+        _ratio_y(ax, rows.speedup)
         _batch_axis(ax, rows.B.unique())
         ax.set_ylabel(f"{baseline} time / time")
         ax.set_title(_shape_label(key), fontsize=9)
-    handles, labels = _impl_handles(joined.impl.unique(), colors)
-    handles.append(Line2D([], [], color=colors[baseline], ls=":", lw=1.2))
+    handles, labels = _impl_handles(joined.impl.unique())
+    handles.append(Line2D([], [], color=style(baseline)["color"], ls=":", lw=1.2))
     _legend(fig, handles, labels + [f"{baseline} (1×)"])
     return fig
 
 
-def heatmap(ok, table, meta, colors, batch=None, **_):
+def heatmap(ok, table, meta, batch=None, **_):
     """Share of the copy roofline over HV x (K, V) at one batch (default: the batch with the most
     shapes, the largest of those), for H == HV, no slot padding or padding rows, and the most common
     state dtype."""
@@ -221,12 +271,12 @@ def heatmap(ok, table, meta, colors, batch=None, **_):
         ax.set_yticks(range(len(hvs)), [str(h) for h in hvs])
         ax.set_xlabel("K × V")
         ax.set_ylabel("HV")
-        ax.set_title(impl, fontsize=10, color=colors[impl])
+        ax.set_title(impl, fontsize=10, color=style(impl)["color"])
     fig.colorbar(image, ax=axes, label="% of measured copy bandwidth", shrink=0.9)
     return fig
 
 
-def slot_padding(ok, table, meta, colors, **_):
+def slot_padding(ok, table, meta, **_):
     """Kernel-time overhead of each slot padding over the least padding at the same shape, state
     dtype and batch, per implementation, for the shape measured with the most paddings."""
     rows = ok[ok.pad_rows == 0]
@@ -255,7 +305,7 @@ def slot_padding(ok, table, meta, colors, **_):
         ax.axhline(0, color="0.4", lw=0.8)
         _batch_axis(ax, padded.B.unique())
         ax.set_ylabel("% kernel time over unpadded")
-        ax.set_title(impl, fontsize=10, color=colors[impl])
+        ax.set_title(impl, fontsize=10, color=style(impl)["color"])
     handles = [Line2D([], [], color=pad_color[p], marker="o", ms=3) for p in pads]
     handles += [Line2D([], [], color="0.3", ls=dtype_style[d]) for d in state_dtypes]
     _legend(fig, handles, [f"slot_pad={p}" for p in pads] + [f"{dtypes.short(d)} state" for d in state_dtypes])
@@ -268,17 +318,17 @@ CHARTS = {"latency": latency, "bandwidth": bandwidth, "speedup": speedup, "heatm
 
 def plot_dir(out_dir: Path, *, baseline: str | None = None, batch: int | None = None) -> list[Path]:
     """Draw every chart the directory's rows allow; return the files written."""
-    out_dir = Path(out_dir)
-    table, meta = load(out_dir)
-    ok = table[table.status == "ok"]
-    colors = _colors(table)
+    sweep = load(out_dir)
+    if baseline is not None and baseline not in set(sweep.table.impl):
+        raise ValueError(f"--baseline {baseline} is not in {sweep.path} (its implementations: "
+                         f"{', '.join(sorted(set(sweep.table.impl)))})")
     written = []
     for name, chart in CHARTS.items():
-        fig = chart(ok, table, meta, colors, baseline=baseline, batch=batch)
+        fig = chart(sweep.ok, sweep.table, sweep.meta, baseline=baseline, batch=batch)
         if fig is None:
             continue
         for fmt in FORMATS:
-            path = out_dir / f"{name}.{fmt}"
+            path = sweep.path / f"{name}.{fmt}"
             fig.savefig(path, dpi=130)
             written.append(path)
         plt.close(fig)
@@ -286,10 +336,16 @@ def plot_dir(out_dir: Path, *, baseline: str | None = None, batch: int | None = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="scripts/plot.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="kda-plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path, help="a sweep directory (results.csv, meta.json)")
     parser.add_argument("--baseline", help="the speedup chart's denominator (default: flashinfer if present, else naive)")
     parser.add_argument("--batch", type=int, help="the heatmap's batch (default: the batch with the most shapes)")
     args = parser.parse_args(argv)
-    for path in plot_dir(args.dir, baseline=args.baseline, batch=args.batch):
+    try:
+        written = plot_dir(args.dir, baseline=args.baseline, batch=args.batch)
+    except (SweepDirError, ValueError) as exc:
+        fail("kda-plot", str(exc))
+    for path in written:
         print(path)
+    if not written:
+        print(f"no chart: {args.dir} has too few ok rows to draw")

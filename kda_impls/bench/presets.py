@@ -1,27 +1,34 @@
-"""Named sweeps: which configurations, and how long to time each.
+"""Named sweeps, and ad-hoc grids from the command line: which configurations, and how long to time
+each.
 
 A preset is a union of grids (each a cartesian product over the axes it names; unnamed axes take
-:class:`Config`'s defaults) crossed with the implementations, plus the timing budgets.
+:class:`Config`'s defaults) crossed with the implementations, plus the timing budgets. Axes given on
+the command line narrow a preset to the values they list, or, without a preset, are the grid
+(:func:`adhoc_configs`).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .config import Config
+from .config import Config, PoolLayout
 from .timing import Budget
 
-AXES = ("B", "H", "HV", "K", "V", "slot_pad", "state_dtype", "pad_rows")
+AXES = ("B", "H", "HV", "K", "V", "state_dtype", "slot_pad", "pad_rows")
 POW2_TO_512 = tuple(1 << i for i in range(10))
 BF16_FP32 = ("bfloat16", "float32")
 
-# kimi-linear-48b is 60 configurations x every implementation and must finish in 60 s on the H200,
-# compilation included: ~40 ms of kernel sampling and ~15 ms of call sampling per row at most (rows
-# that converge stop sooner). The other presets buy tighter medians with more time.
-FAST = (Budget(min_samples=10, max_samples=500, max_seconds=0.04), Budget(min_samples=10, max_samples=300, max_seconds=0.015))
-THOROUGH = (Budget(min_samples=20, max_samples=2000, max_seconds=0.25), Budget(min_samples=20, max_samples=1000, max_seconds=0.1))
-CPU_SIZED = (Budget(min_samples=3, max_samples=30, max_seconds=0.02), Budget(min_samples=3, max_samples=30, max_seconds=0.01))
+# kimi-linear-48b is 60 configurations x every implementation and must finish in about a minute on
+# the H200, compilation included: ~40 ms of kernel sampling (over all placements) and ~15 ms of call
+# sampling per row at most (rows that converge stop sooner). The other presets buy tighter medians
+# with more time.
+FAST = (Budget(min_samples=12, max_samples=600, max_seconds=0.04),
+        Budget(min_samples=10, max_samples=300, max_seconds=0.015))
+THOROUGH = (Budget(min_samples=30, max_samples=3000, max_seconds=0.25),
+            Budget(min_samples=20, max_samples=1000, max_seconds=0.1))
+CPU_SIZED = (Budget(min_samples=3, max_samples=30, max_seconds=0.02),
+             Budget(min_samples=3, max_samples=30, max_seconds=0.01))
 
 
 @dataclass(frozen=True)
@@ -32,9 +39,12 @@ class Preset:
     kernel: Budget
     call: Budget
 
-    def configs(self, impls: list[str]) -> list[Config]:
+    def configs(self, impls: list[str], layout: PoolLayout = PoolLayout(), only: dict | None = None
+                ) -> list[Config]:
         """Every configuration of every grid for each implementation, without duplicates, skipping
-        combinations with more padding rows than rows. Grouped by implementation, shape-major."""
+        combinations with more padding rows than rows, each with ``layout`` (its slot padding from
+        the grid where the grid has that axis). ``only`` ({axis: values}) keeps the configurations
+        whose axes take one of the listed values. Grouped by implementation, shape-major."""
         configs = {}
         for grid in self.grids:
             unknown = set(grid) - set(AXES)
@@ -42,10 +52,35 @@ class Preset:
                 raise ValueError(f"preset {self.name}: unknown axes {sorted(unknown)}")
             for values in itertools.product(*grid.values()):
                 axes = dict(zip(grid, values))
-                if axes.get("pad_rows", 0) <= axes["B"]:
-                    configs |= {cfg.key(): cfg for cfg in (Config(impl=impl, **axes) for impl in impls)}
-        return sorted(configs.values(), key=lambda c: (impls.index(c.impl), c.H, c.HV, c.K, c.V, c.state_dtype,
-                                                       c.slot_pad, c.pad_rows, c.B))
+                if axes.get("pad_rows", 0) > axes["B"]:
+                    continue
+                slot_pad = axes.pop("slot_pad", layout.slot_pad)
+                for impl in impls:
+                    cfg = Config(impl=impl, **axes, layout=replace(layout, slot_pad=slot_pad))
+                    configs[cfg.key()] = cfg
+        kept = [c for c in configs.values() if _matches(c, only or {})]
+        return sorted(kept, key=lambda c: (impls.index(c.impl), c.H, c.HV, c.K, c.V, c.state_dtype,
+                                           c.layout.slot_pad, c.pad_rows, c.B))
+
+
+def _matches(cfg: Config, only: dict) -> bool:
+    columns = cfg.columns()
+    return all(columns[axis] in values for axis, values in only.items())
+
+
+def adhoc_configs(impls: list[str], axes: dict, layout: PoolLayout = PoolLayout()) -> list[Config]:
+    """The grid of the axes given on the command line alone (``{axis: values}``), in a preset's
+    order: Kimi-Linear's layer for what is not given (B 1, 16, 64, 256; HV 32; K 128; bf16 state;
+    the layout's slot padding; no padding rows), with H = HV and V = K unless given."""
+    grid = {"B": (1, 16, 64, 256), "H": (None,), "HV": (32,), "K": (128,), "V": (None,),
+            "state_dtype": ("bfloat16",), "slot_pad": (layout.slot_pad,), "pad_rows": (0,)} | axes
+    points = []
+    for values in itertools.product(*grid.values()):
+        point = dict(zip(grid, values))
+        point["H"] = point["H"] or point["HV"]
+        point["V"] = point["V"] or point["K"]
+        points.append({axis: (value,) for axis, value in point.items()})
+    return Preset("adhoc", "the command line's axes", tuple(points), *THOROUGH).configs(impls, layout)
 
 
 def _kimi_grid():

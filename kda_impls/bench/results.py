@@ -1,5 +1,6 @@
 """A sweep directory on disk: one JSON file per finished row, assembled into results.csv and
-samples.json, and meta.json about the machine and the runs.
+samples.json, and meta.json about the machine and the runs; and :func:`load`, the one reader of such a
+directory (the gate, the charts, the targets report and the published comparison use it).
 
 Every file is replaced whole (:func:`atomic_write`), so a sweep killed at any instant leaves each file
 either as it was or complete; rows/ is the record that resuming reads.
@@ -12,16 +13,25 @@ import os
 import platform
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from .measure import COLUMNS
+from . import clocks
+from .case import COLUMNS, CONFIG_COLUMNS
 
 SAMPLE_FILES = {"samples.json": "kernel_samples_us", "call_samples.json": "call_samples_us"}
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` would give a new file here (0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -35,6 +45,7 @@ def atomic_write(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, _file_mode())  # mkstemp's 0600 would make results unlike the charts beside them
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -65,8 +76,8 @@ def assemble(out_dir: Path) -> pd.DataFrame:
     for name, column in SAMPLE_FILES.items():
         atomic_write(out_dir / name, json.dumps({row["key"]: row[column] for row in rows}))
     table = pd.DataFrame(rows, columns=COLUMNS)
-    table = table.sort_values(["impl", "H", "HV", "K", "V", "state_dtype", "slot_pad", "pad_rows", "B"],
-                              ignore_index=True)
+    table = table.sort_values(["impl", "H", "HV", "K", "V", "state_dtype", "slot_pad", "slots_per_row", "slot_order",
+                               "placements", "pad_rows", "B"], ignore_index=True)
     atomic_write(out_dir / "results.csv", table.to_csv(index=False))
     return table
 
@@ -119,10 +130,12 @@ def device_info(device: torch.device) -> dict:
 
 
 def environment(device: torch.device, out_dir: Path, command: str) -> dict:
-    """Where and from what a measurement came: device, host, commit, command, UTC time."""
+    """Where and from what a measurement came: device (and its power limit and clocks), host,
+    commit, command, UTC time."""
     info = device_info(device)
-    return {"gpu": info["name"], "device": info, "host": platform.node(), "git": git_state(out_dir),
-            "command": command, "utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return {"gpu": info["name"], "device": info, "gpu_limits": clocks.gpu_limits(device), "host": platform.node(),
+            "git": git_state(out_dir), "command": command,
+            "utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
 def read_meta(out_dir: Path) -> dict:
@@ -132,3 +145,60 @@ def read_meta(out_dir: Path) -> dict:
 
 def write_meta(out_dir: Path, meta: dict) -> None:
     atomic_write(Path(out_dir) / "meta.json", json.dumps(meta, indent=2, sort_keys=True))
+
+
+class SweepDirError(ValueError):
+    """A path that is not a readable sweep directory; the message names the file and what is wrong."""
+
+
+@dataclass
+class Sweep:
+    """A sweep directory as read back: the results table, meta.json, and the raw kernel-time samples
+    (microseconds) by row key."""
+
+    path: Path
+    table: pd.DataFrame
+    meta: dict
+    samples: dict[str, list[float]]
+
+    @property
+    def ok(self) -> pd.DataFrame:
+        """The rows that matched the reference and were timed."""
+        return self.table[(self.table.status == "ok") & self.table.kernel_us_median.notna()]
+
+
+def best_per_library(ok: pd.DataFrame) -> pd.DataFrame:
+    """Of each library's implementations (its call variants), the fastest ok row per configuration:
+    one row per library and configuration, ``impl`` naming the variant that won. Rows without a
+    library (older sweeps) count as their own library."""
+    config = [c for c in CONFIG_COLUMNS if c != "impl"]
+    ranked = ok.assign(library=ok.library.fillna(ok.impl)).sort_values("kernel_us_median")
+    return ranked.drop_duplicates(["library", *config]).sort_values(["library", *config], ignore_index=True)
+
+
+def _read_json(path: Path, default):
+    if not path.exists():
+        return default
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise SweepDirError(f"{path}: not valid JSON, empty or cut short ({exc})") from None
+
+
+def load(path: str | Path) -> Sweep:
+    """Read the sweep directory ``path`` (results.csv, meta.json, samples.json)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise SweepDirError(f"{path}: no such directory (a sweep directory holds results.csv and meta.json)")
+    csv = path / "results.csv"
+    if not csv.exists():
+        raise SweepDirError(f"{csv}: missing; {path} is not a sweep directory (or its sweep never finished a row: "
+                            f"run the sweep again to resume)")
+    try:
+        table = pd.read_csv(csv)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError) as exc:
+        raise SweepDirError(f"{csv}: empty or cut short ({exc}); run the sweep again to rebuild it from rows/") from None
+    missing = [c for c in ("impl", "key", "status", "kernel_us_median") if c not in table.columns]
+    if missing:
+        raise SweepDirError(f"{csv}: not a sweep's results (no column {', '.join(missing)})")
+    return Sweep(path, table, _read_json(path / "meta.json", {}), _read_json(path / "samples.json", {}))

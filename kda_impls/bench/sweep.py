@@ -1,13 +1,15 @@
-"""The sweep: implementations x a preset's configurations, measured in isolated worker processes,
-resumable, with a progress bar, a summary table, the wall time and charts at the end.
+"""The sweep: implementations x configurations (a preset, or axes from the command line), measured in
+isolated worker processes on one or several devices, resumable, with a progress bar, a summary
+table, the wall time and charts at the end.
 
-Each implementation gets a worker process (multiprocessing "spawn": a fresh interpreter, no CUDA
-state inherited) that handles all its rows, so imports, the CUDA context and JIT caches are paid once.
-The workers start together, importing while the first one measures; the driver sends one row at a
-time, so only one of them touches the GPU at once. A worker that dies (a segfault, an illegal memory
-access, which poisons the CUDA context, a row past the timeout) makes its row ``crashed``; the next
-row gets a fresh worker. Each finished row is a file in ``DIR/rows/``: re-running the same command
-skips them.
+Each device is a *lane* that measures one row at a time; rows go to whichever lane is free, so each
+row is timed alone on its GPU. In a lane each implementation gets a worker process
+(multiprocessing "spawn": a fresh interpreter, no CUDA state inherited) that handles all its rows
+there, so imports, the CUDA context and JIT caches are paid once. A worker that dies (a segfault,
+an illegal memory access, which poisons the CUDA context, a row past the timeout) makes its row
+``crashed``; the next row gets a fresh worker. Each finished row is a file in ``DIR/rows/``:
+re-running the same command skips them. ``--shard i/n`` measures every n-th configuration so that
+machines of one kind split a sweep, and ``kda-merge`` joins their directories.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import platform
+import queue
 import shlex
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from contextlib import suppress
@@ -27,23 +30,25 @@ from dataclasses import asdict
 from multiprocessing.connection import wait
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
 
 from .. import dtypes, registry
+from ..cli import Parser, comma_list, fail, non_negative_int, positive_float, positive_int
 from ..contract import package_version
-from .config import Config
-from .measure import STATUSES, empty_row
-from .presets import PRESETS
-from .results import REPO, assemble, device_info, environment, read_meta, read_rows, remove_stale_temporaries, \
-    write_meta, write_row
+from .case import STATUSES, Method, empty_row
+from .config import SLOT_ORDERS, Config, PoolLayout
+from .presets import PRESETS, adhoc_configs
+from .results import assemble, environment, read_meta, read_rows, remove_stale_temporaries, write_meta, write_row
 from .roofline import copy_bandwidth
-from .timing import as_device
-from .worker import Settings, serve
+from .timing import DEFAULT_ENTRY, ENTRY_STATES, Budget
+from .worker import serve
 
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
 STARTUP_TIMEOUT_S = 600.0
+INTERRUPTED = 130
 
 
 class WorkerDied(Exception):
@@ -56,14 +61,22 @@ def _exit_reason(code: int | None) -> str:
     return f"worker exited with code {code}"
 
 
-class Worker:
-    """The driver's handle on one implementation's worker process."""
+def _ignore_interrupts_then_serve(*args) -> None:
+    # Ctrl-C reaches every process of the terminal's group: the driver handles it (stopping the
+    # workers, saving what is done), so a worker must not die of it with a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve(*args)
 
-    def __init__(self, impl: str, settings: Settings):
+
+class Worker:
+    """The driver's handle on one implementation's worker process on one device."""
+
+    def __init__(self, impl: str, device: str, method: Method):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         # not a daemon: a library may start processes of its own (JIT compilers)
-        self.process = ctx.Process(target=serve, args=(impl, settings, child), name=f"kda-bench-{impl}")
+        self.process = ctx.Process(target=_ignore_interrupts_then_serve, args=(impl, device, method, child),
+                                   name=f"kda-bench-{impl}-{device}")
         self.process.start()
         child.close()  # so that the worker's death reads as end-of-file here
         self.hello: dict | None = None
@@ -73,7 +86,7 @@ class Worker:
         if not ready:
             self.process.kill()
             self.process.join()
-            raise WorkerDied(f"no answer within {timeout:.0f} s; worker killed")
+            raise WorkerDied(f"no answer within {timeout:g} s; worker killed")
         if self.conn in ready:
             with suppress(EOFError):
                 return self.conn.recv()
@@ -90,10 +103,11 @@ class Worker:
             raise WorkerDied(_exit_reason(self.process.exitcode)) from None
         return self._receive(timeout)
 
-    def stop(self) -> None:
-        with suppress(OSError):
-            self.conn.send(None)
-        self.process.join(timeout=10)
+    def stop(self, now: bool = False) -> None:
+        if not now:
+            with suppress(OSError):
+                self.conn.send(None)
+            self.process.join(timeout=10)
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
@@ -106,77 +120,154 @@ def _jsonable(value):
     return json.loads(json.dumps(value))
 
 
-def run_sweep(configs: list[Config], out_dir: Path, settings: Settings, *, command: str, preset: str,
-              row_timeout: float = 600.0, retry_crashed: bool = False) -> pd.DataFrame:
-    """Measure every configuration not yet in ``out_dir`` (crashed ones too with ``retry_crashed``);
-    return the assembled results of the whole directory."""
-    started = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(out_dir)
-    device = as_device(settings.device)
-    meta, info = read_meta(out_dir), device_info(device)
-    if meta and (meta["settings"] != _jsonable(asdict(settings)) or meta["device"]["name"] != info["name"]):
-        raise SystemExit(f"{out_dir} holds rows measured on {meta['device']['name']} with settings "
-                         f"{meta['settings']}; this run is {info['name']} with {_jsonable(asdict(settings))}. "
-                         f"Pass another --out.")
-    done = {row["key"]: row["status"] for row in read_rows(out_dir)}
-    pending = [c for c in configs if c.key() not in done or (retry_crashed and done[c.key()] == "crashed")]
-    print(f"{len(configs)} rows in the preset, {len(configs) - len(pending)} already in {out_dir}, "
-          f"{len(pending)} to measure on {info['name']}")
+def settings_of(devices: list[str], method: Method) -> dict:
+    """What a sweep directory's rows depend on besides their configurations: one directory holds one."""
+    return _jsonable({"device_type": torch.device(devices[0]).type, "method": asdict(method)})
 
-    if device.type == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # read at import by the workers: Triton on CPU tensors
-    # before any worker starts, so that nothing else touches the device while it is measured; a
-    # resumed directory keeps its roofline
-    copy_bw = meta.get("copy_bandwidth_Bps") or copy_bandwidth(device)
-    workers = {impl: Worker(impl, settings) for impl in dict.fromkeys(c.impl for c in pending)}
-    impls_meta = meta.get("impls", {})
-    meta |= environment(device, out_dir, command) | {
-        "settings": _jsonable(asdict(settings)), "copy_bandwidth_Bps": copy_bw,
-        "presets": sorted(set(meta.get("presets", [])) | {preset}),
-    }
-    write_meta(out_dir, meta)
 
-    crashes: Counter[str] = Counter()
-    measured = 0
-    bar = tqdm(total=len(pending), unit="row", dynamic_ncols=True, smoothing=0.1)
-    try:
+def _differences(old, new, prefix: str = "") -> list[str]:
+    """``field: old -> new`` for every leaf that differs between two settings dicts."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for key in sorted(set(old) | set(new))
+                for d in _differences(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
+
+
+class Sweep:
+    """One run of the driver over ``configs`` into ``out_dir`` on ``devices``."""
+
+    def __init__(self, configs: list[Config], out_dir: Path, devices: list[str], method: Method, *,
+                 command: str, preset: str, row_timeout: float = 600.0, retry_crashed: bool = False,
+                 cooldown_s: float = 0.0):
+        self.configs, self.out_dir, self.devices, self.method = configs, Path(out_dir), devices, method
+        self.command, self.preset, self.row_timeout = command, preset, row_timeout
+        self.retry_crashed, self.cooldown_s = retry_crashed, cooldown_s
+        self.crashes: Counter[str] = Counter()
+        self.impls_meta: dict[str, dict] = {}
+        self.measured = 0
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.workers: dict[tuple[str, str], Worker | None] = {}
+
+    # -- setup
+    def _check_directory(self, meta: dict, gpu_name: str) -> None:
+        settings = settings_of(self.devices, self.method)
+        if meta and (meta.get("settings") != settings or meta.get("gpu") != gpu_name):
+            changes = _differences({"gpu": meta.get("gpu"), **meta.get("settings", {})},
+                                   {"gpu": gpu_name, **settings})
+            raise SystemExit(f"sweep: error: {self.out_dir} holds rows measured otherwise ({'; '.join(changes)}): "
+                             f"pass another --out, or the same settings to resume")
+
+    def _pending(self) -> list[Config]:
+        done = {row["key"]: row["status"] for row in read_rows(self.out_dir)}
+        return [c for c in self.configs
+                if c.key() not in done or (self.retry_crashed and done[c.key()] == "crashed")]
+
+    # -- one lane per device
+    def _worker(self, impl: str, device: str) -> Worker:
+        worker = self.workers.get((impl, device))
+        if worker is None:
+            worker = self.workers[(impl, device)] = Worker(impl, device, self.method)
+        return worker
+
+    def _measure(self, cfg: Config, device: str, copy_bw: float) -> dict:
+        with self.lock:
+            if self.crashes[cfg.impl] >= MAX_CRASHES:
+                return empty_row(cfg, "crashed", f"not run: {cfg.impl} crashed {MAX_CRASHES} times in this run")
+        worker = self._worker(cfg.impl, device)
+        try:
+            row = worker.measure(cfg, copy_bw, self.row_timeout)
+        except WorkerDied as exc:
+            row = empty_row(cfg, "crashed", str(exc))
+        if worker.hello and "versions" in worker.hello:
+            self.impls_meta[cfg.impl] = worker.hello
+        if row["status"] == "crashed":
+            with self.lock:
+                self.crashes[cfg.impl] += 1
+            worker.stop(now=True)
+            self.workers[(cfg.impl, device)] = None
+        return row
+
+    def _lane(self, device: str, copy_bw: float, todo: queue.Queue, bar: tqdm) -> None:
+        while not self.stopping.is_set():
+            try:
+                cfg = todo.get_nowait()
+            except queue.Empty:
+                return
+            if self.cooldown_s:
+                time.sleep(self.cooldown_s)
+            row = self._measure(cfg, device, copy_bw)
+            if self.stopping.is_set():  # killed by the interrupt: not a result
+                return
+            write_row(self.out_dir, row | {"device": row.get("device") or device, "host": platform.node()})
+            with self.lock:
+                self.measured += 1
+                bar.set_postfix_str(cfg.key(), refresh=False)
+                bar.update()
+
+    # -- the run
+    def run(self) -> pd.DataFrame:
+        started = time.perf_counter()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.out_dir)
+        meta = read_meta(self.out_dir)
+        env = environment(torch.device(self.devices[0]), self.out_dir, self.command)
+        self._check_directory(meta, env["gpu"])
+        pending = self._pending()
+        print(f"{len(self.configs)} rows, {len(self.configs) - len(pending)} already in {self.out_dir}, "
+              f"{len(pending)} to measure on {env['gpu']} ({', '.join(self.devices)}; L2 entry state "
+              f"{self.method.entry})")
+        # before any worker starts, so that nothing else touches a device while it is measured; a
+        # resumed directory keeps its rooflines
+        by_device = meta.get("copy_bandwidth_by_device", {})
+        for device in self.devices:
+            by_device.setdefault(f"{platform.node()}/{device}", copy_bandwidth(device))
+        copy_bws = {device: by_device[f"{platform.node()}/{device}"] for device in self.devices}
+        meta |= env | {"settings": settings_of(self.devices, self.method), "copy_bandwidth_by_device": by_device,
+                       "copy_bandwidth_Bps": float(np.median(list(by_device.values()))),
+                       "presets": sorted(set(meta.get("presets", [])) | {self.preset})}
+        write_meta(self.out_dir, meta)
+        self.impls_meta = meta.get("impls", {})
+
+        for impl in dict.fromkeys(c.impl for c in pending):  # every worker imports while the first measures
+            for device in self.devices[:len(pending)]:
+                self._worker(impl, device)
+        todo: queue.Queue = queue.Queue()
         for cfg in pending:
-            bar.set_description(cfg.impl)
-            bar.set_postfix_str(cfg.key(), refresh=True)
-            if crashes[cfg.impl] >= MAX_CRASHES:
-                row = empty_row(cfg, "crashed", f"not run: {cfg.impl} crashed {MAX_CRASHES} times in this run")
-            else:
-                worker = workers.get(cfg.impl) or Worker(cfg.impl, settings)
-                workers[cfg.impl] = worker
-                try:
-                    row = worker.measure(cfg, copy_bw, row_timeout)
-                except WorkerDied as exc:
-                    row = empty_row(cfg, "crashed", str(exc))
-                if worker.hello and "versions" in worker.hello:
-                    impls_meta[cfg.impl] = worker.hello
-                if row["status"] == "crashed":
-                    crashes[cfg.impl] += 1
-                    worker.stop()
-                    workers[cfg.impl] = None
-            write_row(out_dir, row)
-            measured += 1
-            bar.update()
-    finally:
-        bar.close()
-        for worker in filter(None, workers.values()):
-            worker.stop()
-        table = assemble(out_dir)
-        wall_s = time.perf_counter() - started
+            todo.put(cfg)
+        bar = tqdm(total=len(pending), unit="row", dynamic_ncols=True, smoothing=0.1)
+        lanes = [threading.Thread(target=self._lane, args=(d, copy_bws[d], todo, bar), daemon=True)
+                 for d in self.devices]
+        try:
+            for lane in lanes:
+                lane.start()
+            for lane in lanes:
+                while lane.is_alive():
+                    lane.join(timeout=0.2)  # a join without timeout would not see Ctrl-C
+        except KeyboardInterrupt:
+            self.stopping.set()
+            raise
+        finally:
+            bar.close()
+            for worker in filter(None, self.workers.values()):
+                worker.stop(now=self.stopping.is_set())
+            for lane in lanes:
+                lane.join(timeout=5)
+            table = assemble(self.out_dir)
+            self._finish_meta(meta, started)
+        return table
+
+    def _finish_meta(self, meta: dict, started: float) -> None:
         versions = {"python": platform.python_version(), "torch": torch.__version__,
                     "triton": package_version("triton")}
-        for hello in impls_meta.values():
+        for hello in self.impls_meta.values():
             versions |= hello["versions"]
-        meta |= {"impls": impls_meta, "versions": versions,
-                 "runs": meta.get("runs", []) + [{"utc": meta["utc"], "command": command, "git": meta["git"],
-                                                  "rows_measured": measured, "wall_s": round(wall_s, 2)}]}
-        write_meta(out_dir, meta)
-    return table
+        meta |= {"impls": self.impls_meta, "versions": versions,
+                 "runs": meta.get("runs", []) + [{"utc": meta["utc"], "command": self.command, "git": meta["git"],
+                                                  "host": meta["host"], "devices": self.devices,
+                                                  "rows_measured": self.measured,
+                                                  "wall_s": round(time.perf_counter() - started, 2)}]}
+        write_meta(self.out_dir, meta)
 
 
 def summary_table(table: pd.DataFrame) -> str:
@@ -204,49 +295,146 @@ def problems_table(table: pd.DataFrame) -> str:
         return counts.to_string(index=False)
 
 
+# ---- command line --------------------------------------------------------------------------------
+
+def _shard(text: str) -> tuple[int, int]:
+    index, sep, count = text.partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = -1
+    if not sep or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"{text!r} is not i/n with 0 <= i < n (e.g. 0/2 and 1/2)")
+    return i, n
+
+
+def _devices(text: str) -> list[str]:
+    """``all`` (every visible GPU, else the CPU), ``cpu``, ``cuda`` (the current GPU) or a list
+    such as ``cuda:0,cuda:1``; each one checked to exist."""
+    if text == "all":
+        count = torch.cuda.device_count()
+        return [f"cuda:{i}" for i in range(count)] if count else ["cpu"]
+    devices = []
+    for name in dict.fromkeys(part.strip() for part in text.split(",")):
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise argparse.ArgumentTypeError(f"{name!r} is not a device (cpu, cuda, cuda:N)") from None
+        if device.type == "cuda":
+            count = torch.cuda.device_count()
+            if not count:
+                raise argparse.ArgumentTypeError(f"{name}: no CUDA GPU is visible here")
+            index = torch.cuda.current_device() if device.index is None else device.index
+            if index >= count:
+                raise argparse.ArgumentTypeError(f"{name}: only {count} GPU(s) visible (cuda:0..cuda:{count - 1})")
+            device = torch.device("cuda", index)
+        elif device.type != "cpu":
+            raise argparse.ArgumentTypeError(f"{name!r}: only cpu and cuda devices are measured")
+        devices.append(str(device))
+    if len({torch.device(d).type for d in devices}) > 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: one sweep measures on one kind of device (all cuda or cpu)")
+    return devices
+
+
+def parser() -> Parser:
+    p = Parser(prog="kda-sweep", description=__doc__.split("\n\n")[0],
+               epilog="Axes take comma-separated values; given with a preset they narrow it, alone they define "
+                      "the grid (Kimi-Linear's layer for what is not given: B 1,16,64,256, HV 32, K 128, "
+                      "H = HV, V = K). Example: kda-sweep --B 1,16,64 --HV 32,64 --state-dtype bf16,fp32")
+    p.add_argument("--preset", choices=list(PRESETS),
+                   help="named grid (default: kimi-linear-48b on a GPU; smoke on the CPU, or the axes given)")
+    p.add_argument("--impls", type=comma_list(str),
+                   help=f"comma-separated implementations (default: every registered one: {','.join(registry.names())})")
+    axes = p.add_argument_group("axes (comma-separated values)")
+    for axis, kind in (("B", non_negative_int), ("H", positive_int), ("HV", positive_int), ("K", positive_int),
+                       ("V", positive_int)):
+        axes.add_argument(f"--{axis}", type=comma_list(kind), metavar="N,...")
+    axes.add_argument("--state-dtype", type=comma_list(dtypes.full), metavar="DTYPE,...",
+                      help="bf16, fp16, fp32 (or torch's names)")
+    axes.add_argument("--slot-pad", type=comma_list(non_negative_int), metavar="N,...",
+                      help="elements of padding after each state slot")
+    axes.add_argument("--pad-rows", type=comma_list(non_negative_int), metavar="N,...", help="batch rows with slot -1")
+    layout = p.add_argument_group("pool layout")
+    layout.add_argument("--slots-per-row", type=positive_int, default=PoolLayout.slots_per_row, metavar="N",
+                        help="timed pools hold N*B slots, the rows' drawn among them (default %(default)s)")
+    layout.add_argument("--slot-order", choices=SLOT_ORDERS, default=PoolLayout.slot_order,
+                        help="order the rows name their slots in (default %(default)s)")
+    layout.add_argument("--placements", type=positive_int, default=PoolLayout.placements, metavar="N",
+                        help="independent allocations each row is timed on (default %(default)s)")
+    timing = p.add_argument_group("timing")
+    timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
+                        help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
+    timing.add_argument("--min-samples", type=positive_int, metavar="N", help="kernel-time samples at least")
+    timing.add_argument("--max-seconds", type=positive_float, metavar="S", help="kernel-time sampling per row at most")
+    timing.add_argument("--cooldown", type=positive_float, default=0.0, metavar="S",
+                        help="idle seconds before each row (lets a power-capped GPU recover)")
+    timing.add_argument("--no-retime", action="store_true", help="keep rows timed while the GPU throttled as they are")
+    run = p.add_argument_group("run")
+    run.add_argument("--devices", type=_devices, default="all",
+                     help="cpu, cuda, or a list such as cuda:0,cuda:1 (default: every visible GPU, else the CPU)")
+    run.add_argument("--shard", type=_shard, metavar="I/N", help="measure every N-th configuration from the I-th "
+                     "(0-based), to split one sweep over machines; join the directories with kda-merge")
+    run.add_argument("--out", type=Path, help="results directory (default: ./sweeps/PRESET-DEVICE)")
+    run.add_argument("--row-timeout", type=positive_float, default=600.0, metavar="S",
+                     help="seconds before a silent worker is killed and its row recorded as crashed")
+    run.add_argument("--retry-crashed", action="store_true", help="measure rows recorded as crashed again")
+    run.add_argument("--no-charts", action="store_true", help="leave the charts to kda-plot")
+    run.add_argument("--baseline", help="implementation the speedup chart divides by (default: flashinfer, else naive)")
+    return p
+
+
+def configs_from_args(args, devices: list[str]) -> tuple[str, list[Config]]:
+    """(the run's name, its configurations) from parsed arguments."""
+    layout = PoolLayout(slots_per_row=args.slots_per_row, slot_order=args.slot_order, placements=args.placements)
+    given = {axis: getattr(args, axis) for axis in ("B", "H", "HV", "K", "V", "state_dtype", "slot_pad", "pad_rows")
+             if getattr(args, axis) is not None}
+    impls = list(args.impls or registry.names())
+    if args.preset is None and given:
+        return "adhoc", adhoc_configs(impls, given, layout)
+    name = args.preset or ("kimi-linear-48b" if torch.device(devices[0]).type == "cuda" else "smoke")
+    return name, PRESETS[name].configs(impls, layout, only=given)
+
+
 def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
-    parser = argparse.ArgumentParser(prog="scripts/sweep.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=list(PRESETS),
-                        help="default: kimi-linear-48b on a GPU, smoke on the CPU (where every preset runs as smoke)")
-    parser.add_argument("--impls", help=f"comma-separated (default: every registered one: {','.join(registry.names())})")
-    parser.add_argument("--out", type=Path, help="results directory (default: sweeps/PRESET-DEVICE in the repository)")
-    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when a GPU is available")
-    parser.add_argument("--l2-hot", action="store_true", help="time one input set repeatedly instead of an L2-cold rotation")
-    parser.add_argument("--pool-slots-per-row", type=int, default=1, metavar="N",
-                        help="timed pools hold N*B slots, the rows' slots drawn at random among them (default 1: "
-                             "every slot live; a serving pool holds more slots than the batch)")
-    parser.add_argument("--sorted-slots", action="store_true",
-                        help="rows name their slots in ascending order (a fresh pool's; default: random order)")
-    parser.add_argument("--no-charts", action="store_true", help="leave the charts to scripts/plot.py")
-    parser.add_argument("--baseline", help="implementation the speedup chart divides by (default: flashinfer, else naive)")
-    parser.add_argument("--row-timeout", type=float, default=600.0, help="seconds before a silent worker is killed")
-    parser.add_argument("--retry-crashed", action="store_true", help="measure rows recorded as crashed again")
-    args = parser.parse_args(argv)
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA GPU is available")
-    preset = PRESETS[args.preset or ("kimi-linear-48b" if device == "cuda" else "smoke")]
-    if device == "cpu" and preset.name != "smoke":
-        print(f"on the CPU: running the smoke preset instead of {preset.name}")
-        preset = PRESETS["smoke"]
-    impls = args.impls.split(",") if args.impls else registry.names()
-    unknown = [name for name in impls if name not in registry.names()]
+    p = parser()
+    args = p.parse_args(argv)
+    devices = args.devices
+    unknown = [name for name in args.impls or () if name not in registry.names()]
     if unknown:
-        parser.error(f"unknown implementations {unknown}; registered: {registry.names()}")
-    out_dir = args.out or REPO / "sweeps" / f"{preset.name}-{device}"
-    if args.pool_slots_per_row < 1:
-        parser.error("--pool-slots-per-row must be >= 1")
-    settings = Settings(device=device, l2_cold=not args.l2_hot, kernel=preset.kernel, call=preset.call,
-                        pool_slots_per_row=args.pool_slots_per_row, sorted_slots=args.sorted_slots)
+        p.error(f"unknown implementations {', '.join(unknown)}; registered: {', '.join(registry.names())}")
+    name, configs = configs_from_args(args, devices)
+    if not configs:
+        p.error(f"the axes given leave no configuration of preset {name}")
+    if args.shard:
+        index, count = args.shard
+        configs = configs[index::count]
+    if args.baseline and args.baseline not in {c.impl for c in configs}:
+        p.error(f"--baseline {args.baseline} is not among this run's implementations "
+                f"({', '.join(dict.fromkeys(c.impl for c in configs))})")
+    device_type = torch.device(devices[0]).type
+    out_dir = args.out or Path.cwd() / "sweeps" / f"{name}-{device_type}"
+    if out_dir.exists() and not out_dir.is_dir():
+        p.error(f"--out {out_dir} is a file; name a directory (new, or one of an earlier run to resume it)")
+    preset = PRESETS.get(name, PRESETS["published"])
+    kernel = Budget(min_samples=args.min_samples or preset.kernel.min_samples,
+                    max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
+                    max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
+    method = Method(entry=args.l2_entry, kernel=kernel, call=preset.call, retime_throttled=not args.no_retime)
+    registry.interpret_triton_on(device_type)  # the workers inherit it
 
-    configs = preset.configs(impls)
-    table = run_sweep(configs, out_dir, settings, command=shlex.join(sys.argv if argv is None else argv),
-                      preset=preset.name, row_timeout=args.row_timeout, retry_crashed=args.retry_crashed)
+    sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),
+                  preset=name, row_timeout=args.row_timeout, retry_crashed=args.retry_crashed,
+                  cooldown_s=args.cooldown)
+    try:
+        table = sweep.run()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {sweep.measured} rows saved in {out_dir}; run the same command again to resume",
+              file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
     ours = table[table.key.isin({c.key() for c in configs})]
     with pd.option_context("display.width", 250, "display.max_rows", None):
-        print(f"\nmedian kernel time, bandwidth, share of the copy roofline ({'L2-cold' if settings.l2_cold else 'L2-hot'}):")
+        print(f"\nmedian kernel time, bandwidth, share of the copy roofline (L2 entry state {method.entry}):")
         print(summary_table(ours))
         problems = problems_table(ours)
         if problems:
@@ -254,10 +442,54 @@ def main(argv: list[str] | None = None) -> None:
     counts = Counter(ours.status)
     print(f"\nrows: {', '.join(f'{counts[s]} {s}' for s in STATUSES if counts[s])}; "
           f"wall time {time.perf_counter() - started:.1f} s; results in {out_dir}/results.csv")
+    if not args.no_charts:
+        from .plots import plot_dir  # matplotlib only once the measuring is over
 
-    if args.no_charts:
-        return
-    from .plots import plot_dir  # matplotlib only once the measuring is over
+        charts = plot_dir(out_dir, baseline=args.baseline)
+        print(f"charts: {', '.join(p.name for p in charts) or 'none (too few ok rows)'}")
+    if not counts["ok"]:
+        fail("kda-sweep", f"no row succeeded ({dict(counts)}); see the reasons above")
 
-    charts = plot_dir(out_dir, baseline=args.baseline)
-    print(f"charts: {', '.join(p.name for p in charts)}")
+
+def merge_main(argv: list[str] | None = None) -> None:
+    """``kda-merge OUT DIR...``: join sweep directories of one sweep's shards (same settings, same
+    GPU) into OUT, which may be one of them."""
+    p = Parser(prog="kda-merge", description=merge_main.__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path, help="the merged directory (created if missing)")
+    p.add_argument("dirs", type=Path, nargs="+", help="sweep directories to join")
+    args = p.parse_args(argv)
+    metas = []
+    for directory in args.dirs:
+        meta = read_meta(directory)
+        if not meta:
+            p.error(f"{directory}: no meta.json: not a sweep directory")
+        metas.append(meta)
+    first = metas[0]
+    for directory, meta in zip(args.dirs[1:], metas[1:]):
+        if meta.get("settings") != first.get("settings") or meta.get("gpu") != first.get("gpu"):
+            changes = _differences({"gpu": first.get("gpu"), **first.get("settings", {})},
+                                   {"gpu": meta.get("gpu"), **meta.get("settings", {})})
+            p.error(f"{directory} was measured otherwise than {args.dirs[0]} ({'; '.join(changes)})")
+    rows = {}
+    for directory in args.dirs:
+        for row in read_rows(directory):
+            if row["key"] in rows and row["status"] != "crashed" and rows[row["key"]]["status"] != "crashed":
+                p.error(f"{row['key']} is in two of the directories; shards of one sweep do not overlap")
+            if row["key"] not in rows or rows[row["key"]]["status"] == "crashed":
+                rows[row["key"]] = row
+    args.out.mkdir(parents=True, exist_ok=True)
+    for row in rows.values():
+        write_row(args.out, row)
+    merged = dict(first)
+    for meta in metas[1:]:
+        merged["copy_bandwidth_by_device"] = merged.get("copy_bandwidth_by_device", {}) | meta.get(
+            "copy_bandwidth_by_device", {})
+        merged["impls"] = merged.get("impls", {}) | meta.get("impls", {})
+        merged["versions"] = merged.get("versions", {}) | meta.get("versions", {})
+        merged["presets"] = sorted(set(merged.get("presets", [])) | set(meta.get("presets", [])))
+    merged["runs"] = [run for meta in metas for run in meta.get("runs", [])]
+    merged["copy_bandwidth_Bps"] = float(np.median(list(merged.get("copy_bandwidth_by_device", {}).values())))
+    merged["merged_from"] = [str(d) for d in args.dirs]
+    write_meta(args.out, merged)
+    assemble(args.out)
+    print(f"{len(rows)} rows from {len(args.dirs)} directories in {args.out}")

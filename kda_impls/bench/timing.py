@@ -1,16 +1,21 @@
-"""Timers for KDA launchers, and the input sets they time.
+"""Timers for KDA launchers, the L2 state a call starts from, and the placements it is timed on.
 
-:func:`kernel_time` is the per-call GPU time of a launcher: a pass (every launcher of an L2-cold
-rotation, repeated until it lasts ~0.3 ms) is captured in a CUDA graph, events bracket each replay
-and the time is divided by the calls in it. :func:`call_time` is the latency of one eager call as a
-serving engine makes it (Python, argument handling, launch and kernel, from an idle GPU with the L2
-flushed). At B=1 the two differ several-fold on the H200 (`kernel_us_median` and `call_us_median` in
-results/h200/kimi-linear-48b/results.csv), and both matter. Both make a first call (JIT compilation,
-autotuning) before sampling, and sample until the median's confidence interval is narrow enough or a
-:class:`Budget` runs out.
+**Kernel time** (:func:`kernel_time`) is the GPU time of one call, from the moment the GPU is done
+with whatever preceded it until its last kernel ends. Calls are captured in a CUDA graph, each one
+after the op that makes its L2 entry state (:data:`ENTRY_STATES`) and bracketed by events recorded
+inside the graph, so neither that op nor the gap before a replay is in the time. A sample is the
+mean over the calls of one replay; a row is timed on several *placements* (fresh allocations behind
+a spacer of random size, so that the pools land on other pages), and the kernel time is the median
+over placements, their spread reported beside it.
 
-On the CPU the same functions time with ``time.perf_counter`` and model no cache: that lets the
-harness run anywhere, not rank implementations.
+**Call time** (:func:`call_time`) is the latency of one eager call as a serving engine makes it
+(Python, argument handling, launch and kernel) from an idle GPU in the same entry state. At B=1
+the two differ several-fold, and both matter.
+
+Both make a first call (JIT compilation, autotuning) before sampling, and sample until the median's
+confidence interval is narrow enough or a :class:`Budget` runs out. On the CPU the same functions
+time with ``time.perf_counter`` and model no cache: that lets the harness run anywhere, not rank
+implementations.
 """
 
 from __future__ import annotations
@@ -19,33 +24,63 @@ import functools
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 from scipy import stats
 
-from ..contract import Implementation
 from ..inputs import DecodeInputs
-from .config import Config
 
 Launcher = Callable[[], object]
 
-# One timed pass (one sample) lasts about this long, so event resolution (~0.5 us) and the gap before
-# a graph replay stay near 1% of it; the cap bounds the capture time of the tiniest kernels.
-TARGET_PASS_S = 3e-4
-MAX_CALLS_PER_PASS = 1000
-COLD_FACTOR = 3  # input sets rotate until their bytes are this many times the L2
-MIN_INPUT_SETS = 2  # see rotation_inputs
+# Bump when what the timers measure changes (entry state, placements, what a sample is, the event
+# placement): the asv suite versions its benchmarks by it, and results of two versions never compare.
+METHOD_VERSION = 2
+
+# What the L2 holds when a timed call starts. docs/timing.md shows which of them a decode layer
+# resembles (results/h200/l2-entry/): the default is that one.
+ENTRY_STATES = {
+    "clean": "clean lines of unrelated data: a read of 3x the L2 runs before every call (the weight "
+             "reads of the projections that precede the step in a decode layer leave the L2 so)",
+    "dirty": "dirty lines of unrelated data: a write of 3x the L2 runs before every call, so the "
+             "call pays for writing them back",
+    "previous-step": "what the previous step of another layer left (its pool's last lines, dirty): calls "
+                     "rotate over input sets adding up to 3x the L2; steps too small for that within "
+                     "MAX_INPUT_SETS sets get the dirty write before every call instead",
+    "hot": "this step's own data, where it fits: one input set called back to back",
+}
+DEFAULT_ENTRY = "clean"
+
+FLUSH_FACTOR = 3  # the entry ops touch this many L2s of bytes
+COLD_FACTOR = 3  # previous-step: input sets rotate until their bytes are this many L2s
+MIN_INPUT_SETS = 2  # previous-step: consecutive calls in a model update different layers' pools
+MAX_INPUT_SETS = 8
+# One replay (one sample) lasts about this long, so that the synchronization after it is a small
+# share of the wall time; the cap bounds the events read per sample and the capture of tiny kernels.
+TARGET_PASS_S = 1e-3
+MAX_CALLS_PER_PASS = 200
 BATCH = 8  # samples taken between checks of the stopping rule
 CONFIDENCE = 0.95
+SPACER_PAGES = 64  # a placement's spacer is 1..SPACER_PAGES pages of 2 MiB (the allocator's segment unit)
+PAGE_BYTES = 2 << 20
 
 
 @dataclass
 class Timing:
-    samples: list[float]  # seconds per call
+    """Seconds per call. ``samples`` pools every placement's; ``placement_medians`` holds one
+    median per placement."""
+
+    samples: list[float]
     method: str  # "cuda-graph" | "cuda-events" | "perf_counter"
+    placement_medians: list[float] | None = None  # None: one placement, these samples
+    entry: str = ""  # the L2 entry state the timer made
+    input_sets: int = 1  # the input sets each placement rotated over
+
+    def __post_init__(self):
+        if self.placement_medians is None:
+            self.placement_medians = [float(np.median(self.samples))]
 
     @property
     def n(self) -> int:
@@ -53,7 +88,8 @@ class Timing:
 
     @property
     def median(self) -> float:
-        return float(np.median(self.samples))
+        """The median over placements: the kernel time a row reports."""
+        return float(np.median(self.placement_medians))
 
     @property
     def p25(self) -> float:
@@ -63,16 +99,25 @@ class Timing:
     def p75(self) -> float:
         return float(np.percentile(self.samples, 75))
 
+    @property
+    def placement_min(self) -> float:
+        return min(self.placement_medians)
+
+    @property
+    def placement_max(self) -> float:
+        return max(self.placement_medians)
+
     def median_ci(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
-        """Distribution-free confidence interval of the median, from order statistics (NaN while
-        there are too few samples for ``confidence``: fewer than 6 at 95%)."""
+        """Distribution-free confidence interval of the samples' median, from order statistics (NaN
+        while there are too few samples for ``confidence``: fewer than 6 at 95%)."""
         ci = stats.quantile_test(self.samples, p=0.5).confidence_interval(confidence)
         return float(ci.low), float(ci.high)
 
     def converged(self, rel_ci: float) -> bool:
-        """Whether the median's confidence interval lies within +-rel_ci of the median."""
+        """Whether the samples' median confidence interval lies within +-rel_ci of their median."""
         lo, hi = self.median_ci()
-        return max(self.median - lo, hi - self.median) <= rel_ci * self.median  # NaN: False
+        median = float(np.median(self.samples))
+        return max(median - lo, hi - median) <= rel_ci * median  # NaN: False
 
 
 @dataclass(frozen=True)
@@ -84,6 +129,18 @@ class Budget:
     max_samples: int = 1000
     max_seconds: float = 0.5
     rel_ci: float = 0.01
+
+    def __post_init__(self):
+        if not (1 <= self.min_samples <= self.max_samples):
+            raise ValueError(f"budget: need 1 <= min_samples <= max_samples; got {self.min_samples}, "
+                             f"{self.max_samples}")
+        if not self.max_seconds > 0:
+            raise ValueError(f"budget: max_seconds must be > 0; got {self.max_seconds}")
+
+    def share(self, parts: int) -> "Budget":
+        """This budget split evenly over ``parts`` placements."""
+        return replace(self, min_samples=math.ceil(self.min_samples / parts),
+                       max_samples=math.ceil(self.max_samples / parts), max_seconds=self.max_seconds / parts)
 
 
 def as_device(device) -> torch.device:
@@ -101,15 +158,32 @@ def l2_bytes(device) -> int:
 
 
 @functools.cache
-def _flush_buffer(device: torch.device) -> torch.Tensor:
-    return torch.empty(2 * l2_bytes(device), dtype=torch.uint8, device=device)
+def _flush_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    buffer = torch.empty(FLUSH_FACTOR * l2_bytes(device) // 4, dtype=torch.float32, device=device)
+    buffer.uniform_()
+    return buffer, torch.empty((), dtype=torch.float32, device=device)
+
+
+def entry_op(entry: str, device) -> Callable[[], None] | None:
+    """What runs before each call to leave the L2 in state ``entry``: a read of 3x the L2 (clean
+    lines), a write (dirty lines), or nothing (the rotation or the call itself makes the state).
+    Graph-capturable: it allocates nothing."""
+    device = as_device(device)
+    if entry not in ENTRY_STATES:
+        raise ValueError(f"unknown L2 entry state {entry!r}; one of {', '.join(ENTRY_STATES)}")
+    if device.type != "cuda" or entry in ("previous-step", "hot"):
+        return None
+    buffer, total = _flush_buffers(device)
+    if entry == "clean":
+        return lambda: torch.sum(buffer, dim=0, out=total)
+    return lambda: buffer.fill_(1.0)
 
 
 def flush_l2(device) -> None:
-    """Evict the L2 by writing a buffer twice its size, queued on the current stream (no-op on CPU)."""
-    device = as_device(device)
-    if device.type == "cuda":
-        _flush_buffer(device).zero_()
+    """Evict the L2 with dirty lines of a buffer 3x its size, queued on the current stream (no-op on CPU)."""
+    flush = entry_op("dirty", device)
+    if flush is not None:
+        flush()
 
 
 def _sync(device: torch.device) -> None:
@@ -164,30 +238,79 @@ def _sample(take: Callable[[int], list[float]], sample_s: float, budget: Budget)
             return samples
 
 
-def _pass(rotation: Sequence[Launcher], reps: int) -> Callable[[], None]:
-    def run() -> None:
-        for _ in range(reps):
-            for launch in rotation:
-                launch()
+class _EventPass:
+    """The calls of one replay, each after the entry op and between two events of its own, recorded
+    on the current stream (``external`` events become event-record nodes of a captured graph)."""
 
-    return run
+    def __init__(self, calls: Sequence[Launcher], entry: Callable[[], None] | None):
+        self.calls, self.entry = list(calls), entry
+        self.events = [(torch.cuda.Event(enable_timing=True, external=True),
+                        torch.cuda.Event(enable_timing=True, external=True)) for _ in self.calls]
+
+    def record(self) -> None:
+        for launch, (start, end) in zip(self.calls, self.events):
+            if self.entry is not None:
+                self.entry()
+            start.record()
+            launch()
+            end.record()
+
+    def mean_seconds(self) -> float:
+        return float(np.mean([start.elapsed_time(end) for start, end in self.events])) / 1e3
 
 
-def _gpu_pass(rotation: Sequence[Launcher], reps: int) -> tuple[Callable[[], None], str]:
-    """What runs one pass on the current stream, and how: a CUDA graph's replay, or the pass itself
-    when capture fails (a launcher that syncs, or allocates outside torch's caching allocator)."""
-    run = _pass(rotation, reps)
+def _replayable(timed: _EventPass) -> tuple[Callable[[], None], str]:
+    """What runs the pass: a CUDA graph's replay, or the pass itself when capture fails (a launcher
+    that syncs, or allocates outside torch's caching allocator, or a torch without timing events in
+    graphs), where the events then also count launch gaps the host leaves."""
     graph = torch.cuda.CUDAGraph()
     # Capture needs a side stream; entering it here restores the current stream even when a
     # failed capture skips torch.cuda.graph's own restore (its exit raises first).
     side = torch.cuda.Stream()
     try:
         with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-            run()
+            timed.record()
         return graph.replay, "cuda-graph"
     except Exception:  # whatever the library raised: a launcher that really fails, fails eagerly too
         torch.cuda.synchronize()
-    return run, "cuda-events"
+    return timed.record, "cuda-events"
+
+
+def _time_placement(launchers: Sequence[Launcher], device: torch.device, budget: Budget, entry: str) -> Timing:
+    """One placement's samples: each the mean call time of one pass over ``launchers``."""
+    rotation = list(launchers)
+    if device.type != "cuda":
+        synced_call(rotation[0], device)
+
+        def one_pass(reps: int) -> Callable[[], None]:
+            return lambda: [launch() for _ in range(reps) for launch in rotation]
+
+        call_s = min(timed_runs(one_pass(1), 1, device)) / len(rotation)
+        reps = _reps(call_s, len(rotation))
+        calls = reps * len(rotation)
+        run = one_pass(reps)
+        return Timing(_sample(lambda k: [t / calls for t in timed_runs(run, k, device)], call_s * calls,
+                                 budget), "perf_counter")
+
+    prepare = entry_op(entry, device)
+    with torch.cuda.device(device):
+        probe = _EventPass(rotation, prepare)
+        probe.record()  # every launcher once before capture (lazy workspaces, handles)
+        wall_s, _ = synced_call(probe.record, device)
+        reps = _reps(wall_s / len(rotation), len(rotation))
+        timed = _EventPass(rotation * reps, prepare)
+        run, method = _replayable(timed)
+        run()  # a graph's first replay uploads it
+
+        def take(k: int) -> list[float]:
+            samples = []
+            for _ in range(k):
+                run()
+                torch.cuda.synchronize(device)
+                samples.append(timed.mean_seconds())
+            return samples
+
+        return Timing(_sample(take, wall_s * reps, budget), method)
 
 
 def _reps(call_s: float, calls: int) -> int:
@@ -195,45 +318,47 @@ def _reps(call_s: float, calls: int) -> int:
     return max(1, min(math.ceil(TARGET_PASS_S / max(call_s * calls, 1e-9)), MAX_CALLS_PER_PASS // calls))
 
 
-def kernel_time(launchers: Sequence[Launcher], device, budget: Budget = Budget()) -> Timing:
-    """Per-call kernel time of ``launchers`` (from :func:`bind_rotation`), first call excluded.
+def _release(device: torch.device) -> None:
+    """Hand freed blocks back to the driver, so that the next placement's pools get other pages."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
 
-    Every launcher runs in turn, each bound to its own inputs: over an L2-cold rotation each call
-    finds the L2 holding the others' data; one launcher is timed L2-hot. On a GPU a pass is captured
-    in a CUDA graph and each replay timed with events ("cuda-graph"); if capture fails, the pass runs
-    eagerly between events ("cuda-events", which then also counts the launch gaps of kernels shorter
-    than their launch).
+
+def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInputs], Launcher], device,
+                budget: Budget = Budget(), *, placements: int = 1, entry: str = DEFAULT_ENTRY, seed: int = 0
+                ) -> Timing:
+    """Kernel time over ``placements`` placements, ``budget`` shared among them.
+
+    Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (1 to 64 pages
+    of 2 MiB, from ``seed``) is allocated, and everything is freed before the next placement, so
+    that each lands elsewhere. It rotates over the input sets :func:`rotation_plan` asks for (copies
+    of the first), each bound with ``bind``; every call runs after the entry op of the state the
+    plan makes; the first pass is a warm-up.
     """
     device = as_device(device)
-    rotation = list(launchers)
-    if device.type != "cuda":
-        synced_call(rotation[0], device)
-        call_s = min(timed_runs(_pass(rotation, 1), 1, device)) / len(rotation)
-        reps = _reps(call_s, len(rotation))
-        run, calls = _pass(rotation, reps), reps * len(rotation)
-        samples = _sample(lambda k: [t / calls for t in timed_runs(run, k, device)], call_s * calls, budget)
-        return Timing(samples, "perf_counter")
-
-    with torch.cuda.device(device):
-        synced_call(rotation[0], device)
-        _pass(rotation, 1)()  # warm every launcher before capture (lazy workspaces, handles)
-        run, method = _gpu_pass(rotation, 1)
-        run()  # a graph's first replay uploads it
-        call_s = float(np.median(timed_runs(run, 3, device))) / len(rotation)
-        reps = _reps(call_s, len(rotation))
-        if reps > 1:
-            run, method = _gpu_pass(rotation, reps) if method == "cuda-graph" else (_pass(rotation, reps), method)
-            run()
-        calls = reps * len(rotation)
-        samples = _sample(lambda k: [t / calls for t in timed_runs(run, k, device)], call_s * calls, budget)
-    return Timing(samples, method)
+    rng = np.random.default_rng(seed)
+    share = budget.share(placements)
+    measured: list[Timing] = []
+    made, sets = entry, 1
+    for placement in range(placements):
+        spacer = torch.empty(int(rng.integers(1, SPACER_PAGES + 1)) * PAGE_BYTES, dtype=torch.uint8, device=device)
+        first = make(placement)
+        made, sets = rotation_plan(entry, first, device)
+        launchers = [bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
+        measured.append(_time_placement(launchers, device, share, made))
+        del first, launchers, spacer
+        _release(device)
+    return Timing([s for t in measured for s in t.samples], measured[0].method,
+                  [t.placement_medians[0] for t in measured], entry=made, input_sets=sets)
 
 
-def call_time(launcher: Launcher, device, budget: Budget = Budget(max_seconds=0.2), *, l2_cold: bool = True
-              ) -> Timing:
+def call_time(launcher: Launcher, device, budget: Budget = Budget(max_seconds=0.2), *,
+              entry: str = DEFAULT_ENTRY) -> Timing:
     """Latency of one eager call of ``launcher`` as a serving engine sees it, first call excluded.
 
-    Each sample starts from an idle GPU (as between decode steps) with the L2 flushed (``l2_cold``):
+    Each sample starts from an idle GPU (as between decode steps) whose L2 is in the state
+    ``entry`` makes (the dirty write where the state comes from a rotation: one call has none);
     events bracket the call, so the sample is the host's work until the kernel is queued plus the
     kernel, without the final synchronization.
     """
@@ -242,13 +367,14 @@ def call_time(launcher: Launcher, device, budget: Budget = Budget(max_seconds=0.
     if device.type != "cuda":
         return Timing(_sample(lambda k: timed_runs(launcher, k, device), first_s, budget), "perf_counter")
 
+    prepare = entry_op("dirty" if entry == "previous-step" else entry, device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def take(k: int) -> list[float]:
         samples = []
         for _ in range(k):
-            if l2_cold:
-                flush_l2(device)
+            if prepare is not None:
+                prepare()
             torch.cuda.synchronize(device)
             start.record()
             launcher()
@@ -266,28 +392,16 @@ def working_set_bytes(inputs: DecodeInputs) -> int:
     return inputs.pool_span().nbytes + inputs.bytes_besides_pool()
 
 
-def rotation_inputs(cfg: Config, device, *, l2_cold: bool = True, seed: int = 0,
-                    pool_slots_per_row: int = 1, sorted_slots: bool = False) -> list[DecodeInputs]:
-    """Independent input sets of ``cfg`` whose pools and inputs add up to >= 3x the L2, and at least
-    two, so that cycling them is L2-cold; one set when ``l2_cold`` is False, and on the CPU. Each
-    pool has ``pool_slots_per_row * B`` slots, the rows' slots drawn at random among them: with the
-    default 1 every slot is live (the least memory, the same bytes moved); a serving pool holds
-    more slots than the batch, and whether that changes the timing is what the option measures.
-    The rows name their slots in random order, or ascending with ``sorted_slots`` (a fresh pool's
-    order, and the simplest benchmark's ``arange``).
-
-    At least two because consecutive calls in a model update different layers' pools, never one
-    pool twice in a row; on the H200 a single pool updated back to back cost fp32 Triton 9% at
-    B >= 256 against alternating ones (docs/perf-notes.md).
-    """
-    device = as_device(device)
-    first = cfg.make_inputs(device, seed, n_slots=pool_slots_per_row * cfg.B, sorted_slots=sorted_slots)
-    l2 = l2_bytes(device) if l2_cold else 0
-    copies = max(MIN_INPUT_SETS, math.ceil(COLD_FACTOR * l2 / working_set_bytes(first))) if l2 else 1
-    return [first] + [first.clone() for _ in range(copies - 1)]
-
-
-def bind_rotation(impl: Implementation, cfg: Config, device, **rotation) -> list[Launcher]:
-    """``impl``'s launchers over :func:`rotation_inputs` (``rotation``: its keyword arguments).
-    Binding validates and allocates (raising ContractError or Unsupported); the launchers only launch."""
-    return [impl.bind(inputs) for inputs in rotation_inputs(cfg, device, **rotation)]
+def rotation_plan(entry: str, inputs: DecodeInputs, device) -> tuple[str, int]:
+    """(the entry state the timers make, input sets per placement) for ``entry`` on steps like
+    ``inputs``. One set, except for ``previous-step``, whose sets add up to COLD_FACTOR L2s and are
+    at least two (consecutive calls in a model update different layers' pools; on the H200 a single
+    pool updated back to back cost fp32 Triton 9% at B >= 256); a step too small for that within
+    MAX_INPUT_SETS sets is timed as one set after the dirty write instead. On the CPU: ("none", 1)."""
+    if as_device(device).type != "cuda":
+        return "none", 1  # the CPU's caches are not modelled
+    if entry != "previous-step":
+        return entry, 1
+    l2 = l2_bytes(device)
+    sets = max(MIN_INPUT_SETS, math.ceil(COLD_FACTOR * l2 / working_set_bytes(inputs))) if l2 else 1
+    return ("dirty", 1) if sets > MAX_INPUT_SETS else (entry, sets)

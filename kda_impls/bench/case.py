@@ -1,0 +1,160 @@
+"""The case runner: one implementation on one configuration, checked against the reference and, with
+a :class:`Method`, timed. Sweeps, ``python -m kda_impls``, the correctness grid, the tune script and
+the asv suite all run cases through :func:`run_case`, so they share one status vocabulary
+(:data:`STATUSES`) and one row format (:data:`COLUMNS`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..contract import Implementation, Unsupported
+from ..inputs import DecodeInputs
+from ..registry import get
+from ..verify import verify
+from . import clocks
+from .config import Config
+from .roofline import copy_bandwidth
+from .timing import DEFAULT_ENTRY, ENTRY_STATES, Budget, as_device, call_time, kernel_time, synced_call
+
+# ok: matches the reference; wrong: timed anyway, flagged; unsupported: cannot run here (reason);
+# error: ContractError or a runtime failure (message); crashed: the worker process died (sweeps only).
+STATUSES = ("ok", "wrong", "unsupported", "error", "crashed")
+
+CONFIG_COLUMNS = ["impl", "B", "H", "HV", "K", "V", "state_dtype", "pad_rows",
+                  "slot_pad", "slots_per_row", "slot_order", "placements"]
+IMPL_COLUMNS = ["library", "variant", "engine_call"]  # what the implementation says of itself
+COLUMNS = [
+    *CONFIG_COLUMNS, *IMPL_COLUMNS, "l2_entry", "device", "host", "key", "status", "reason", "err_out", "err_state",
+    "kernel_us_median", "kernel_us_p25", "kernel_us_p75", "kernel_us_placement_min", "kernel_us_placement_max",
+    "n_samples", "kernel_method", "input_sets",
+    "call_us_median", "call_us_p25", "call_us_p75", "first_call_ms",
+    "bytes", "gbps", "roofline_frac", "floor_us", "copy_gbps",
+    *clocks.COLUMNS, "retimed",
+]
+
+MAX_REASON_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Method:
+    """How a case is timed, besides its configuration: the L2 entry state (timing.ENTRY_STATES),
+    the budgets of the two timers (the kernel budget shared among the layout's placements), the
+    seed of the inputs and spacers, and whether a row timed while the GPU slowed itself down is
+    timed once more."""
+
+    entry: str = DEFAULT_ENTRY
+    kernel: Budget = field(default_factory=Budget)
+    call: Budget | None = field(default_factory=lambda: Budget(max_seconds=0.2))  # None: no call time
+    seed: int = 0
+    retime_throttled: bool = True
+
+    def __post_init__(self):
+        if self.entry not in ENTRY_STATES:
+            raise ValueError(f"unknown L2 entry state {self.entry!r}; one of {', '.join(ENTRY_STATES)}")
+
+
+class _TimedFirstLaunch:
+    """Stands in for an implementation inside :func:`verify`, whose one launch is this
+    configuration's first call in the process: times it, synchronized. That includes the JIT
+    compilation and autotuning an implementation leaves to its first call (fla, FlashInfer), not
+    what it does in ``bind`` (Triton compiles and loads its kernel there)."""
+
+    def __init__(self, impl: Implementation):
+        self.impl = impl
+        self.seconds: float | None = None
+
+    def bind(self, inputs: DecodeInputs, out: torch.Tensor | None = None):
+        launch = self.impl.bind(inputs, out)
+
+        def timed():
+            self.seconds, result = synced_call(launch, inputs.device)
+            return result
+
+        return timed
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " | ".join(line.strip() for line in f"{type(exc).__name__}: {exc}".splitlines() if line.strip())
+    return text[:MAX_REASON_CHARS]
+
+
+def empty_row(cfg: Config, status: str | None = None, reason: str = "") -> dict:
+    """A row of ``cfg`` with no measurements."""
+    return dict.fromkeys(COLUMNS) | cfg.columns() | {"key": cfg.key(), "status": status, "reason": reason,
+                                                     "kernel_samples_us": [], "call_samples_us": [],
+                                                     "kernel_placement_us": []}
+
+
+def run_case(cfg: Config, device, method: Method | None = None, *, impl: Implementation | None = None,
+             copy_bw: float | None = None) -> dict:
+    """One tidy row (keys :data:`COLUMNS`, plus the raw samples ``kernel_samples_us`` and
+    ``call_samples_us`` and the per-placement medians ``kernel_placement_us``) for ``cfg`` on
+    ``device``.
+
+    First the correctness check on fresh inputs (:func:`verify`, whose launch is also the timed
+    first call); with a ``method``, then the kernel time over the layout's placements and the
+    method's L2 entry state (:func:`kernel_time`, under a :class:`clocks.ClockMonitor`: a row timed
+    while throttled is timed once more), the latency of one eager call (:func:`call_time`), the
+    bytes moved and the share of the copy bandwidth ``copy_bw`` (bytes/s; measured here when None)
+    they reach. ``impl`` replaces the registered implementation of ``cfg.impl`` (the tune script's
+    forced tile configs). A failure becomes the row's status and reason; only KeyboardInterrupt and
+    the like propagate.
+    """
+    device = as_device(device)
+    seed = method.seed if method else 0
+    row = empty_row(cfg)
+    try:
+        impl = impl or get(cfg.impl)
+        row |= {"library": getattr(impl, "library", impl.name), "variant": getattr(impl, "variant", ""),
+                "engine_call": getattr(impl, "engine_call", "")}
+        check_inputs = cfg.make_inputs(device, seed, timed=False)
+        reason = impl.unsupported(check_inputs)
+        if reason:
+            return row | {"status": "unsupported", "reason": reason}
+        first = _TimedFirstLaunch(impl)
+        verdict = verify(first, check_inputs)
+        row |= {"err_out": verdict.err_out, "err_state": verdict.err_state,
+                "first_call_ms": first.seconds * 1e3, "status": "ok" if verdict.ok else "wrong",
+                "reason": "; ".join(verdict.problems)}
+        del check_inputs  # its pool (2B slots) is not needed while timing
+        if method is None:
+            return row
+
+        def make(placement: int) -> DecodeInputs:
+            return cfg.make_inputs(device, seed + 1 + placement)
+
+        def timed_kernel():
+            with clocks.ClockMonitor(device) as monitor:
+                timing = kernel_time(make, impl.bind, device, method.kernel, placements=cfg.layout.placements,
+                                     entry=method.entry, seed=seed)
+            return timing, monitor.summary()
+
+        kernel, clock = timed_kernel()
+        retimed = bool(method.retime_throttled and clock["throttled"])
+        if retimed:
+            kernel, clock = timed_kernel()
+        timed_inputs = make(0)
+        nbytes = timed_inputs.nbytes()
+        call = call_time(impl.bind(timed_inputs), device, method.call, entry=method.entry) if method.call else None
+        del timed_inputs
+    except (ImportError, Unsupported) as exc:  # a library missing; a reason only bind() found
+        return row | {"status": "unsupported", "reason": _one_line(exc)}
+    except Exception as exc:  # ContractError, a failed launch, out of memory, a library's own error
+        return row | {"status": "error", "reason": _one_line(exc)}
+
+    copy_bw = copy_bandwidth(device) if copy_bw is None else copy_bw
+    return row | clock | {
+        "l2_entry": kernel.entry, "retimed": retimed,
+        "kernel_us_median": kernel.median * 1e6, "kernel_us_p25": kernel.p25 * 1e6,
+        "kernel_us_p75": kernel.p75 * 1e6, "kernel_us_placement_min": kernel.placement_min * 1e6,
+        "kernel_us_placement_max": kernel.placement_max * 1e6, "n_samples": kernel.n,
+        "kernel_method": kernel.method, "input_sets": kernel.input_sets,
+        "bytes": nbytes, "gbps": nbytes / kernel.median / 1e9, "roofline_frac": nbytes / kernel.median / copy_bw,
+        "floor_us": nbytes / copy_bw * 1e6, "copy_gbps": copy_bw / 1e9,
+        "kernel_samples_us": [s * 1e6 for s in kernel.samples],
+        "kernel_placement_us": [s * 1e6 for s in kernel.placement_medians],
+    } | ({} if call is None else {
+        "call_us_median": call.median * 1e6, "call_us_p25": call.p25 * 1e6, "call_us_p75": call.p75 * 1e6,
+        "call_samples_us": [s * 1e6 for s in call.samples]})

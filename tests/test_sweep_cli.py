@@ -1,0 +1,176 @@
+"""The command-line tools as a user meets them: bad arguments get one line saying what is wrong and
+what to do (exit 2, no traceback), Ctrl-C saves what is done, a sweep that measured nothing fails,
+a directory of other settings names the fields that differ, and shards merge into one result."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from helpers import REPO
+
+TINY = ["--devices", "cpu", "--impls", "naive", "--B", "2", "--H", "1", "--HV", "2", "--K", "16", "--V", "16",
+        "--placements", "1", "--no-charts"]
+
+
+def run(tool: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    module = {"sweep": "kda_impls.bench.sweep:main", "merge": "kda_impls.bench.sweep:merge_main",
+              "plot": "kda_impls.bench.plots:main", "regress": "kda_impls.regress:main",
+              "survey": "kda_impls.__main__:main"}[tool]
+    path, func = module.split(":")
+    code = f"import sys; from {path} import {func} as main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(("kda-sweep: error:", "kda-merge: error:", "kda-plot: error:", "kda-regress: error:",
+                                "kda-survey: error:")), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--row-timeout", "0"], ["--row-timeout", "must be a number > 0"]),
+    (["--row-timeout", "-5"], ["--row-timeout"]),
+    (["--impls", ""], ["--impls", "not a comma-separated list"]),
+    (["--impls", "nope"], ["unknown implementations nope", "registered:"]),
+    (["--B", "1,x"], ["--B", "'x' is not a whole number"]),
+    (["--state-dtype", "fp8"], ["unknown dtype 'fp8'"]),
+    (["--shard", "2/2"], ["--shard", "0 <= i < n"]),
+    (["--devices", "cuda:7"], ["--devices"]),
+    (["--preset", "kimi-linear-48b", "--HV", "7"], ["leave no configuration of preset kimi-linear-48b"]),
+    (["--baseline", "triton"], ["--baseline triton is not among this run's implementations (naive)"]),
+])
+def test_sweep_refuses_bad_arguments_in_one_line(args, fragments):
+    one_line_error(run("sweep", *TINY, *args), *fragments)
+
+
+def test_sweep_refuses_an_out_that_is_a_file(tmp_path):
+    target = tmp_path / "results.csv"
+    target.write_text("")
+    one_line_error(run("sweep", *TINY, "--out", str(target)), f"--out {target} is a file")
+
+
+def test_a_sweep_in_which_no_row_succeeded_fails(tmp_path):
+    done = run("sweep", "--devices", "cpu", "--impls", "flashinfer", "--B", "2", "--HV", "2", "--K", "64",
+               "--placements", "1", "--no-charts", "--out", str(tmp_path / "none"))
+    assert done.returncode == 2 and "no row succeeded" in done.stderr and "unsupported" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_reusing_out_with_other_settings_names_the_fields_that_differ(tmp_path):
+    out = tmp_path / "s"
+    assert run("sweep", *TINY, "--out", str(out)).returncode == 0
+    done = run("sweep", *TINY, "--out", str(out), "--l2-entry", "dirty", "--max-seconds", "0.5")
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    message = done.stderr.strip()
+    assert "method.entry: 'clean' -> 'dirty'" in message and "method.kernel.max_seconds" in message
+    assert "device_type" not in message and "{" not in message  # the differences, not two whole dicts
+
+
+def test_ctrl_c_saves_the_rows_done_and_says_how_to_resume(tmp_path):
+    out = tmp_path / "interrupted"
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    sweep = subprocess.Popen([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", "naive", "--B",
+                              "1,2,3,4,5,6,7,8", "--HV", "2", "--K", "16", "--state-dtype", "bf16,fp32",
+                              "--max-seconds", "0.3", "--out", str(out), "--no-charts"],
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    deadline = time.monotonic() + 90
+    while not list((out / "rows").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(sweep.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+    stdout, stderr = sweep.communicate(timeout=60)
+    assert sweep.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr, stderr
+    saved = len(list((out / "rows").glob("*.json")))
+    assert saved >= 1 and f"interrupted: {saved} rows saved in {out}; run the same command again" in stderr
+    assert len(pd.read_csv(out / "results.csv")) == saved  # assembled from what was done
+
+
+def test_shards_merge_into_the_whole_sweep(tmp_path):
+    grid = [*TINY[:-1], "--B", "1,2,3", "--state-dtype", "bf16,fp32", "--no-charts"]
+    whole = run("sweep", *grid, "--out", str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    for i in (0, 1):
+        done = run("sweep", *grid, "--shard", f"{i}/2", "--out", str(tmp_path / f"shard{i}"))
+        assert done.returncode == 0, done.stderr
+    keys = [set(pd.read_csv(tmp_path / f"shard{i}" / "results.csv").key) for i in (0, 1)]
+    assert keys[0] and keys[1] and not keys[0] & keys[1]
+    merged = run("merge", str(tmp_path / "merged"), str(tmp_path / "shard0"), str(tmp_path / "shard1"))
+    assert merged.returncode == 0, merged.stderr
+    table = pd.read_csv(tmp_path / "merged" / "results.csv")
+    assert set(table.key) == set(pd.read_csv(tmp_path / "whole" / "results.csv").key) == keys[0] | keys[1]
+    meta = json.loads((tmp_path / "merged" / "meta.json").read_text())
+    assert len(meta["runs"]) == 2 and len(meta["merged_from"]) == 2
+    again = run("merge", str(tmp_path / "twice"), str(tmp_path / "shard0"), str(tmp_path / "shard0"))
+    one_line_error(again, "is in two of the directories")
+
+
+def test_merge_refuses_directories_measured_otherwise(tmp_path):
+    assert run("sweep", *TINY, "--out", str(tmp_path / "clean")).returncode == 0
+    assert run("sweep", *TINY, "--out", str(tmp_path / "dirty"), "--l2-entry", "dirty").returncode == 0
+    one_line_error(run("merge", str(tmp_path / "m"), str(tmp_path / "clean"), str(tmp_path / "dirty")),
+                   "method.entry: 'clean' -> 'dirty'")
+
+
+def test_plot_errors_are_one_line(tmp_path):
+    one_line_error(run("plot", str(tmp_path / "missing")), "no such directory")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "results.csv").write_text("")
+    one_line_error(run("plot", str(tmp_path / "empty")), "results.csv: empty or cut short")
+
+
+def test_plot_refuses_a_baseline_not_in_the_run(tmp_path):
+    out = tmp_path / "s"
+    assert run("sweep", *TINY, "--out", str(out)).returncode == 0
+    one_line_error(run("plot", str(out), "--baseline", "flashinfer"), "--baseline flashinfer is not in")
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--threshold-for", "bad"], ["'bad' is not REGEX=VALUE"]),
+    (["--threshold-for", "(unclosed=0.1"], ["not a valid regular expression"]),
+    (["--threshold-for", "x=-1"], ["must be a number >= 0 or 'none'"]),
+])
+def test_regress_refuses_bad_thresholds_in_one_line(tmp_path, args, fragments):
+    one_line_error(run("regress", str(tmp_path), str(tmp_path), *args), *fragments)
+
+
+def test_regress_names_an_unreadable_result_file(tmp_path):
+    empty, cut = tmp_path / "empty.json", tmp_path / "cut.json"
+    empty.write_text("")
+    cut.write_text('{"result_columns": ["result"], "results": {"x": [')
+    one_line_error(run("regress", str(empty), str(empty)), f"{empty}: not valid JSON")
+    one_line_error(run("regress", str(cut), str(cut)), f"{cut}: not valid JSON")
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    (sweep_dir / "results.csv").write_text("impl,key,status\nnaive,k,o")
+    one_line_error(run("regress", str(sweep_dir), str(sweep_dir)), "results.csv: not a sweep's results")
+
+
+def test_survey_and_sweep_agree_on_what_runs_on_a_cpu(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    survey = subprocess.run([sys.executable, "-m", "kda_impls"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert survey.returncode == 0, survey.stderr
+    lines = {line.split()[0]: line for line in survey.stdout.splitlines()[2:] if line.strip()}
+    sweep = subprocess.run([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", "naive,triton,fla",
+                            "--B", "4", "--H", "2", "--HV", "4", "--K", "64", "--placements", "1", "--max-seconds",
+                            "0.01", "--no-charts", "--out", str(tmp_path / "s")],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    table = pd.read_csv(tmp_path / "s" / "results.csv").set_index("impl")
+    for impl in ("naive", "triton", "fla"):
+        assert table.loc[impl, "status"] == "ok", (impl, sweep.stderr)
+        assert " ok " in lines[impl], survey.stdout

@@ -1,0 +1,88 @@
+"""scripts/validate_gate.py without a GPU: the planted slowdown comes from the committed tune, the
+sweep form's checks pass an A/A triple and a caught slowdown and fail a missed one, and the asv
+form's --max-runs stops before a run it may not start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+
+from helpers import REPO, asv_env, load_script, write_sweep_dir
+from kda_impls.bench.config import Config
+
+SCRIPT = REPO / "scripts" / "validate_gate.py"
+validate_gate = load_script("validate_gate")
+
+TRITON = [Config("triton", B, 32, 32, 128, 128) for B in (64, 256)]
+FLA = Config("fla", 64, 32, 32, 128, 128)
+
+
+def test_planted_slowdown_is_a_tuned_config_5_to_10_percent_slower():
+    config, ratios = validate_gate.planted_config()
+    assert config.startswith("BV=") and (ratios.B >= 64).all()
+    assert ratios.in_range.sum() >= 2 and ratios.ratio.between(1.05, 1.10).sum() == ratios.in_range.sum()
+    assert (ratios.ratio > 1.0).all() and ratios.ratio.max() < 1.2  # small, not a 4x one
+
+
+def run_dir(path, seed: int, triton_scale=(1.0, 1.0)):
+    rng = np.random.default_rng(seed)
+    rows = {}
+    for cfg, scale in zip(TRITON, triton_scale):
+        rows[cfg] = list(scale * 40.0 * rng.lognormal(0, 0.005, 60))
+    rows[FLA] = list(60.0 * rng.lognormal(0, 0.005, 60))
+    out = write_sweep_dir(path, rows, {"gpu": "NVIDIA H200"})
+    table = pd.read_csv(out / "results.csv")
+    table["kernel_us_placement_min"] = table.kernel_us_median * 0.995
+    table["kernel_us_placement_max"] = table.kernel_us_median * 1.005
+    table.to_csv(out / "results.csv", index=False)
+    return out
+
+
+def evaluate(tmp_path, slow_scale):
+    runs = [run_dir(tmp_path / f"a{i}", i) for i in (1, 2, 3)]
+    slow = run_dir(tmp_path / "slow", 9, slow_scale)
+    out = tmp_path / "gate"
+    done = subprocess.run([sys.executable, str(SCRIPT), "sweep", str(out), *map(str, runs), str(slow)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    return done, json.loads((out / "summary.json").read_text())
+
+
+def test_sweep_form_passes_a_caught_slowdown(tmp_path):
+    done, summary = evaluate(tmp_path, (1.07, 1.03))
+    assert done.returncode == 0 and summary["ok"], done.stdout + done.stderr
+    assert all(pair["exit"] == 0 and not pair["slower"] for pair in summary["aa"].values())
+    assert summary["planted_must_flag"] == 1 and summary["slow"]["missed"] == []
+    assert summary["slow"]["triton_ratios"][TRITON[1].key()][1] == "same"  # 3%: under the threshold
+
+
+def test_sweep_form_fails_when_the_gate_misses_a_slowdown(tmp_path, monkeypatch):
+    """A 7% slowdown whose placement spreads overlap by more than 5% is unsure, not slower: the
+    validation must say the gate missed it."""
+    done, summary = evaluate(tmp_path / "wide", (1.07, 1.0))
+    assert summary["ok"]
+    slow = tmp_path / "wide" / "slow"
+    runs = [tmp_path / "wide" / f"a{i}" for i in (1, 2, 3)]
+    for directory in (slow, runs[0]):  # both sides' placements now range over +-10%
+        table = pd.read_csv(directory / "results.csv")
+        table["kernel_us_placement_min"] = table.kernel_us_median * 0.9
+        table["kernel_us_placement_max"] = table.kernel_us_median * 1.1
+        table.to_csv(directory / "results.csv", index=False)
+    done = subprocess.run([sys.executable, str(SCRIPT), "sweep", str(tmp_path / "g2"), *map(str, runs), str(slow)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    summary = json.loads((tmp_path / "g2" / "summary.json").read_text())
+    assert done.returncode == 1 and not summary["ok"] and summary["slow"]["missed"] == [TRITON[0].key()]
+
+
+def test_asv_form_max_runs_stops_before_a_run_it_may_not_start(tmp_path):
+    env = asv_env(tmp_path)
+    env.pop("KDA_GIT_SHA", None)
+    done = subprocess.run([sys.executable, str(SCRIPT), "asv", str(tmp_path / "out"), "--machine", "cpu-ci",
+                           "--max-runs", "0", "--profile", "cpu"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "--max-runs 0 reached before run a1" in done.stdout
+    assert not (tmp_path / "out" / "a1.log").exists()
