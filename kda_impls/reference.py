@@ -36,15 +36,27 @@ def decode_step(inputs: DecodeInputs, S: torch.Tensor, compute_dtype: torch.dtyp
 
 
 def reference(inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, new_state_rows)`` in float64 on the inputs' device; pure (the inputs are not modified).
+    """``(out, states)`` in float64 on the inputs' device; pure (the inputs are not modified).
 
-    ``out`` is ``[B, HV, V]`` with zeros on rows whose slot is -1. ``new_state_rows[i]`` is the
-    state that slot ``slots[i]`` must hold after the step (``[B, HV, V, K]``, zeros on -1 rows).
+    One-token spelling: ``out`` ``[B, HV, V]`` and ``states`` ``[B, HV, V, K]``, ``states[i]``
+    being the state slot ``slots[i]`` must hold after the step. Per-token spelling (any T):
+    ``out`` ``[B, T, HV, V]`` and ``states`` ``[B, T, HV, V, K]``, ``states[i, t]`` being the state
+    of row i after its token t: what slot ``slots[i, t]`` must hold where it is >= 0. Each row
+    starts from slot ``slots[i, num_accepted[i] - 1]`` and applies its T tokens in order, each with
+    the one-token rule; every token's output is computed, whether or not its state is stored.
+    Padding rows (start slot -1) have zeros in both.
     Float64 on a GPU is IEEE double as on the CPU; computing there keeps large grids fast.
     """
-    live = inputs.slots >= 0
-    S = inputs.state[inputs.slots.long().clamp(min=0)]
-    out, S = decode_step(inputs, S, torch.float64)
+    live = inputs.live_rows()
+    x = inputs.per_token_spelling()
+    out = torch.empty(x.B, x.T, x.HV, x.V, dtype=torch.float64, device=x.device)
+    states = torch.empty(x.B, x.T, x.HV, x.V, x.K, dtype=torch.float64, device=x.device)
+    S = x.state[x.start_slots().clamp(min=0)]
+    for t in range(x.T):
+        out[:, t], S = decode_step(x.token(t), S, torch.float64)
+        states[:, t] = S
     out[~live] = 0
-    S[~live] = 0
-    return out, S
+    states[~live] = 0
+    if not inputs.per_token:
+        return out[:, 0], states[:, 0]
+    return out, states
