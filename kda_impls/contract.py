@@ -74,7 +74,8 @@ class Capabilities:
             f"K {dims(self.k_values)}",
             f"V {dims(self.v_values)}" + (" (K == V)" if self.k_equals_v else ""),
             "GVA" if self.gva else "H == HV only",
-            "T " + ("any" if self.max_tokens is None else "1" if self.max_tokens == 1 else f"<= {self.max_tokens}"),
+            ("any T" if self.max_tokens is None else
+             "T = 1 only" if self.max_tokens == 1 else f"T <= {self.max_tokens}"),
         ]
         if self.slot_stride_multiple > 1:
             parts.append(f"slot stride % {self.slot_stride_multiple}")

@@ -86,7 +86,7 @@ def verify(impl: Implementation, inputs: DecodeInputs) -> Verdict:
     problems = []
     if torch.isnan(out).any():
         problems.append(f"{int(torch.isnan(out).sum())} output elements NaN (unwritten or invalid)")
-    out_rows, ref_rows = out.view(B, T, -1), ref_out.view(B, T, -1)
+    out_rows, ref_rows = out.view(B, T, inputs.HV, inputs.V), ref_out.view(B, T, inputs.HV, inputs.V)
     if (out_rows[~live] != 0).any():
         problems.append("rows with slot -1 must output zeros (padding rows: the slot they start from is -1)")
     err_out = rel_err(out_rows[live], ref_rows[live])

@@ -20,9 +20,8 @@ The tile shape (``BV``, ``heads``, ``num_warps``, ``num_stages``) comes from the
 in :mod:`kda_impls.impls.triton_tuning`, keyed by shape, state dtype and batch size; the environment
 variable ``KDA_TRITON_CONFIG`` (e.g. ``"BV=32,num_warps=4"``) overrides any of its fields for
 every shape. Both are resolved when the launcher is bound, never inside it. A multi-token step
-uses the entry of its shape and batch size B as it is (the table was tuned at T = 1: the grid is
-the same, but each program carries T tokens; ``num_stages`` pipelines only the one-token kernel's
-head loop).
+uses the entry of its shape and batch size B as it is: the grid is the same as at T = 1, each
+program carrying T tokens (the table was tuned at T = 1; no multi-token step has been tuned).
 """
 
 from __future__ import annotations
