@@ -2,7 +2,7 @@
 the float64 reference against T one-token steps (the defining property), naive, verify against
 planted bugs, the byte model, and every implementation's stance on T > 1.
 
-Our Triton kernel's multi-token tests are in tests/test_triton.py beside its one-token ones.
+Our Triton kernel's multi-token tests are in tests/test_triton_multitoken.py.
 """
 
 import math
