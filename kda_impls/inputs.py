@@ -138,8 +138,7 @@ class DecodeInputs:
             return self
         if self.T != 1:
             raise ValueError(f"a step of T={self.T} tokens has no one-token spelling")
-        return replace(self, q=self.q[:, 0], k=self.k[:, 0], v=self.v[:, 0], a=self.a[:, 0], b=self.b[:, 0],
-                       slots=self.slots[:, 0], num_accepted=None)
+        return self.token(0)
 
     def per_token_spelling(self) -> "DecodeInputs":
         """This step with a token axis (views): a one-token step becomes a T = 1 one."""
