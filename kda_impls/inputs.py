@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -220,7 +221,7 @@ def make_inputs(
     """
     for name, value, low in (("B", B, 0), ("H", H, 1), ("HV", HV, 1), ("K", K, 1), ("V", V, 1), ("T", T, 1),
                              ("slot_pad", slot_pad, 0)):
-        if not (isinstance(value, int) and value >= low):
+        if not (isinstance(value, numbers.Integral) and value >= low):  # numpy's integers too
             raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
     if checkpoints not in CHECKPOINTS:
         raise ValueError(f"checkpoints must be one of {CHECKPOINTS}; got {checkpoints!r}")

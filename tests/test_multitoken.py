@@ -9,6 +9,7 @@ import math
 import re
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,6 +89,11 @@ def test_make_inputs_says_what_is_wrong(kw, complaint):
     args = dict(B=4, H=1, HV=1, K=8, V=8) | kw
     with pytest.raises(ValueError, match=complaint):
         make_inputs(**args)
+
+
+def test_make_inputs_takes_numpy_integers():
+    x = make_inputs(*np.array([4, 1, 2, 8, 8]), T=np.int64(2), seed=1)
+    assert x.out_shape == (4, 2, 2, 8)
 
 
 def test_make_inputs_empty_batch():
