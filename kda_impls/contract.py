@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+from collections import Counter
 from importlib import metadata
 from dataclasses import dataclass
 from typing import Callable
@@ -22,6 +23,16 @@ from .dtypes import dtype_name
 from .inputs import DecodeInputs
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# The per-row tensors in both spellings, by the dimension each axis carries.
+_ONE_TOKEN_LAYOUTS = {"q": ("B", "H", "K"), "k": ("B", "H", "K"), "v": ("B", "HV", "V"), "a": ("B", "HV", "K"),
+                      "b": ("B", "HV"), "slots": ("B",)}
+_PER_TOKEN_LAYOUTS = {name: layout[:1] + ("T",) + layout[1:] for name, layout in _ONE_TOKEN_LAYOUTS.items()}
+_ONE_TOKEN_RANKS = {name: len(layout) for name, layout in _ONE_TOKEN_LAYOUTS.items()}
+
+
+def _spell(layout: tuple[str, ...]) -> str:
+    return "[" + ", ".join(layout) + "]"
 
 
 class ContractError(ValueError):
@@ -49,6 +60,9 @@ class Capabilities:
     base_alignment: int = 1  # bytes, of the pool's base and of the out buffer
     min_compute_capability: tuple[int, int] | None = None
     packages: tuple[str, ...] = ()  # import names that must be installed
+    # tokens per sequence in one step: 1 = one-token decode only (a T = 1 step in the per-token
+    # spelling is handed over in the one-token spelling), None = any T (multi-token decode)
+    max_tokens: int | None = 1
 
     def describe(self) -> str:
         def dims(values):
@@ -60,6 +74,8 @@ class Capabilities:
             f"K {dims(self.k_values)}",
             f"V {dims(self.v_values)}" + (" (K == V)" if self.k_equals_v else ""),
             "GVA" if self.gva else "H == HV only",
+            ("any T" if self.max_tokens is None else
+             "T = 1 only" if self.max_tokens == 1 else f"T <= {self.max_tokens}"),
         ]
         if self.slot_stride_multiple > 1:
             parts.append(f"slot stride % {self.slot_stride_multiple}")
@@ -119,34 +135,45 @@ class Implementation:
             self._fail("scale", f"scale must be finite and > 0; got {scale} (pass scale=None for K**-0.5)")
 
     def _check_shapes(self, x: DecodeInputs) -> None:
-        for name in ("q", "k", "v", "a", "b", "state"):
-            want = {"q": 3, "k": 3, "v": 3, "a": 3, "b": 2, "state": 4}[name]
+        # The spelling (one token per row, or a token axis) is the one most of q, k, v, a, b and
+        # slots use, and each dimension the value most of the tensors that carry it agree on: a
+        # tensor that disagrees is then blamed itself, never a consistent one derived from it.
+        per_token = sum(getattr(x, n).dim() == r + 1 for n, r in _ONE_TOKEN_RANKS.items()) > \
+            sum(getattr(x, n).dim() == r for n, r in _ONE_TOKEN_RANKS.items())
+        layouts = _PER_TOKEN_LAYOUTS if per_token else _ONE_TOKEN_LAYOUTS
+        for name, layout in {**layouts, "state": ("N", "HV", "V", "K")}.items():
             t = getattr(x, name)
-            if t.dim() != want:
-                shape = {"q": "[B, H, K]", "k": "[B, H, K]", "v": "[B, HV, V]", "a": "[B, HV, K]",
-                         "b": "[B, HV]", "state": "[N, HV, V, K]"}[name]
-                self._fail("rank", f"{name} must be {want}-D {shape}; got shape {tuple(t.shape)}")
-        B, H, K = x.q.shape
-        HV, V = x.v.shape[1:]
-        expected = {
-            "k": (B, H, K),
-            "v": (B, HV, V),
-            "a": (B, HV, K),
-            "b": (B, HV),
-            "A_log": (HV,),
-            "state": (x.state.shape[0], HV, V, K),
-            "slots": (B,),
-        }
-        for name, shape in expected.items():
+            if t.dim() != len(layout):
+                self._fail("rank", f"{name} must be {len(layout)}-D {_spell(layout)}; got shape {tuple(t.shape)}")
+        carriers = {**layouts, "A_log": ("HV",), "state": ("N", "HV", "V", "K")}
+        if x.dt_bias.dim() == 2:
+            carriers["dt_bias"] = ("HV", "K")
+        if x.num_accepted is not None and x.num_accepted.dim() == 1:
+            carriers["num_accepted"] = ("B",)
+        votes: dict[str, list[int]] = {}
+        for name, layout in carriers.items():
+            t = getattr(x, name)
+            if t.dim() == len(layout):
+                for dim, size in zip(layout, t.shape):
+                    votes.setdefault(dim, []).append(size)
+        # most common first; a tie goes to the tensor listed first (q before k, v before state)
+        dims = {dim: Counter(sizes).most_common(1)[0][0] for dim, sizes in votes.items()}
+        agreed = ", ".join(f"{d}={dims[d]}" for d in ("B", "T", "H", "HV", "K", "V") if d in dims)
+        expected = {**layouts, "A_log": ("HV",), "state": ("N", "HV", "V", "K")}
+        if x.num_accepted is not None:
+            expected["num_accepted"] = ("B",)
+        for name, layout in expected.items():
             got = tuple(getattr(x, name).shape)
+            shape = tuple(dims[d] for d in layout)
             if got != shape:
-                self._fail("shape", f"{name} shape must be {shape} (from q [B, H, K]={tuple(x.q.shape)}, "
-                                    f"v [B, HV, V]={tuple(x.v.shape)}); got {got}")
+                self._fail("shape", f"{name} shape must be {shape} ({_spell(layout)} with {agreed}, as most "
+                                    f"inputs agree); got {got}")
+        HV, K = dims["HV"], dims["K"]
         if tuple(x.dt_bias.shape) not in ((HV, K), (HV * K,)):
             self._fail("shape", f"dt_bias shape must be [HV, K]=({HV}, {K}) or [HV*K]=({HV * K},); "
                                 f"got {tuple(x.dt_bias.shape)}")
-        if H == 0 or HV % H:
-            self._fail("gva", f"HV must be a multiple of H; got HV={HV}, H={H} "
+        if x.H == 0 or HV % x.H:
+            self._fail("gva", f"HV must be a multiple of H; got HV={HV}, H={x.H} "
                               f"(value head hv reads q/k head hv // (HV // H))")
 
     def _check_dtypes_devices(self, x: DecodeInputs) -> None:
@@ -163,11 +190,15 @@ class Implementation:
                                     f"parameters in fp32: .float())")
         if x.slots.dtype != torch.int32:
             self._fail("slots", f"slots dtype must be int32; got {dtype_name(x.slots.dtype)} (.to(torch.int32))")
+        if x.num_accepted is not None and x.num_accepted.dtype != torch.int32:
+            self._fail("num-accepted", f"num_accepted dtype must be int32; got {dtype_name(x.num_accepted.dtype)} "
+                                       f"(.to(torch.int32))")
         for name, t in x.tensors().items():
             if t.device != x.state.device:
                 self._fail("device", f"{name} must be on the state's device {x.state.device}; got {t.device}")
-        for name in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "slots"):
-            t = getattr(x, name)
+        for name, t in x.tensors().items():
+            if name == "state":
+                continue
             if not t.is_contiguous():
                 self._fail("contiguous", f"{name} must be contiguous; got strides {t.stride()} for shape "
                                          f"{tuple(t.shape)} (.contiguous())")
@@ -211,25 +242,36 @@ class Implementation:
         if x.HV != x.H and not caps.gva:
             yield ("gva", f"needs H == HV (no grouped value heads); got H={x.H}, HV={x.HV}",
                    f"no GVA: needs H == HV; got H={x.H}, HV={x.HV}")
+        if caps.max_tokens is not None and x.T > caps.max_tokens:
+            reason = (f"T > 1 (multi-token decode) not supported by {self.name}" if caps.max_tokens == 1 else
+                      f"T={x.T} tokens per step not supported by {self.name} (at most {caps.max_tokens})")
+            yield "tokens", f"{reason}; got T={x.T}", reason
 
     def _check_capabilities(self, x: DecodeInputs) -> None:
         for rule, message, _ in self._capability_violations(x):
             self._fail(rule, message)
 
     def _check_slots(self, x: DecodeInputs) -> None:
-        # slots are known to be 1-D contiguous int32 of length B on the state's device here
+        # slots (and num_accepted) are known to be contiguous int32 of the right shape on the
+        # state's device here
         if x.B == 0:
             return
-        lo, hi = int(x.slots.min()), int(x.slots.max())  # one device sync
+        bounds = [x.slots.min(), x.slots.max()]
+        if x.num_accepted is not None:
+            bounds += [x.num_accepted.min(), x.num_accepted.max()]
+        lo, hi, *accepted = torch.stack(bounds).tolist()  # one device sync
         if lo < -1 or hi >= x.N:
             self._fail("slot-range", f"slots values must be in [-1, N={x.N}); got min {lo}, max {hi}")
-        live = x.slots[x.slots >= 0]
-        if live.unique().numel() != live.numel():
-            dup = live.unique(return_counts=True)
+        if accepted and (accepted[0] < 1 or accepted[1] > x.T):
+            self._fail("num-accepted", f"num_accepted values must be in [1, T={x.T}] (row i starts from slot "
+                                       f"slots[i, num_accepted[i] - 1]); got min {accepted[0]}, max {accepted[1]}")
+        named = x.slots[x.slots >= 0]
+        if named.unique().numel() != named.numel():
+            dup = named.unique(return_counts=True)
             repeated = dup[0][dup[1] > 1][:4].tolist()
             self._fail("slot-duplicate",
-                       f"slots must name each non-negative slot at most once (two rows writing one slot "
-                       f"race); got repeated slots {repeated}")
+                       f"slots must name each non-negative slot at most once, across rows and tokens (two "
+                       f"stores to one slot race); got repeated slots {repeated}")
 
     # ---- where it can run -------------------------------------------------------------------
     def versions(self) -> dict[str, str]:
@@ -238,6 +280,14 @@ class Implementation:
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
         return None
+
+    def _as_read(self, inputs: DecodeInputs) -> DecodeInputs:
+        """The inputs as :meth:`_launcher` and :meth:`_extra_unsupported` see them: an
+        implementation of one token per step gets a T = 1 step in the one-token spelling (views of
+        the same memory), so it never meets the token axis."""
+        if self.capabilities.max_tokens == 1 and inputs.per_token and inputs.T == 1:
+            return inputs.one_token_spelling()
+        return inputs
 
     def unsupported(self, inputs: DecodeInputs) -> str | None:
         """Why these inputs cannot run here, or None. Needs no kernel launch and no sync."""
@@ -256,7 +306,7 @@ class Implementation:
                 return "needs compute capability >= %d.%d; this GPU is %d.%d" % (*caps.min_compute_capability, *cc)
         for _, _, reason in self._capability_violations(inputs):
             return reason
-        return self._extra_unsupported(inputs)
+        return self._extra_unsupported(self._as_read(inputs))
 
     # ---- running ------------------------------------------------------------------------------
     def bind(self, inputs: DecodeInputs, out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
@@ -270,7 +320,7 @@ class Implementation:
         reason = self.unsupported(inputs)
         if reason:
             raise Unsupported(f"{self.label}: {reason}")
-        shape = (inputs.B, inputs.HV, inputs.V)
+        shape = inputs.out_shape
         if out is None:
             out = torch.empty(shape, dtype=inputs.v.dtype, device=inputs.device)
         elif tuple(out.shape) != shape or out.dtype != inputs.v.dtype or out.device != inputs.device \
@@ -280,7 +330,16 @@ class Implementation:
         elif out.data_ptr() % self.capabilities.base_alignment:
             self._fail("out", f"out must start {self.capabilities.base_alignment}-byte aligned; its byte offset "
                               f"is {out.data_ptr() % self.capabilities.base_alignment}")
-        return self._launcher(inputs, out)
+        spelled = self._as_read(inputs)
+        if spelled is inputs:
+            return self._launcher(inputs, out)
+        launch = self._launcher(spelled, out.view(spelled.out_shape))
+
+        def launch_per_token() -> torch.Tensor:
+            launch()
+            return out
+
+        return launch_per_token
 
     def decode(self, inputs: DecodeInputs, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.bind(inputs, out)()

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+import numbers
+from dataclasses import dataclass, fields, replace
 
 import torch
 
 
 @dataclass
 class DecodeInputs:
-    """One decode token per sequence; the pool ``state`` is updated in place at rows ``slots``.
+    """One decode step; the pool ``state`` is updated in place at the slots named in ``slots``.
 
-    q, k ``[B, H, K]``; v ``[B, HV, V]``; a (raw gate input) ``[B, HV, K]``; b (beta logit)
-    ``[B, HV]``; A_log ``[HV]`` fp32; dt_bias ``[HV, K]`` or ``[HV*K]`` fp32; state
-    ``[N, HV, V, K]`` (only its slot stride may be non-compact); slots ``[B]`` int32 with
-    -1 marking a padding row; scale defaults to ``K ** -0.5``.
+    One token per sequence (today's spelling): q, k ``[B, H, K]``; v ``[B, HV, V]``; a (raw gate
+    input) ``[B, HV, K]``; b (beta logit) ``[B, HV]``; slots ``[B]`` int32, -1 marking a padding row.
+
+    T tokens per sequence (multi-token decode, speculative verify; any T >= 1): q, k
+    ``[B, T, H, K]``; v ``[B, T, HV, V]``; a ``[B, T, HV, K]``; b ``[B, T, HV]``; slots ``[B, T]``
+    int32, the state after token t of row i stored in slot ``slots[i, t]`` (-1: not stored);
+    num_accepted ``[B]`` int32 in [1, T] (None: all 1), row i starting from the state in slot
+    ``slots[i, num_accepted[i] - 1]``, a row whose start slot is -1 being padding. At T = 1 this
+    spelling means exactly what the first one does.
+
+    Either way: A_log ``[HV]`` fp32; dt_bias ``[HV, K]`` or ``[HV*K]`` fp32; state
+    ``[N, HV, V, K]`` (only its slot stride may be non-compact); scale defaults to ``K ** -0.5``.
     """
 
     q: torch.Tensor
@@ -28,26 +37,37 @@ class DecodeInputs:
     state: torch.Tensor
     slots: torch.Tensor
     scale: float | None = None
+    num_accepted: torch.Tensor | None = None
+
+    @property
+    def per_token(self) -> bool:
+        """Whether the activations are spelled with a token axis (``[B, T, ...]``)."""
+        return self.q.dim() == 4
 
     @property
     def B(self) -> int:
         return self.q.shape[0]
 
     @property
+    def T(self) -> int:
+        """Tokens per sequence in this step (1 in the one-token spelling)."""
+        return self.q.shape[1] if self.per_token else 1
+
+    @property
     def H(self) -> int:
-        return self.q.shape[1]
+        return self.q.shape[-2]
 
     @property
     def K(self) -> int:
-        return self.q.shape[2]
+        return self.q.shape[-1]
 
     @property
     def HV(self) -> int:
-        return self.v.shape[1]
+        return self.v.shape[-2]
 
     @property
     def V(self) -> int:
-        return self.v.shape[2]
+        return self.v.shape[-1]
 
     @property
     def N(self) -> int:
@@ -71,9 +91,64 @@ class DecodeInputs:
     def device(self) -> torch.device:
         return self.state.device
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "scale"}
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """``[B, HV, V]`` in the one-token spelling, ``[B, T, HV, V]`` in the per-token one."""
+        return (self.B, self.T, self.HV, self.V) if self.per_token else (self.B, self.HV, self.V)
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor by field name (``num_accepted`` only where given)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "scale" and getattr(self, f.name) is not None}
+
+    # ---- the per-token view of a step ----------------------------------------------------------
+    def token_slots(self) -> torch.Tensor:
+        """``slots`` as ``[B, T]`` (a view) in either spelling."""
+        return self.slots.view(self.B, self.T)
+
+    def accepted(self) -> torch.Tensor:
+        """``num_accepted``, or all ones where it is None (``[B]`` int32)."""
+        if self.num_accepted is not None:
+            return self.num_accepted
+        return torch.ones(self.B, dtype=torch.int32, device=self.slots.device)
+
+    def start_slots(self) -> torch.Tensor:
+        """The slot each row starts from, ``slots[i, num_accepted[i] - 1]`` (``[B]`` int64; -1: a
+        padding row). Assumes the contract holds (num_accepted in [1, T])."""
+        return self.token_slots().long().gather(1, (self.accepted().long() - 1).view(self.B, 1)).view(self.B)
+
+    def live_rows(self) -> torch.Tensor:
+        """``[B]`` bool: the rows that are not padding (their start slot is >= 0)."""
+        return self.start_slots() >= 0
+
+    def stored(self) -> torch.Tensor:
+        """``[B, T]`` bool: where the step stores a state (a live row's token with a slot >= 0)."""
+        return self.live_rows()[:, None] & (self.token_slots() >= 0)
+
+    def token(self, t: int) -> "DecodeInputs":
+        """Token ``t`` of every row as a one-token step (views; the pool is shared): its q, k, v, a,
+        b and ``slots[:, t]``. Where rows start from is not part of it: that is ``start_slots``."""
+        x = self.per_token_spelling()
+        return replace(x, q=x.q[:, t], k=x.k[:, t], v=x.v[:, t], a=x.a[:, t], b=x.b[:, t], slots=x.slots[:, t],
+                       num_accepted=None)
+
+    def one_token_spelling(self) -> "DecodeInputs":
+        """A T = 1 step in the one-token spelling (views): what implementations without multi-token
+        support are handed. num_accepted is dropped (at T = 1 it can only be all ones)."""
+        if not self.per_token:
+            return self
+        if self.T != 1:
+            raise ValueError(f"a step of T={self.T} tokens has no one-token spelling")
+        return self.token(0)
+
+    def per_token_spelling(self) -> "DecodeInputs":
+        """This step with a token axis (views): a one-token step becomes a T = 1 one."""
+        if self.per_token:
+            return self
+        return replace(self, q=self.q[:, None], k=self.k[:, None], v=self.v[:, None], a=self.a[:, None],
+                       b=self.b[:, None], slots=self.slots[:, None])
+
+    # ---- the pool --------------------------------------------------------------------------------
     def pool_span(self) -> torch.Tensor:
         """The pool's whole storage range (slots and the padding between them) as a 1-D view."""
         per_slot = self.state[0].numel() if self.N else 0  # the pool's own, even where it breaks the contract
@@ -88,19 +163,23 @@ class DecodeInputs:
         return DecodeInputs(**copies, state=state, scale=self.scale)
 
     def nbytes(self) -> int:
-        """Bytes a decode step must move: live state rows read and written once, every other input
-        read once, the output written once."""
-        live = int((self.slots >= 0).sum())
-        out = self.B * self.HV * self.V * self.v.element_size()  # the output is in v's dtype
-        return 2 * live * self.slot_elements * self.state.element_size() + self.bytes_besides_pool() + out
+        """Bytes a decode step must move: one state read per live row, one state write per stored
+        slot, every other input read once, the output written once (in v's dtype). At T = 1 that is
+        each live row's state read and written once."""
+        state_moves = int(self.live_rows().sum()) + int(self.stored().sum())
+        out = math.prod(self.out_shape) * self.v.element_size()
+        return state_moves * self.slot_elements * self.state.element_size() + self.bytes_besides_pool() + out
 
     def bytes_besides_pool(self) -> int:
-        """Bytes of every input but the pool: activations, gate parameters, slots."""
+        """Bytes of every input but the pool: activations, gate parameters, slots, num_accepted."""
         return sum(t.nbytes for name, t in self.tensors().items() if name != "state")
 
 
 def _inverse_softplus(x: torch.Tensor) -> torch.Tensor:
     return x + torch.log(-torch.expm1(-x))
+
+
+CHECKPOINTS = ("all", "last")
 
 
 def make_inputs(
@@ -110,6 +189,8 @@ def make_inputs(
     K: int,
     V: int,
     *,
+    T: int = 1,
+    checkpoints: str = "all",
     state_dtype: torch.dtype = torch.bfloat16,
     dtype: torch.dtype = torch.bfloat16,
     slot_pad: int = 0,
@@ -122,16 +203,36 @@ def make_inputs(
     """Random inputs distributed as in a trained Kimi-Linear layer.
 
     The pool is a strided view of one flat buffer with slot stride ``HV*V*K + slot_pad``; the
-    padding holds random bits too, so a kernel that writes it is caught bit-for-bit. ``slots`` is
-    a random choice of ``B`` distinct slots out of ``n_slots`` (default ``2*B``, so untouched
-    slots exist), in random order unless ``sorted_slots`` (as a fresh serving pool hands them out),
-    with ``pad_rows`` random rows set to -1. ``dtype`` is that of q, k, v, a, b.
+    padding holds random bits too, so a kernel that writes it is caught bit-for-bit. ``dtype`` is
+    that of q, k, v, a, b.
+
+    T = 1 (the one-token spelling, the same tensors for a seed as before multi-token decode
+    existed): ``slots`` is a random choice of ``B`` distinct slots out of ``n_slots`` (default
+    ``2*B``, so untouched slots exist), in random order unless ``sorted_slots`` (as a fresh serving
+    pool hands them out), with ``pad_rows`` random rows set to -1.
+
+    T > 1 (the per-token spelling): with ``checkpoints="all"`` every token of a row stores into a
+    slot of its own (``B*T`` distinct slots) and ``num_accepted`` is random in [1, T], as a
+    speculative verify that keeps the state after every draft token; with ``"last"`` only the last
+    token stores (``slots[:, :T-1] = -1``) and ``num_accepted = T``, so each row starts from and
+    stores into ``slots[i, T-1]``. The slots are drawn as at T = 1 (``n_slots`` defaults to twice
+    the slots stored), a row's slots consecutive in ``sorted_slots`` order; ``pad_rows`` random
+    rows are all -1.
     """
+    for name, value, low in (("B", B, 0), ("H", H, 1), ("HV", HV, 1), ("K", K, 1), ("V", V, 1), ("T", T, 1),
+                             ("slot_pad", slot_pad, 0)):
+        if not (isinstance(value, numbers.Integral) and value >= low):  # numpy's integers too
+            raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+    if checkpoints not in CHECKPOINTS:
+        raise ValueError(f"checkpoints must be one of {CHECKPOINTS}; got {checkpoints!r}")
     if not 0 <= pad_rows <= B:
         raise ValueError(f"pad_rows must be in [0, B={B}]; got {pad_rows}")
-    n_slots = max(2 * B, 1) if n_slots is None else n_slots
-    if n_slots < B:
-        raise ValueError(f"n_slots={n_slots} must be >= B={B} (every row needs its own slot)")
+    stores_per_row = T if checkpoints == "all" else 1
+    stored = B * stores_per_row
+    n_slots = max(2 * stored, 1) if n_slots is None else n_slots
+    if n_slots < stored:
+        need = "B" if stores_per_row == 1 else "B*T"
+        raise ValueError(f"n_slots={n_slots} must be >= {need}={stored} (every stored token needs its own slot)")
     dev = torch.device(device)
     # drawn on the target device: a pool of gigabytes would take seconds on the CPU
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -144,10 +245,11 @@ def make_inputs(
             t.uniform_(generator=gen)
         return t.to(dt)
 
-    q, k = rand(B, H, K, dt=dtype), rand(B, H, K, dt=dtype)
-    v = rand(B, HV, V, dt=dtype)
-    a = rand(B, HV, K, dt=dtype)
-    b = rand(B, HV, dt=dtype)
+    rows = (B,) if T == 1 else (B, T)  # T = 1 keeps the one-token spelling and its random stream
+    q, k = rand(*rows, H, K, dt=dtype), rand(*rows, H, K, dt=dtype)
+    v = rand(*rows, HV, V, dt=dtype)
+    a = rand(*rows, HV, K, dt=dtype)
+    b = rand(*rows, HV, dt=dtype)
     # Mamba/KDA initialisation: A uniform in [1, 16], dt log-uniform in [1e-3, 1e-1]
     A_log = torch.log(1.0 + 15.0 * rand(HV, normal=False))
     dt = torch.exp(math.log(1e-3) + (math.log(1e-1) - math.log(1e-3)) * rand(HV, K, normal=False))
@@ -158,8 +260,17 @@ def make_inputs(
     flat = (rand(max(n_slots * stride, 1)) * 0.5).to(state_dtype)
     state = flat.as_strided((n_slots, HV, V, K), (stride, V * K, K, 1))
 
-    slots = torch.randperm(n_slots, generator=gen, device=dev)[:B].to(torch.int32)
+    slots = torch.randperm(n_slots, generator=gen, device=dev)[:stored].to(torch.int32)
     if sorted_slots:
         slots = slots.sort().values
+    num_accepted = None
+    if T > 1:
+        if checkpoints == "all":
+            slots = slots.view(B, T)
+            num_accepted = torch.randint(1, T + 1, (B,), generator=gen, device=dev, dtype=torch.int32)
+        else:
+            slots = torch.cat([torch.full((B, T - 1), -1, dtype=torch.int32, device=dev), slots.view(B, 1)], dim=1)
+            num_accepted = torch.full((B,), T, dtype=torch.int32, device=dev)
     slots[torch.randperm(B, generator=gen, device=dev)[:pad_rows]] = -1
-    return DecodeInputs(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, slots=slots)
+    return DecodeInputs(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, slots=slots,
+                        num_accepted=num_accepted)

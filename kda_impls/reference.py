@@ -1,4 +1,30 @@
-"""The float64 reference of one KDA decode step: the semantics every implementation must match."""
+"""The float64 reference of one KDA decode step: the semantics every implementation must match.
+
+Multi-token decode (T tokens per row) follows the fla / vLLM / FlashInfer convention for chain
+drafts: row i starts from slot ``slots[i, num_accepted[i] - 1]``, applies its T tokens in order
+with the one-token rule, outputs every token, and stores the state after token t into
+``slots[i, t]`` where that is >= 0; a row whose start slot is -1 is padding. The libraries read
+the same arguments differently at the edges (from their source; neither has run here):
+
+- fla-core 0.6.0, ``fused_recurrent_kda_fwd`` (``fla/ops/kda/fused_recurrent.py``) with
+  ``ssm_state_indices`` ``[N, T]`` and ``num_accepted_tokens``: the same start slot (it steps
+  through a row's indices as if they were contiguous, ignoring their token stride) and the same
+  outputs, every token computed whatever num_accepted is; num_accepted is not range-checked; a -1
+  is never special: a -1 start slot reads the slot before the pool, and a -1 among a row's slots
+  stores that token's state there, outside the pool.
+- FlashInfer 0.7.2.post1, ``recurrent_kda(num_spec_tokens=T-1, num_accepted_tokens=...)``,
+  whose multi-token calls all run the grouped-CTA CuTe kernel under the default backend
+  (``flashinfer/kda_kernels/recurrent_kda.py``, ``_grouped_kda_kernel``): num_accepted is
+  clamped into [1, T] instead of refused; a -1 start slot reads slot 0 and the row's tokens whose
+  slot is >= 0 still run from that state and are stored (a padding row must therefore have every
+  slot -1, as engines send it: it then outputs zeros and writes nothing, as here); a -1 among a
+  live row's slots skips that token altogether (no decay, no update, output 0) where here the
+  token is applied and only its store is skipped. Its state is bf16 only, and under GVA its
+  in-kernel gate reads ``A_log`` and ``dt_bias`` at the q/k head, as at T = 1.
+- Both compute the outputs of the tokens before ``num_accepted - 1`` too, and FlashInfer's
+  tests check those tokens' outputs and checkpoints only from ``num_accepted - 1`` on; here every
+  token's output and every stored state is checked.
+"""
 
 from __future__ import annotations
 
@@ -36,15 +62,27 @@ def decode_step(inputs: DecodeInputs, S: torch.Tensor, compute_dtype: torch.dtyp
 
 
 def reference(inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, new_state_rows)`` in float64 on the inputs' device; pure (the inputs are not modified).
+    """``(out, states)`` in float64 on the inputs' device; pure (the inputs are not modified).
 
-    ``out`` is ``[B, HV, V]`` with zeros on rows whose slot is -1. ``new_state_rows[i]`` is the
-    state that slot ``slots[i]`` must hold after the step (``[B, HV, V, K]``, zeros on -1 rows).
+    One-token spelling: ``out`` ``[B, HV, V]`` and ``states`` ``[B, HV, V, K]``, ``states[i]``
+    being the state slot ``slots[i]`` must hold after the step. Per-token spelling (any T):
+    ``out`` ``[B, T, HV, V]`` and ``states`` ``[B, T, HV, V, K]``, ``states[i, t]`` being the state
+    of row i after its token t: what slot ``slots[i, t]`` must hold where it is >= 0. Each row
+    starts from slot ``slots[i, num_accepted[i] - 1]`` and applies its T tokens in order, each with
+    the one-token rule; every token's output is computed, whether or not its state is stored.
+    Padding rows (start slot -1) have zeros in both.
     Float64 on a GPU is IEEE double as on the CPU; computing there keeps large grids fast.
     """
-    live = inputs.slots >= 0
-    S = inputs.state[inputs.slots.long().clamp(min=0)]
-    out, S = decode_step(inputs, S, torch.float64)
+    live = inputs.live_rows()
+    x = inputs.per_token_spelling()
+    out = torch.empty(x.B, x.T, x.HV, x.V, dtype=torch.float64, device=x.device)
+    states = torch.empty(x.B, x.T, x.HV, x.V, x.K, dtype=torch.float64, device=x.device)
+    S = x.state[x.start_slots().clamp(min=0)]
+    for t in range(x.T):
+        out[:, t], S = decode_step(x.token(t), S, torch.float64)
+        states[:, t] = S
     out[~live] = 0
-    S[~live] = 0
-    return out, S
+    states[~live] = 0
+    if not inputs.per_token:
+        return out[:, 0], states[:, 0]
+    return out, states

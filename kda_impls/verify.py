@@ -1,8 +1,8 @@
 """One checked run of an implementation against the float64 reference.
 
-The output is poisoned with NaN before the run; the state rows and output are compared with the
-reference by relative L2 error; every slot not named in ``slots`` and the padding between slots
-must be unchanged bit for bit.
+The output is poisoned with NaN before the run; the stored states and the output are compared with
+the reference by relative L2 error; every slot the step does not store and the padding between
+slots must be unchanged bit for bit.
 """
 
 from __future__ import annotations
@@ -64,14 +64,19 @@ def _padding(inputs: DecodeInputs, pool_span: torch.Tensor) -> torch.Tensor:
 def verify(impl: Implementation, inputs: DecodeInputs) -> Verdict:
     """Run ``impl`` once on ``inputs`` (their pool is updated) and judge the result.
 
-    Raises what ``bind`` raises (ContractError, Unsupported) before anything runs.
+    Every slot the step stores must hold its token's state; every other slot (not named, or named
+    only by a padding row) and the padding between slots must be unchanged bit for bit; padding
+    rows must output zeros. Raises what ``bind`` raises (ContractError, Unsupported) before
+    anything runs.
     """
-    launch = impl.bind(inputs, torch.full((inputs.B, inputs.HV, inputs.V), float("nan"),
-                                          dtype=inputs.v.dtype, device=inputs.device))
-    ref_out, ref_rows = reference(inputs)
+    launch = impl.bind(inputs, torch.full(inputs.out_shape, float("nan"), dtype=inputs.v.dtype,
+                                          device=inputs.device))
+    ref_out, ref_states = reference(inputs)
     before = inputs.pool_span().clone()
-    slots = inputs.slots.long()
-    live = slots >= 0
+    B, T = inputs.B, inputs.T
+    live = inputs.live_rows()
+    stored = inputs.stored()
+    stored_slots = inputs.token_slots().long()[stored]
     out = launch()
     if out.is_cuda:
         torch.cuda.synchronize(out.device)
@@ -81,10 +86,11 @@ def verify(impl: Implementation, inputs: DecodeInputs) -> Verdict:
     problems = []
     if torch.isnan(out).any():
         problems.append(f"{int(torch.isnan(out).sum())} output elements NaN (unwritten or invalid)")
-    if (out[~live] != 0).any():
-        problems.append("rows with slot -1 must output zeros")
-    err_out = rel_err(out[live], ref_out[live])
-    err_state = rel_err(inputs.state[slots[live]], ref_rows[live])
+    out_rows, ref_rows = out.view(B, T, inputs.HV, inputs.V), ref_out.view(B, T, inputs.HV, inputs.V)
+    if (out_rows[~live] != 0).any():
+        problems.append("rows with slot -1 must output zeros (padding rows: the slot they start from is -1)")
+    err_out = rel_err(out_rows[live], ref_rows[live])
+    err_state = rel_err(inputs.state[stored_slots], ref_states.view(B, T, *inputs.state.shape[1:])[stored])
     if not err_out <= tol_out:
         problems.append(f"output error {err_out:.2e} > {tol_out:.0e}")
     if not err_state <= tol_state:
@@ -92,7 +98,7 @@ def verify(impl: Implementation, inputs: DecodeInputs) -> Verdict:
 
     after = inputs.pool_span()
     untouched = torch.ones(inputs.N, dtype=torch.bool, device=inputs.device)
-    untouched[slots[live]] = False
+    untouched[stored_slots] = False
     idx = torch.nonzero(untouched).flatten()
 
     def slot_rows(span):
@@ -100,8 +106,8 @@ def verify(impl: Implementation, inputs: DecodeInputs) -> Verdict:
 
     changed = (_bits(slot_rows(before)[idx]) != _bits(slot_rows(after)[idx])).any(dim=1)
     if changed.any():
-        problems.append(f"{int(changed.sum())} slots not in `slots` were written "
-                        f"(e.g. slot {int(idx[changed][0])})")
+        problems.append(f"{int(changed.sum())} slots not in `slots` were written (or named only by padding "
+                        f"rows, which store nothing; e.g. slot {int(idx[changed][0])})")
     if not torch.equal(_bits(_padding(inputs, before)), _bits(_padding(inputs, after))):
         problems.append("padding between slots was written")
     return Verdict(err_out, err_state, tol_out, tol_state, problems)

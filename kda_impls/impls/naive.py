@@ -1,7 +1,8 @@
 """Plain torch ops in float32: the reference semantics, vectorised over batch and heads.
 
-Runs wherever torch does (CPU and CUDA), any legal pool. It is a correctness baseline and the
-floor any kernel must beat, not a fast path: each op materialises a [B, HV, V, K] temporary.
+Runs wherever torch does (CPU and CUDA), any legal pool, any number of tokens per step (one
+vectorised step per token). It is a correctness baseline and the floor any kernel must beat, not a
+fast path: each op materialises a [B, HV, V, K] temporary.
 """
 
 from __future__ import annotations
@@ -16,22 +17,28 @@ from ..reference import decode_step
 class NaiveTorch(Implementation):
     name = "naive"
     capabilities = Capabilities(devices=("cpu", "cuda"),
-                                state_dtypes=(torch.bfloat16, torch.float16, torch.float32))
+                                state_dtypes=(torch.bfloat16, torch.float16, torch.float32), max_tokens=None)
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
-        # Slot values were validated by bind(); resolving the live rows here keeps the launcher
+        # Slot values were validated by bind(); resolving the rows and slots here keeps the launcher
         # free of the host sync that boolean masking would cost.
-        live_rows = torch.nonzero(inputs.slots >= 0).flatten()
-        dead_rows = torch.nonzero(inputs.slots < 0).flatten()
-        live_slots = inputs.slots[live_rows].long()
-        read_slots = inputs.slots.long().clamp(min=0)  # -1 rows read slot 0 and discard it
-        state = inputs.state
+        x = inputs.per_token_spelling()
+        out_tokens = out.view(x.out_shape)
+        dead_rows = torch.nonzero(~x.live_rows()).flatten()
+        read_slots = x.start_slots().clamp(min=0)  # padding rows read slot 0 and discard it
+        stored = x.stored()
+        # per token: its inputs, the rows that store its state, and where
+        steps = [(x.token(t), torch.nonzero(stored[:, t]).flatten(), x.slots[:, t][stored[:, t]].long())
+                 for t in range(x.T)]
+        state = x.state
 
         def launch() -> torch.Tensor:
-            o, S = decode_step(inputs, state[read_slots], torch.float32)
-            state[live_slots] = S[live_rows].to(state.dtype)  # in place through the strided view
-            out.copy_(o)
-            out.index_fill_(0, dead_rows, 0)
+            S = state[read_slots]  # every row's start state, read before any token stores
+            for t, (token, rows, slots) in enumerate(steps):
+                o, S = decode_step(token, S, torch.float32)
+                state[slots] = S[rows].to(state.dtype)  # in place through the strided view
+                out_tokens[:, t].copy_(o)
+            out_tokens.index_fill_(0, dead_rows, 0)
             return out
 
         return launch

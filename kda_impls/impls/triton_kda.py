@@ -7,10 +7,21 @@ back through ``slots`` and writes the output tile: the state crosses memory exac
 is the floor for a memory-bound step. A row whose slot is -1 writes zeros to its output, every
 state access masked off.
 
+Multi-token decode (T > 1 tokens per row, speculative verify) has its own kernel with the same
+program mapping: the state tile is read once, from the row's start slot
+``slots[row, num_accepted[row] - 1]``, kept in registers through the T tokens (a loop, not
+unrolled: registers do not grow with T, and one compiled kernel serves every T) and stored after
+token t only where ``slots[row, t] >= 0``; each token's inputs are loaded while the previous token
+computes. It moves one state read per live row and one write per stored slot, the floor of that
+step. A T = 1 step, in either spelling, runs the one-token kernel, which is compiled exactly as
+before multi-token decode existed (its math is shared through inlined helpers).
+
 The tile shape (``BV``, ``heads``, ``num_warps``, ``num_stages``) comes from the committed table
 in :mod:`kda_impls.impls.triton_tuning`, keyed by shape, state dtype and batch size; the environment
 variable ``KDA_TRITON_CONFIG`` (e.g. ``"BV=32,num_warps=4"``) overrides any of its fields for
-every shape. Both are resolved when the launcher is bound, never inside it.
+every shape. Both are resolved when the launcher is bound, never inside it. A multi-token step
+uses the entry of its shape and batch size B as it is: the grid is the same as at T = 1, each
+program carrying T tokens (the table was tuned at T = 1; no multi-token step has been tuned).
 """
 
 from __future__ import annotations
@@ -33,6 +44,29 @@ CONFIG_ENV = "KDA_TRITON_CONFIG"
 HEAD_DIMS = (16, 32, 64, 128, 256)
 # Softplus is linear past this (torch's threshold too): exp would overflow long before it matters.
 SOFTPLUS_LINEAR_ABOVE = 20.0
+
+
+@triton.jit
+def _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr,
+                SOFTPLUS_LINEAR_ABOVE: tl.constexpr):
+    """One token's normalised q (scaled) and k, its decay along K and its beta (all float32)."""
+    q = q * (scale / tl.sqrt(tl.sum(q * q) + L2_EPS))
+    k = k / tl.sqrt(tl.sum(k * k) + L2_EPS)
+    x = a + dt_bias
+    softplus = tl.where(x > SOFTPLUS_LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
+    decay = tl.exp(-tl.exp(A_log) * softplus)  # [K]: the state decays along K
+    beta = tl.sigmoid(beta_logit)
+    return q, k, decay, beta
+
+
+@triton.jit
+def _delta_rule(S, q, k, v, decay, beta):
+    """One token applied to a ``[BV, K]`` state tile: ``(new tile, its [BV] output)``."""
+    S = S * decay[None, :]
+    u = beta * (v - tl.sum(S * k[None, :], axis=1))
+    S = S + u[:, None] * k[None, :]
+    o = tl.sum(S * q[None, :], axis=1)
+    return S, o
 
 
 @triton.jit
@@ -78,20 +112,78 @@ def _kda_decode_kernel(
         head_state = slot_state + hv * (V * K) + tile
         S = tl.load(head_state, mask=live, other=0.0, eviction_policy="evict_first").to(tl.float32)
 
-        q = q * (scale / tl.sqrt(tl.sum(q * q) + L2_EPS))
-        k = k / tl.sqrt(tl.sum(k * k) + L2_EPS)
-        x = a + dt_bias
-        softplus = tl.where(x > SOFTPLUS_LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
-        decay = tl.exp(-tl.exp(A_log) * softplus)  # [K]: the state decays along K
-        beta = tl.sigmoid(beta_logit)
-
-        S = S * decay[None, :]
-        u = beta * (v - tl.sum(S * k[None, :], axis=1))
-        S = S + u[:, None] * k[None, :]
-        o = tl.sum(S * q[None, :], axis=1)
+        q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
+        S, o = _delta_rule(S, q, k, v, decay, beta)
 
         tl.store(head_state, S.to(state_ptr.dtype.element_ty), mask=live, eviction_policy="evict_first")
         tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, token, h, hv, H, HV, offs_k, offs_v,
+                K: tl.constexpr, V: tl.constexpr):
+    """The inputs of one token (``row * T + t``) of one value head, and the slot its state goes to."""
+    token_hv = token * HV + hv
+    q = tl.load(q_ptr + (token * H + h) * K + offs_k).to(tl.float32)
+    k = tl.load(k_ptr + (token * H + h) * K + offs_k).to(tl.float32)
+    a = tl.load(a_ptr + token_hv * K + offs_k).to(tl.float32)
+    beta_logit = tl.load(b_ptr + token_hv).to(tl.float32)
+    v = tl.load(v_ptr + token_hv * V + offs_v).to(tl.float32)
+    slot = tl.load(slots_ptr + token)
+    return q, k, a, beta_logit, v, slot
+
+
+@triton.jit
+def _kda_multitoken_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr,
+    slot_stride, HV, GROUP, scale, T,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
+    L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+):
+    """T tokens per row (T > 1): the program mapping of :func:`_kda_decode_kernel`; each state tile
+    is read once, from the row's start slot, carried through the T tokens in registers and
+    stored after token t where ``slots[row, t] >= 0``."""
+    V_TILES: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    v_tile = pid % V_TILES
+    head_groups = HV // HEADS
+    first_head = (pid // V_TILES) % head_groups * HEADS
+    row = (pid // V_TILES // head_groups).to(tl.int64)
+    H = HV // GROUP
+    offs_k = tl.arange(0, K)
+    offs_v = v_tile * BV + tl.arange(0, BV)
+    tile = offs_v[:, None] * K + offs_k[None, :]
+    no_slot = tl.zeros([BV, K], dtype=tl.int32)  # [BV, K] splats of slots: see _kda_decode_kernel
+
+    first_token = row * T
+    start = tl.load(slots_ptr + first_token + tl.load(accepted_ptr + row) - 1)
+    live = (no_slot + start) >= 0  # a padding row reads and writes no state and outputs zeros
+    start_state = state_ptr + tl.maximum(start, 0).to(tl.int64) * slot_stride
+
+    for j in tl.range(0, HEADS, num_stages=NUM_STAGES):
+        hv = first_head + j
+        h = hv // GROUP
+        dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
+        A_log = tl.load(A_log_ptr + hv)
+        q, k, a, beta_logit, v, slot = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, first_token, h, hv,
+                                                   H, HV, offs_k, offs_v, K, V)
+        S = tl.load(start_state + hv * (V * K) + tile, mask=live, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        for t in tl.range(0, T, num_stages=1):
+            # The next token's inputs (the last token's again on the last pass: a harmless reload
+            # rather than a branch) are issued before this token's stores, which the compiler may not
+            # move loads past (it cannot tell the pointers apart): they arrive while this token computes.
+            ahead = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, first_token + tl.minimum(t + 1, T - 1),
+                                h, hv, H, HV, offs_k, offs_v, K, V)
+            q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS,
+                                            SOFTPLUS_LINEAR_ABOVE)
+            S, o = _delta_rule(S, q, k, v, decay, beta)
+            stores = live & ((no_slot + slot) >= 0)
+            tl.store(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K) + tile,
+                     S.to(state_ptr.dtype.element_ty), mask=stores, eviction_policy="evict_first")
+            tl.store(out_ptr + ((first_token + t) * HV + hv) * V + offs_v,
+                     tl.where(start >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+            q, k, a, beta_logit, v, slot = ahead
 
 
 @dataclass(frozen=True)
@@ -191,7 +283,7 @@ class TritonKDA(Implementation):
     name = "triton"
     capabilities = Capabilities(devices=("cuda", "cpu"),
                                 state_dtypes=(torch.bfloat16, torch.float16, torch.float32),
-                                k_values=HEAD_DIMS, v_values=HEAD_DIMS,
+                                k_values=HEAD_DIMS, v_values=HEAD_DIMS, max_tokens=None,
                                 min_compute_capability=(8, 0), packages=("triton",))
 
     def __init__(self, config: TileConfig | None = None):
@@ -235,34 +327,40 @@ class TritonKDA(Implementation):
         config = self.config_for(inputs)
         if inputs.B == 0:
             return lambda: out
-        grid, args, meta = kernel_arguments(inputs, out, config)
+        kernel, grid, args, meta = kernel_arguments(inputs, out, config)
         if inputs.device.type == "cuda":
             compile_kernel(inputs, out, config)
-        kernel = _kda_decode_kernel[grid]
+        launch_kernel = kernel[grid]
 
         def launch() -> torch.Tensor:
-            kernel(*args, **meta)
+            launch_kernel(*args, **meta)
             return out
 
         return launch
 
 
 def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig):
-    """``(grid, args, meta)`` of the launch: everything but the launch itself."""
+    """``(kernel, grid, args, meta)`` of the launch: everything but the launch itself.
+
+    A T = 1 step, in either spelling (the same memory), launches the one-token kernel; T > 1 the
+    multi-token one, with num_accepted (all ones allocated here where None).
+    """
     grid = (inputs.B * (inputs.HV // config.heads) * (inputs.V // config.BV),)
-    args = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
-            inputs.slots, out, inputs.slot_stride, inputs.HV, inputs.HV // inputs.H, inputs.effective_scale)
+    pool = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots)
+    scalars = (inputs.slot_stride, inputs.HV, inputs.HV // inputs.H, inputs.effective_scale)
     meta = dict(K=inputs.K, V=inputs.V, BV=config.BV, HEADS=config.heads, NUM_STAGES=config.num_stages,
                 L2_EPS=L2_EPS, SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
-    return grid, args, meta
+    if inputs.T == 1:
+        return _kda_decode_kernel, grid, (*pool, out, *scalars), meta
+    return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
 
 
 def compile_kernel(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig):
     """Compile (or fetch from Triton's cache) and load the CUDA kernel for these inputs; returns
     Triton's compiled kernel (``n_regs``, ``n_spills``, ``metadata``). Done at bind time so that
     neither the first timed launch nor a CUDA-graph capture compiles or loads a module."""
-    grid, args, meta = kernel_arguments(inputs, out, config)
+    kernel, grid, args, meta = kernel_arguments(inputs, out, config)
     with torch.cuda.device(inputs.device):
-        compiled = _kda_decode_kernel.warmup(*args, grid=grid, **meta)
+        compiled = kernel.warmup(*args, grid=grid, **meta)
         compiled._init_handles()  # the module load Triton would otherwise do at the first launch
     return compiled
