@@ -10,8 +10,8 @@ the run time of the suite is mostly process and CUDA start-up, and the grid is w
 
 ``KDA_ASV_PROFILE`` picks the grid (default ``full`` with a CUDA GPU, ``cpu`` without):
 
-- ``full``: the perf-CI run on main: every registered implementation x 12 (B, heads, state dtype)
-  kernel times + one call latency each. A process costs 9-12 s on the H200
+- ``full``: the perf-CI run on main: every registered implementation x 24 (B, heads, state dtype,
+  tokens per row T = 1 and a 4-token speculative verify) kernel times + one call latency each. A process costs 9-12 s on the H200
   (results/h200/asv-validation/*.log), so the run grows with each implementation or grid value.
   Slot padding is left to the sweeps: it changes a runtime stride, not the compiled kernel.
 - ``quick``: the gate on pull requests: B 1 and 512, bf16 state.
@@ -49,11 +49,11 @@ GVA = "H16-HV32-K128-V128"
 TINY = "H2-HV4-K16-V16"
 
 PROFILES = {
-    "full": dict(B=[1, 64, 512], heads=[KIMI, GVA], slot_pad=[0], state_dtype=["bfloat16", "float32"],
+    "full": dict(B=[1, 64, 512], heads=[KIMI, GVA], slot_pad=[0], state_dtype=["bfloat16", "float32"], T=[1, 4],
                  call_B=[1]),
-    "quick": dict(B=[1, 512], heads=[KIMI, GVA], slot_pad=[0], state_dtype=["bfloat16"], call_B=[1]),
-    "gate": dict(B=[64, 512], heads=[KIMI], slot_pad=[0], state_dtype=["bfloat16", "float32"], call_B=[]),
-    "cpu": dict(B=[2], heads=[TINY], slot_pad=[0], state_dtype=["bfloat16"], call_B=[2]),
+    "quick": dict(B=[1, 512], heads=[KIMI, GVA], slot_pad=[0], state_dtype=["bfloat16"], T=[1, 4], call_B=[1]),
+    "gate": dict(B=[64, 512], heads=[KIMI], slot_pad=[0], state_dtype=["bfloat16", "float32"], T=[1], call_B=[1]),
+    "cpu": dict(B=[2], heads=[TINY], slot_pad=[0], state_dtype=["bfloat16"], T=[1, 2], call_B=[2]),
 }
 PROFILE_NAME = os.environ.get("KDA_ASV_PROFILE") or ("full" if DEVICE == "cuda" else "cpu")
 try:
@@ -82,9 +82,10 @@ SUITE_VERSION = 1
 VERSION = f"{timing.METHOD_VERSION}.{SUITE_VERSION}"
 
 
-def config(impl: str, B: int, heads: str, slot_pad: int = 0, state_dtype: str = "bfloat16") -> Config:
+def config(impl: str, B: int, heads: str, slot_pad: int = 0, state_dtype: str = "bfloat16", T: int = 1) -> Config:
+    """T > 1: a speculative verify of T tokens per row, the state stored after every token."""
     dims = {name: int(value) for name, value in re.findall(r"([A-Z]+)(\d+)", heads)}
-    return Config(impl, B, dims.get("H", dims["HV"]), dims["HV"], dims["K"], dims["V"], state_dtype=state_dtype,
+    return Config(impl, B, dims.get("H", dims["HV"]), dims["HV"], dims["K"], dims["V"], state_dtype=state_dtype, T=T,
                   layout=PoolLayout(slot_pad=slot_pad, placements=PLACEMENTS))
 
 

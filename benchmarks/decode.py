@@ -12,19 +12,19 @@ from . import common
 
 
 class KernelTime:
-    """GPU time of one decode step in the default L2 entry state (kda_impls.bench.timing), median
-    over placements; the samples are the per-placement medians."""
+    """GPU time of one decode step (T tokens per row) in the default L2 entry state
+    (kda_impls.bench.timing), median over placements; the samples are the per-placement medians."""
 
     params = [common.IMPLS, common.PROFILE["B"], common.PROFILE["heads"], common.PROFILE["slot_pad"],
-              common.PROFILE["state_dtype"]]
-    param_names = ["impl", "B", "heads", "slot_pad", "state_dtype"]
+              common.PROFILE["state_dtype"], common.PROFILE["T"]]
+    param_names = ["impl", "B", "heads", "slot_pad", "state_dtype", "T"]
     unit = "seconds"
     version = common.VERSION
 
-    def setup(self, impl, B, heads, slot_pad, state_dtype):
-        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype))
+    def setup(self, impl, B, heads, slot_pad, state_dtype, T):
+        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T))
 
-    def track_kernel(self, impl, B, heads, slot_pad, state_dtype):
+    def track_kernel(self, impl, B, heads, slot_pad, state_dtype, T):
         return common.asv_samples([us / 1e6 for us in self.row["kernel_placement_us"]])
 
 

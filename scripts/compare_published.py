@@ -12,7 +12,7 @@ row, slot order, L2 entry state) form one group, whose figure for a published ro
 its runs' figures. The run-to-run spread of a row is the largest max/min - 1 of its figures within
 any layout that has at least two runs; a layout reproduces a published figure when
 |ours / published - 1| is within that spread. With no repeated layout there is no spread, and
-nothing is called reproduced. Only unpadded pools without padding rows are compared.
+nothing is called reproduced. Only one-token steps on unpadded pools without padding rows are compared.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def load_runs(dirs: list[Path]) -> pd.DataFrame:
     frames = []
     for run in dirs:
         table = load(run).ok
-        table = table[(table.slot_pad == 0) & (table.pad_rows == 0)]
+        table = table[(table.slot_pad == 0) & (table.pad_rows == 0) & (table["T"] == 1)]
         best = best_per_library(table).rename(columns={"impl": "best_impl"}).rename(columns={"library": "impl"})
         frames.append(best[KEY + ["kernel_us_median", "best_impl"]].assign(
             run=str(run), layout=[layout_label(r) for r in best.itertuples()]))

@@ -22,7 +22,7 @@ from .timing import DEFAULT_ENTRY, ENTRY_STATES, Budget, as_device, call_time, k
 # error: ContractError or a runtime failure (message); crashed: the worker process died (sweeps only).
 STATUSES = ("ok", "wrong", "unsupported", "error", "crashed")
 
-CONFIG_COLUMNS = ["impl", "B", "H", "HV", "K", "V", "state_dtype", "pad_rows",
+CONFIG_COLUMNS = ["impl", "B", "H", "HV", "K", "V", "state_dtype", "pad_rows", "T", "checkpoints",
                   "slot_pad", "slots_per_row", "slot_order", "placements"]
 IMPL_COLUMNS = ["library", "variant", "engine_call"]  # what the implementation says of itself
 COLUMNS = [

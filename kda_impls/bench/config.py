@@ -11,6 +11,7 @@ import torch
 from ..inputs import DecodeInputs, make_inputs
 
 SLOT_ORDERS = ("random", "sorted")
+CHECKPOINTS = ("all", "last")
 
 
 @dataclass(frozen=True)
@@ -18,8 +19,9 @@ class PoolLayout:
     """Where a row's state lives: part of its configuration, recorded in every row and its key.
 
     ``slot_pad``: elements of padding after each slot (slot stride ``HV*V*K + slot_pad``).
-    ``slots_per_row``: timed pools hold ``slots_per_row * B`` slots, the rows' slots drawn among
-    them (1: every slot live, the least memory for the same bytes moved; a serving pool holds more).
+    ``slots_per_row``: timed pools hold ``slots_per_row`` times the slots the rows store (B, or B*T
+    with a checkpoint per token), the rows' drawn among them (1: every slot live, the least memory
+    for the same bytes moved; a serving pool holds more).
     ``slot_order``: the rows name their slots in ``random`` order (a pool in use) or ``sorted``
     (a fresh pool's order; with one slot per row that is ``arange(B)``, the dense layout of the
     simplest benchmarks).
@@ -57,11 +59,20 @@ class Config:
     V: int
     state_dtype: str = "bfloat16"  # a torch dtype name
     pad_rows: int = 0  # batch rows with slot -1
+    T: int = 1  # tokens per row (speculative verify: T > 1)
+    checkpoints: str = "all"  # T > 1: the state stored after every token, or after the last only
     layout: PoolLayout = field(default_factory=PoolLayout)
+
+    def __post_init__(self):
+        if self.checkpoints not in CHECKPOINTS:
+            raise ValueError(f"checkpoints must be one of {', '.join(CHECKPOINTS)}; got {self.checkpoints!r}")
+        if self.T == 1 and self.checkpoints != "all":  # one token: both store it; one spelling, one key
+            object.__setattr__(self, "checkpoints", "all")
 
     def key(self) -> str:
         """Stable id of this row (resume, samples.json, regression comparisons); safe as a file name."""
-        return (f"{self.impl}_B{self.B}_H{self.H}_HV{self.HV}_K{self.K}_V{self.V}_{self.state_dtype}"
+        tokens = "T1" if self.T == 1 else f"T{self.T}{self.checkpoints}"
+        return (f"{self.impl}_B{self.B}_H{self.H}_HV{self.HV}_K{self.K}_V{self.V}_{tokens}_{self.state_dtype}"
                 f"_padrows{self.pad_rows}_{self.layout.key()}")
 
     def columns(self) -> dict:
@@ -83,10 +94,12 @@ class Config:
         """Random inputs of this shape (:func:`kda_impls.make_inputs`, drawn on ``device``): laid out
         as the layout says when ``timed``; for the correctness check (``timed=False``), in a pool of
         twice the slots the rows need, so that untouched slots exist to be checked."""
-        n_slots = self.layout.slots_per_row * self.B if timed else None
-        return make_inputs(self.B, self.H, self.HV, self.K, self.V, state_dtype=self.torch_state_dtype,
-                           slot_pad=self.layout.slot_pad, n_slots=n_slots, pad_rows=self.pad_rows,
-                           sorted_slots=self.layout.slot_order == "sorted", device=device, seed=seed)
+        stored = self.B * (self.T if self.checkpoints == "all" else 1)
+        n_slots = self.layout.slots_per_row * stored if timed else None
+        return make_inputs(self.B, self.H, self.HV, self.K, self.V, T=self.T, checkpoints=self.checkpoints,
+                           state_dtype=self.torch_state_dtype, slot_pad=self.layout.slot_pad, n_slots=n_slots,
+                           pad_rows=self.pad_rows, sorted_slots=self.layout.slot_order == "sorted", device=device,
+                           seed=seed)
 
     def at_batch(self, B: int) -> "Config":
         """This configuration at batch ``B``, keeping the share of padding rows (and at least one

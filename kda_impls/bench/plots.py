@@ -5,7 +5,9 @@
 - bandwidth: bytes moved / kernel time against batch, with the measured copy bandwidth (roofline);
 - speedup: kernel-time ratio to a baseline implementation against batch;
 - heatmap: share of the copy roofline over HV x (K, V) at one batch;
-- slot_padding: kernel-time overhead of padded state slots over unpadded ones.
+- slot_padding: kernel-time overhead of padded state slots over unpadded ones;
+- tokens_time, tokens_bandwidth: speculative verify, kernel time and bandwidth against the tokens
+  per row T (solid: the state stored after every token; dashed: after the last only).
 
 Only ``ok`` rows are drawn; the title counts the others. The batch charts draw one panel per shape
 and state dtype that has several batches (at the shape's least slot padding, without padding rows).
@@ -148,8 +150,9 @@ def _ratio_y(ax, ratios: pd.Series) -> None:
 
 
 def _shape_label(key: tuple) -> str:
-    H, HV, K, V, dtype = key
-    return f"H={H} HV={HV} K={K} V={V}, {dtypes.short(dtype)} state"
+    H, HV, K, V, dtype, T, checkpoints = key
+    tokens = "" if T == 1 else f", T={T} ({checkpoints} checkpoints)"
+    return f"H={H} HV={HV} K={K} V={V}, {dtypes.short(dtype)} state{tokens}"
 
 
 def _batch_axis(ax, batches) -> None:
@@ -166,7 +169,8 @@ def _batch_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     without padding rows; the most populated first."""
     base = ok[ok.pad_rows == 0]
     base = base[base.slot_pad == base.groupby(SHAPE)["slot_pad"].transform("min")]
-    panels = [(key, rows) for key, rows in base.groupby([*SHAPE, "state_dtype"]) if rows.B.nunique() >= 2]
+    panels = [(key, rows) for key, rows in base.groupby([*SHAPE, "state_dtype", "T", "checkpoints"])
+              if rows.B.nunique() >= 2]
     panels.sort(key=lambda kr: -len(kr[1]))
     return panels[:MAX_PANELS]
 
@@ -242,7 +246,7 @@ def heatmap(ok, table, meta, batch=None, **_):
     """Share of the copy roofline over HV x (K, V) at one batch (default: the batch with the most
     shapes, the largest of those), for H == HV, no slot padding or padding rows, and the most common
     state dtype."""
-    rows = ok[(ok.H == ok.HV) & (ok.pad_rows == 0) & (ok.slot_pad == 0)]
+    rows = ok[(ok.H == ok.HV) & (ok.pad_rows == 0) & (ok.slot_pad == 0) & (ok["T"] == 1)]
     if rows.empty:
         return None
     rows = rows[rows.state_dtype == rows.state_dtype.mode()[0]]
@@ -279,7 +283,7 @@ def heatmap(ok, table, meta, batch=None, **_):
 def slot_padding(ok, table, meta, **_):
     """Kernel-time overhead of each slot padding over the least padding at the same shape, state
     dtype and batch, per implementation, for the shape measured with the most paddings."""
-    rows = ok[ok.pad_rows == 0]
+    rows = ok[(ok.pad_rows == 0) & (ok["T"] == 1)]
     paddings = rows.groupby(SHAPE).slot_pad.nunique()
     if paddings.empty or paddings.max() < 2:
         return None
@@ -312,8 +316,67 @@ def slot_padding(ok, table, meta, **_):
     return fig
 
 
+def _token_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    """(state dtype, B, shape) with rows at several T, unpadded; T = 1 rows join both checkpoint kinds."""
+    rows = ok[(ok.pad_rows == 0) & (ok.slot_pad == 0)]
+    panels = [(key, r) for key, r in rows.groupby(["state_dtype", "B", *SHAPE]) if r["T"].nunique() >= 2]
+    return panels[:2 * MAX_PANELS]
+
+
+def _token_lines(rows: pd.DataFrame):
+    """(impl, checkpoints, rows over T) per line; T = 1 starts the line of either checkpoint kind."""
+    for (impl, kind), r in rows[rows["T"] > 1].groupby(["impl", "checkpoints"]):
+        one = rows[(rows.impl == impl) & (rows["T"] == 1)]
+        yield impl, kind, pd.concat([one, r]).sort_values("T")
+
+
+def _tokens_chart(ok, table, meta, what: str):
+    panels = _token_panels(ok)
+    if not panels:
+        return None
+    title = "speculative verify: kernel time against tokens per row" if what == "time" else \
+        "speculative verify: bandwidth against tokens per row"
+    fig, axes = _figure(len(panels), title, meta, table, cols=4, width=4.2, height=3.4)
+    roof = meta.get("copy_bandwidth_Bps", 0) / 1e9
+    for ax, ((dtype, B, *shape), rows) in zip(axes, panels):
+        for impl, kind, r in _token_lines(rows):
+            look = style(impl) | {"linestyle": "-" if kind == "all" else "--"}
+            ax.plot(r["T"], r.kernel_us_median if what == "time" else r.gbps, ms=3.5, **look)
+        if what == "time":
+            _log_y(ax)
+            ax.set_ylabel("µs per step")
+        else:
+            ax.axhline(roof, color="k", ls=":", lw=1.2)
+            ax.set_ylim(0, roof * 1.08)
+            ax.set_ylabel("GB/s (bytes moved / kernel time)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(rows["T"].unique()))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("tokens per row T")
+        ax.grid(True, which="major", alpha=0.3)
+        H, HV, K, V = shape
+        ax.set_title(f"B={B}, {dtypes.short(dtype)} state (H={H} HV={HV} K={K} V={V})", fontsize=9)
+    handles, labels = _impl_handles(pd.concat([r for _, r in panels]).impl.unique())
+    handles += [Line2D([], [], color="0.3", ls="-"), Line2D([], [], color="0.3", ls="--")]
+    labels += ["state stored after every token", "after the last token only"]
+    if what != "time":
+        handles.append(Line2D([], [], color="k", ls=":", lw=1.2))
+        labels.append(f"measured device copy: {roof:,.4g} GB/s")
+    _legend(fig, handles, labels)
+    return fig
+
+
+def tokens_time(ok, table, meta, **_):
+    return _tokens_chart(ok, table, meta, "time")
+
+
+def tokens_bandwidth(ok, table, meta, **_):
+    return _tokens_chart(ok, table, meta, "bandwidth")
+
+
 CHARTS = {"latency": latency, "bandwidth": bandwidth, "speedup": speedup, "heatmap": heatmap,
-          "slot_padding": slot_padding}
+          "slot_padding": slot_padding, "tokens_time": tokens_time, "tokens_bandwidth": tokens_bandwidth}
 
 
 def plot_dir(out_dir: Path, *, baseline: str | None = None, batch: int | None = None) -> list[Path]:

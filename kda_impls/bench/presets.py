@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from .config import Config, PoolLayout
 from .timing import Budget
 
-AXES = ("B", "H", "HV", "K", "V", "state_dtype", "slot_pad", "pad_rows")
+AXES = ("B", "H", "HV", "K", "V", "state_dtype", "slot_pad", "pad_rows", "T", "checkpoints")
 POW2_TO_512 = tuple(1 << i for i in range(10))
 BF16_FP32 = ("bfloat16", "float32")
 
@@ -52,15 +52,15 @@ class Preset:
                 raise ValueError(f"preset {self.name}: unknown axes {sorted(unknown)}")
             for values in itertools.product(*grid.values()):
                 axes = dict(zip(grid, values))
-                if axes.get("pad_rows", 0) > axes["B"]:
-                    continue
+                if axes.get("pad_rows", 0) > axes["B"] or (axes.get("T", 1) == 1 and axes.get("checkpoints") == "last"):
+                    continue  # more padding rows than rows; one token stores its one checkpoint either way
                 slot_pad = axes.pop("slot_pad", layout.slot_pad)
                 for impl in impls:
                     cfg = Config(impl=impl, **axes, layout=replace(layout, slot_pad=slot_pad))
                     configs[cfg.key()] = cfg
         kept = [c for c in configs.values() if _matches(c, only or {})]
-        return sorted(kept, key=lambda c: (impls.index(c.impl), c.H, c.HV, c.K, c.V, c.state_dtype,
-                                           c.layout.slot_pad, c.pad_rows, c.B))
+        return sorted(kept, key=lambda c: (impls.index(c.impl), c.H, c.HV, c.K, c.V, c.state_dtype, c.T,
+                                           c.checkpoints, c.layout.slot_pad, c.pad_rows, c.B))
 
 
 def _matches(cfg: Config, only: dict) -> bool:
@@ -73,7 +73,8 @@ def adhoc_configs(impls: list[str], axes: dict, layout: PoolLayout = PoolLayout(
     order: Kimi-Linear's layer for what is not given (B 1, 16, 64, 256; HV 32; K 128; bf16 state;
     the layout's slot padding; no padding rows), with H = HV and V = K unless given."""
     grid = {"B": (1, 16, 64, 256), "H": (None,), "HV": (32,), "K": (128,), "V": (None,),
-            "state_dtype": ("bfloat16",), "slot_pad": (layout.slot_pad,), "pad_rows": (0,)} | axes
+            "state_dtype": ("bfloat16",), "slot_pad": (layout.slot_pad,), "pad_rows": (0,), "T": (1,),
+            "checkpoints": ("all",)} | axes
     points = []
     for values in itertools.product(*grid.values()):
         point = dict(zip(grid, values))
@@ -110,6 +111,13 @@ def _published_grids():
             dict(B=(256,), H=(32,), HV=(32,), K=(64,), V=(64,), state_dtype=BF16_FP32))
 
 
+def _spec_decode_grids():
+    # speculative verify at Kimi-Linear's layer: T tokens per row, the state stored after each or
+    # after the last only (T = 1 is the ordinary step, for reference)
+    return (dict(B=(1, 8, 32, 128), H=(32,), HV=(32,), K=(128,), V=(128,), T=(1, 2, 4, 8),
+                 checkpoints=("all", "last"), state_dtype=BF16_FP32),)
+
+
 def _tiny(**axes):
     return dict(B=(4,), H=(2,), HV=(2,), K=(16,), V=(16,)) | {k: (v,) for k, v in axes.items()}
 
@@ -119,7 +127,7 @@ PRESETS = {
     for p in (
         Preset("smoke", "CPU-sized: tiny shapes touching every axis; seconds, Triton under TRITON_INTERPRET=1",
                (_tiny() | {"B": (1, 4)}, _tiny(H=1, HV=2, K=32, V=16), _tiny(slot_pad=8),
-                _tiny(state_dtype="float32"), _tiny(pad_rows=1)),
+                _tiny(state_dtype="float32"), _tiny(pad_rows=1), _tiny(T=2), _tiny(T=3, checkpoints="last")),
                *CPU_SIZED),
         Preset("kimi-linear-48b", "Kimi-Linear-48B-A3B's KDA layer: H = HV = 32, K = V = 128, B 1..512, "
                "slot padding 0/16/64, bf16 and fp32 state", (_kimi_grid(),), *FAST),
@@ -128,6 +136,8 @@ PRESETS = {
         Preset("published", "the shapes of the published FlashInfer / fla-core table (results/published/; "
                "scripts/compare_published.py compares)", _published_grids(), *THOROUGH),
         Preset("gva", "grouped value heads (H < HV), K = V = 128", _gva_grids(), *THOROUGH),
+        Preset("spec-decode", "speculative verify at Kimi-Linear's layer: T 1/2/4/8 tokens per row, B 1/8/32/128, "
+               "the state stored after every token or the last, bf16 and fp32 state", _spec_decode_grids(), *FAST),
         Preset("shapes", "HV 16/32/64 x K, V in 64/128/256, bf16 state", _shapes_grids(), *THOROUGH),
         Preset("full", "kimi-linear-48b, gva and shapes, plus padding rows (CUDA-graph batch padding)",
                (_kimi_grid(), *_gva_grids(), *_shapes_grids(),

@@ -76,8 +76,8 @@ def assemble(out_dir: Path) -> pd.DataFrame:
     for name, column in SAMPLE_FILES.items():
         atomic_write(out_dir / name, json.dumps({row["key"]: row[column] for row in rows}))
     table = pd.DataFrame(rows, columns=COLUMNS)
-    table = table.sort_values(["impl", "H", "HV", "K", "V", "state_dtype", "slot_pad", "slots_per_row", "slot_order",
-                               "placements", "pad_rows", "B"], ignore_index=True)
+    table = table.sort_values(["impl", "H", "HV", "K", "V", "state_dtype", "T", "checkpoints", "slot_pad",
+                               "slots_per_row", "slot_order", "placements", "pad_rows", "B"], ignore_index=True)
     atomic_write(out_dir / "results.csv", table.to_csv(index=False))
     return table
 

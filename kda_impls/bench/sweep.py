@@ -39,8 +39,8 @@ from .. import dtypes, registry
 from ..cli import Parser, comma_list, fail, non_negative_int, positive_float, positive_int
 from ..contract import package_version
 from .case import STATUSES, Method, empty_row
-from .config import SLOT_ORDERS, Config, PoolLayout
-from .presets import PRESETS, adhoc_configs
+from .config import CHECKPOINTS, SLOT_ORDERS, Config, PoolLayout
+from .presets import AXES, PRESETS, adhoc_configs
 from .results import assemble, environment, read_meta, read_rows, remove_stale_temporaries, write_meta, write_row
 from .roofline import copy_bandwidth
 from .timing import DEFAULT_ENTRY, ENTRY_STATES, Budget
@@ -281,7 +281,9 @@ def summary_table(table: pd.DataFrame) -> str:
         return text + (" WRONG" if row.status == "wrong" else "")
 
     shown = table.assign(cell=table.apply(cell, axis=1), state=table.state_dtype.map(dtypes.short))
-    pivot = shown.pivot(index=["H", "HV", "K", "V", "state", "slot_pad", "pad_rows", "B"], columns="impl", values="cell")
+    shown["T"] = [f"{t}" if t == 1 else f"{t} {c}" for t, c in zip(shown["T"], shown["checkpoints"])]
+    pivot = shown.pivot(index=["H", "HV", "K", "V", "state", "T", "slot_pad", "pad_rows", "B"], columns="impl",
+                        values="cell")
     return pivot.fillna("").to_string()
 
 
@@ -306,6 +308,12 @@ def _shard(text: str) -> tuple[int, int]:
     if not sep or not 0 <= i < n:
         raise argparse.ArgumentTypeError(f"{text!r} is not i/n with 0 <= i < n (e.g. 0/2 and 1/2)")
     return i, n
+
+
+def _checkpoints(text: str) -> str:
+    if text not in CHECKPOINTS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(CHECKPOINTS)}")
+    return text
 
 
 def _devices(text: str) -> list[str]:
@@ -354,6 +362,10 @@ def parser() -> Parser:
     axes.add_argument("--slot-pad", type=comma_list(non_negative_int), metavar="N,...",
                       help="elements of padding after each state slot")
     axes.add_argument("--pad-rows", type=comma_list(non_negative_int), metavar="N,...", help="batch rows with slot -1")
+    axes.add_argument("--T", type=comma_list(positive_int), metavar="N,...",
+                      help="tokens per row (speculative verify when > 1)")
+    axes.add_argument("--checkpoints", type=comma_list(_checkpoints), metavar="all,last",
+                      help="with T > 1: the state stored after every token (all) or the last only")
     layout = p.add_argument_group("pool layout")
     layout.add_argument("--slots-per-row", type=positive_int, default=PoolLayout.slots_per_row, metavar="N",
                         help="timed pools hold N*B slots, the rows' drawn among them (default %(default)s)")
@@ -386,8 +398,7 @@ def parser() -> Parser:
 def configs_from_args(args, devices: list[str]) -> tuple[str, list[Config]]:
     """(the run's name, its configurations) from parsed arguments."""
     layout = PoolLayout(slots_per_row=args.slots_per_row, slot_order=args.slot_order, placements=args.placements)
-    given = {axis: getattr(args, axis) for axis in ("B", "H", "HV", "K", "V", "state_dtype", "slot_pad", "pad_rows")
-             if getattr(args, axis) is not None}
+    given = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis) is not None}
     impls = list(args.impls or registry.names())
     if args.preset is None and given:
         return "adhoc", adhoc_configs(impls, given, layout)

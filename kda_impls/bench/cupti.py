@@ -1,0 +1,77 @@
+"""A second clock: per-launch kernel durations from CUPTI (through ``torch.profiler``), to check the
+harness's event timings against, and to see what a kernel does inside a sequence of other kernels.
+
+:func:`step_durations` runs ``calls`` steps eagerly, each after an optional op that runs first (an
+L2 entry op, or the projection GEMV of a decode layer), under the profiler, and reads back the GPU
+kernels of each step from the profiler's trace: their summed durations (the GPU busy with the step)
+and their span (first start to last end, which also counts the gaps between a step's kernels).
+Which kernels belong to the op is learnt by profiling the op alone first.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+Launcher = Callable[[], object]
+
+
+def _kernels(run: Callable[[], None], device: torch.device) -> list[tuple[float, float, str]]:
+    """(start us, duration us, name) of every GPU kernel ``run`` launches, in start order."""
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+    kernels = [(float(e["ts"]), float(e["dur"]), e.get("name", "")) for e in events
+               if e.get("cat") == "kernel" and "dur" in e]
+    return sorted(kernels)
+
+
+def kernels_of(run: Callable[[], None], device) -> int:
+    """How many GPU kernels one call of ``run`` launches (after a warm-up call)."""
+    device = torch.device(device)
+    with torch.cuda.device(device):
+        run()
+        return len(_kernels(run, device))
+
+
+def step_durations(launchers: Sequence[Launcher], device, calls: int = 40,
+                   before: Callable[[], None] | None = None, before_kernels: int = 0) -> dict:
+    """Median (and all) per-step GPU time of ``calls`` eager steps cycling over ``launchers``, each
+    after ``before`` (which launches ``before_kernels`` kernels: :func:`kernels_of`): ``busy_us``
+    sums the step's kernel durations, ``span_us`` runs from its first kernel's start to its last
+    kernel's end. Raises RuntimeError when the trace does not split into equal steps."""
+    device = torch.device(device)
+
+    def run() -> None:
+        for i in range(calls):
+            if before is not None:
+                before()
+            launchers[i % len(launchers)]()
+
+    with torch.cuda.device(device):
+        for launch in launchers:  # warm: compilation, autotuning, lazy workspaces
+            launch()
+        kernels = _kernels(run, device)
+    per_call, rest = divmod(len(kernels), calls)
+    per_step = per_call - before_kernels
+    if rest or per_step < 1:
+        raise RuntimeError(f"{len(kernels)} kernels in the trace of {calls} steps, each after {before_kernels} "
+                           f"kernels of the op before it: the steps do not launch equally many")
+    busy, span = [], []
+    for i in range(calls):
+        step = kernels[i * per_call + before_kernels:(i + 1) * per_call]
+        busy.append(sum(d for _, d, _ in step))
+        span.append(step[-1][0] + step[-1][1] - step[0][0])
+    return {"busy_us": float(np.median(busy)), "span_us": float(np.median(span)), "kernels": per_step,
+            "names": sorted({name for _, _, name in kernels[before_kernels:per_call]}), "busy_samples_us": busy}

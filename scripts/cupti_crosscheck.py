@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Cross-check a sweep's kernel times with a second clock: CUPTI kernel durations (torch.profiler)
+of the same configurations, in the same L2 entry state, on the same GPU.
+
+    python3 scripts/cupti_crosscheck.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--unpadded-only]
+
+For every ok row: the configuration's inputs are drawn again (the first placement's seed), bound,
+and ``--calls`` steps run eagerly, each after the entry op the row was timed with (the rotation's
+input sets in turn for ``previous-step``), under the profiler. The harness's figure (median over
+placements) is compared with the median summed duration of each step's kernels; agreement means
+|harness / CUPTI - 1| <= 3%. The harness's events bracket a step inside a CUDA graph, so they also
+count the dependent-launch gap before its first kernel and between its kernels, which CUPTI's
+durations do not: the step's span (first kernel start to last kernel end) is reported beside.
+Writes DIR/crosscheck.csv, DIR/crosscheck.md and DIR/meta.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_impls.bench.config import Config  # noqa: E402
+from kda_impls.bench.cupti import kernels_of, step_durations  # noqa: E402
+from kda_impls.bench.results import environment, load, write_meta  # noqa: E402
+from kda_impls.bench.timing import entry_op, rotation_plan  # noqa: E402
+from kda_impls.registry import get  # noqa: E402
+
+AGREEMENT = 0.03
+
+
+def crosscheck_row(row: dict, device: torch.device, calls: int, seed: int, before_kernels: dict) -> dict:
+    cfg = Config.from_columns(row)
+    impl = get(cfg.impl)
+    first = cfg.make_inputs(device, seed + 1)
+    made, sets = rotation_plan(row["l2_entry"], first, device)
+    launchers = [impl.bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
+    op = entry_op(made, device)
+    if op is not None and made not in before_kernels:
+        before_kernels[made] = kernels_of(op, device)
+    cupti = step_durations(launchers, device, calls, before=op, before_kernels=before_kernels.get(made, 0))
+    del first, launchers
+    torch.cuda.empty_cache()
+    return {"cupti_busy_us": cupti["busy_us"], "cupti_span_us": cupti["span_us"], "kernels": cupti["kernels"],
+            "kernel_names": " | ".join(cupti["names"])[:300]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("sweeps", type=Path, nargs="+")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--unpadded-only", action="store_true", help="skip rows with slot padding or padding rows")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    started = time.perf_counter()
+    rows, before_kernels = [], {}
+    for sweep_dir in args.sweeps:
+        sweep = load(sweep_dir)
+        ok = sweep.ok
+        if args.unpadded_only:
+            ok = ok[(ok.slot_pad == 0) & (ok.pad_rows == 0)]
+        seed = sweep.meta.get("settings", {}).get("method", {}).get("seed", 0)
+        for row in tqdm(ok.to_dict("records"), desc=sweep_dir.name, mininterval=5):
+            base = {k: row[k] for k in ("impl", "state_dtype", "H", "HV", "K", "V", "B", "slot_pad", "pad_rows",
+                                        "l2_entry", "kernel_us_median", "kernel_us_placement_min",
+                                        "kernel_us_placement_max")} | {"sweep": str(sweep_dir)}
+            try:
+                rows.append(base | crosscheck_row(row, device, args.calls, seed, before_kernels))
+            except Exception as exc:  # a row that will not profile: recorded, not fatal
+                rows.append(base | {"error": f"{type(exc).__name__}: {exc}"[:300]})
+    table = pd.DataFrame(rows).reindex(columns=[*rows[0], "cupti_busy_us", "cupti_span_us", "kernels", "error"]
+                                       if rows else [])
+    table = table.loc[:, ~table.columns.duplicated()]
+    table["ratio"] = table.kernel_us_median / table.cupti_busy_us
+    table["ratio_to_span"] = table.kernel_us_median / table.cupti_span_us
+    table["agrees"] = (table.ratio - 1).abs() <= AGREEMENT
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "crosscheck.csv", index=False)
+    write_meta(args.out, environment(device, args.out, shlex.join(sys.argv))
+               | {"wall_s": round(time.perf_counter() - started, 1), "calls": args.calls, "agreement": AGREEMENT})
+
+    by = table.groupby(["impl", "B"]).agg(rows=("ratio", "count"), agree=("agrees", "sum"),
+                                          ratio_min=("ratio", "min"), ratio_max=("ratio", "max"),
+                                          span_ratio_min=("ratio_to_span", "min"),
+                                          span_ratio_max=("ratio_to_span", "max")).reset_index()
+    worst = table.assign(off=(table.ratio - 1).abs()).sort_values("off", ascending=False).head(25)
+    text = "\n\n".join([
+        "# Harness kernel time against CUPTI kernel durations",
+        f"Sweeps: {', '.join(f'`{s}`' for s in args.sweeps)}. ratio = harness median over placements / CUPTI "
+        f"median summed kernel duration per step; agreement: |ratio - 1| <= {AGREEMENT:.0%}. "
+        f"ratio_to_span uses the step's span instead (first kernel start to last kernel end).",
+        f"**{int(table.agrees.sum())} of {len(table)} rows agree.** Rows that did not profile: "
+        f"{int(table.error.notna().sum())}.",
+        "## By implementation and batch\n\n" + by.to_markdown(index=False, floatfmt=".3f"),
+        "## The largest differences\n\n" + worst[["impl", "state_dtype", "HV", "K", "B", "slot_pad", "l2_entry",
+                                                  "kernel_us_median", "cupti_busy_us", "cupti_span_us", "kernels",
+                                                  "ratio"]].to_markdown(index=False, floatfmt=".3f"),
+    ]) + "\n"
+    (args.out / "crosscheck.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
