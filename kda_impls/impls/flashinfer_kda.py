@@ -45,9 +45,11 @@ What the adapter relies on, from flashinfer-python 0.7.2.post1's source:
   ``output.zero_()`` launch for D64 when B*HV >= 128, the grouped kernel stores zeros for inactive
   rows). So -1 rows need no extra work, but the pool needs a slot 0.
 - GVA: value head ``hv`` reads q/k head ``hv // (HV // H)`` as in our contract, but the in-kernel
-  gate reads ``A_log`` and ``dt_bias`` at that q/k head, not at ``hv`` (``recurrent_kda_decode_kernel``:
-  ``gALog[query_head_idx]``, ``h_K_offset = query_head_idx * HEAD_DIM``; ``_grouped_kda_kernel``:
-  ``a_log[h]``, ``dt_bias[h * D + ...]``). With HV != H that is another gate than ours, so the
+  gate takes ``A_log`` ``[H]`` and ``dt_bias`` ``[H*K]`` per q/k head (its docstring) and reads them
+  at that q/k head, not at ``hv`` (``recurrent_kda_decode_kernel``: ``gALog[query_head_idx]``,
+  ``h_K_offset = query_head_idx * HEAD_DIM``; ``_grouped_kda_kernel``: ``a_log[h]``,
+  ``dt_bias[h * D + ...]``); their shapes are not checked, so our ``[HV]`` parameters are accepted
+  and only their first H entries used. With HV != H that is another gate than ours, so the
   gate-in-kernel variants do not run under GVA; the precomputed log gate is per value head (our
   gate, rounded to bf16). beta is read per value head in both modes.
 """
@@ -122,9 +124,9 @@ class FlashInferKDA(Implementation):
         if inputs.q.dtype != torch.bfloat16:
             return f"q/k/v/a/b must be bfloat16 (the kernel's only activation dtype); got {dtype_name(inputs.q.dtype)}"
         if self.gate_in_kernel and inputs.H != inputs.HV:
-            return (f"GVA (H={inputs.H}, HV={inputs.HV}): with use_gate_in_kernel=True recurrent_kda reads A_log and "
-                    f"dt_bias at the q/k head hv // (HV // H), not at the value head hv, so its gate is not ours "
-                    f"(precompute it per value head: flashinfer-loggate)")
+            return (f"GVA (H={inputs.H}, HV={inputs.HV}): recurrent_kda's in-kernel gate (use_gate_in_kernel=True) "
+                    f"takes A_log [H] and dt_bias [H*K] per q/k head, reading entry hv // (HV // H) for value head "
+                    f"hv; ours are per value head (precompute the gate per value head: flashinfer-loggate)")
         if self.form == "packed" and inputs.B and inputs.N == 0:
             return "the pool has no slots, and flashinfer reads slot 0 for rows with slot -1"
         reason = self._form_unsupported(inputs)
