@@ -413,6 +413,24 @@ def test_flashinfer_gather_on_gpu(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("B, HV", [(64, 32), (4, 8)], ids=["one-warp", "grouped"])
+def test_flashinfer_gather_form_overwrites_the_last_slot_for_minus_one(B, HV):
+    """The finding behind flashinfer-gather's refusal of -1 rows (docs/findings.md): called on the
+    library itself, the [B, 1] form with ssm_state_indices turns a -1 into Python's last slot: slot
+    N-1, named by no row, is overwritten and the padding row's output is not zero."""
+    x = make_inputs(B, HV, HV, 128, 128, n_slots=2 * B, device="cuda", seed=38)
+    x.slots = torch.arange(B, dtype=torch.int32, device="cuda")  # slot N-1 = 2B-1 belongs to no row
+    x.slots[1] = -1
+    out = torch.zeros(B, HV, 128, dtype=torch.bfloat16, device="cuda")
+    arguments, _ = get("flashinfer-gather").library_arguments(x, out)
+    last = x.state[-1].clone()
+    recurrent_kda_entry_point()(**arguments)
+    torch.cuda.synchronize()
+    assert not torch.equal(x.state[-1], last), "slot N-1 kept its state"
+    assert out[1].abs().sum() > 0, "the -1 row got a zero output"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", FLASHINFER)
 def test_flashinfer_variants_capture_in_a_cuda_graph(name):
     """What the benchmarks time: the launcher (precompute included) replayed from a CUDA graph
