@@ -257,7 +257,7 @@ class Implementation:
         caps = self.capabilities
         missing = [p for p in caps.packages if importlib.util.find_spec(p) is None]
         if missing:
-            return f"package not installed: {', '.join(missing)} (pip install -e .[{self.name}])"
+            return f"package not installed: {', '.join(missing)} (pip install -e .[{self.library}])"
         device = inputs.state.device
         if device.type not in caps.devices:
             if "cuda" in caps.devices and not torch.cuda.is_available():

@@ -59,6 +59,16 @@ def test_every_implementation_says_which_library_and_call_it_is():
     assert engine_calls["flashinfer-sigmoid"].startswith("SGLang") and engine_calls["fla-loggate-sigmoid"].startswith("vLLM")
 
 
+@pytest.mark.parametrize("name", ["fla-loggate", "flashinfer-dense"])
+def test_a_missing_library_names_its_extra(monkeypatch, name):
+    """pyproject's extras are per library, not per variant."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda module, *a: None if module in ("fla", "flashinfer")
+                        else real(module, *a))
+    reason = get(name).unsupported(make_inputs(2, 2, 2, 64, 64, seed=20))
+    assert reason.endswith(f"(pip install -e .[{get(name).library}])"), reason
+
+
 def test_library_defaults_to_the_name():
     class Plain(Implementation):
         name = "plain"
