@@ -188,7 +188,8 @@ class FlaSigmoid(FlaKDA):
 
 class FlaLogGate(FlaKDA):
     name = "fla-loggate"
-    variant = "packed as fla; log gate precomputed per value head (one Triton launch, fp32: exact), beta logit in kernel"
+    variant = ("packed as fla; log gate precomputed per value head (one Triton launch, fp32: exact), beta logit "
+               "in kernel")
     engine_call = ""
     gate_in_kernel = False
 
