@@ -104,13 +104,26 @@ class Implementation:
 
     Optional overrides: ``label`` (the prefix of error messages, default ``name``),
     :meth:`_extra_unsupported` (reasons beyond the declared capabilities) and :meth:`versions`.
+
+    One library's kernel is often registered several times, once per legal way of calling it for
+    our semantics (a variant), because the calling convention alone can move its time by 20%.
+    ``library`` groups them (what "best per library" picks among; default ``name``), ``variant``
+    says in one line how this one calls the kernel and what it costs in accuracy, and
+    ``engine_call`` names the serving engines that call the library this way today (empty if
+    none): the configuration a reader deploying that engine gets.
     """
 
     name: str
     capabilities: Capabilities = Capabilities()
+    variant: str = ""
+    engine_call: str = ""
 
     @property
     def label(self) -> str:
+        return self.name
+
+    @property
+    def library(self) -> str:
         return self.name
 
     def __repr__(self) -> str:
@@ -294,7 +307,7 @@ class Implementation:
         caps = self.capabilities
         missing = [p for p in caps.packages if importlib.util.find_spec(p) is None]
         if missing:
-            return f"package not installed: {', '.join(missing)} (pip install -e .[{self.name}])"
+            return f"package not installed: {', '.join(missing)} (pip install -e .[{self.library}])"
         device = inputs.state.device
         if device.type not in caps.devices:
             if "cuda" in caps.devices and not torch.cuda.is_available():

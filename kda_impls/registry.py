@@ -20,7 +20,16 @@ EXTRA_IMPLS_ENV = "KDA_EXTRA_IMPLS"
 BUILTIN = {
     "naive": "kda_impls.impls.naive:NaiveTorch",
     "fla": "kda_impls.impls.fla_kda:FlaKDA",
+    "fla-sigmoid": "kda_impls.impls.fla_kda:FlaSigmoid",
+    "fla-loggate": "kda_impls.impls.fla_kda:FlaLogGate",
+    "fla-loggate-sigmoid": "kda_impls.impls.fla_kda:FlaLogGateSigmoid",
+    "fla-batched": "kda_impls.impls.fla_kda:FlaBatched",
     "flashinfer": "kda_impls.impls.flashinfer_kda:FlashInferKDA",
+    "flashinfer-sigmoid": "kda_impls.impls.flashinfer_kda:FlashInferSigmoid",
+    "flashinfer-loggate": "kda_impls.impls.flashinfer_kda:FlashInferLogGate",
+    "flashinfer-loggate-sigmoid": "kda_impls.impls.flashinfer_kda:FlashInferLogGateSigmoid",
+    "flashinfer-gather": "kda_impls.impls.flashinfer_kda:FlashInferGather",
+    "flashinfer-dense": "kda_impls.impls.flashinfer_kda:FlashInferDense",
     "triton": "kda_impls.impls.triton_kda:TritonKDA",
 }
 

@@ -7,7 +7,6 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kda_impls import ContractError, get, make_inputs, verify
 from kda_impls.impls.flashinfer_kda import recurrent_kda_entry_point
@@ -136,10 +135,6 @@ def test_reasons_beyond_the_capabilities():
     assert impl._extra_unsupported(x) == \
         "q must start 32-byte aligned (the kernel is compiled assuming it); its byte offset is 2"
 
-    # under GVA the adapter passes its own gate buffer instead of a, A_log and dt_bias
-    x = make_inputs(2, 1, 2, 64, 64, seed=6)
-    x.a = misaligned(x.a)
-    assert "a must start" not in (impl._extra_unsupported(x) or "")
     x = make_inputs(2, 2, 2, 64, 64, seed=6)
     x.a = misaligned(x.a)
     assert impl._extra_unsupported(x).startswith("a must start 32-byte aligned")
@@ -187,20 +182,6 @@ def test_equal_heads_gate_in_kernel():
     assert prepare is None and kw["use_gate_in_kernel"]
     assert kw["g"].data_ptr() == x.a.data_ptr() and kw["A_log"] is x.A_log
     assert kw["dt_bias"].shape == (4 * 64,) and kw["dt_bias"].data_ptr() == x.dt_bias.data_ptr()
-
-
-def test_gva_gate_per_value_head():
-    x, _, kw, prepare = arguments(1, 4)
-    assert not kw["use_gate_in_kernel"] and "A_log" not in kw and "dt_bias" not in kw
-    prepare()
-    dt_bias = x.dt_bias.double().view(4, 64)
-    want = -torch.exp(x.A_log.double())[:, None] * F.softplus(x.a.double() + dt_bias)
-    got = kw["g"][0].double()
-    assert kw["g"].dtype == torch.bfloat16
-    assert torch.allclose(got, want, rtol=2 ** -8, atol=1e-30)
-    # the library's in-kernel gate would give every value head of the group q/k head 0's parameters
-    by_qk_head = -torch.exp(x.A_log.double()[0]) * F.softplus(x.a.double() + dt_bias[0])
-    assert not torch.allclose(got, by_qk_head, rtol=0.1), "the adapter passed the q/k head's gate"
 
 
 @pytest.mark.skipif(not flashinfer_installed, reason="flashinfer is not installed")

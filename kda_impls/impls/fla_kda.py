@@ -1,4 +1,11 @@
-"""flash-linear-attention's Triton recurrent KDA kernel (fla-core >= 0.6), updating the pool in place.
+"""flash-linear-attention's Triton recurrent KDA kernel (fla-core >= 0.6), updating the pool in place,
+in each of its legal calling conventions for our semantics.
+
+Each way of calling it is its own registered implementation (a variant); the class attributes
+``gate_in_kernel``, ``beta_in_kernel`` and ``packed`` say which. A variant that precomputes the
+log gate or sigmoid(beta) does so inside its launcher (one Triton launch,
+:mod:`kda_impls.impls.precompute`), in float32: the kernel loads ``g`` and ``beta`` in whatever
+dtype they come and computes in float32, so these variants lose no accuracy.
 
 What the adapter relies on, from fla-core 0.6.0's ``fla/ops/kda/fused_recurrent.py``:
 
@@ -10,14 +17,23 @@ What the adapter relies on, from fla-core 0.6.0's ``fla/ops/kda/fused_recurrent.
   the compact inner strides are what the shared contract already demands.
 - Value head ``hv`` reads q/k head ``hv // (HV // H)``, ``A_log[hv]`` and ``dt_bias[hv * K:(hv+1) * K]``:
   the in-kernel gate is per value head as in our contract, so GVA needs no help.
+- ``use_gate_in_kernel=False`` takes ``g`` as the log gate, ``use_beta_sigmoid_in_kernel=False``
+  takes ``beta`` as sigmoid(b); both are loaded and converted to float32 in the kernel.
 - A slot of -1 is not skipped: the kernel loads the state at ``initial_state - stride(0)`` and
   stores the updated state back there, outside the pool, and writes a non-zero output row. The
   adapter therefore never passes a -1: when a batch has -1 rows it gathers the live rows into
   compact buffers, runs those, zeroes the -1 rows' output and copies the live rows' output in.
   That extra work is inside the timed launcher.
-- The rows go in packed, as serving engines call it: one sequence of B tokens ``[1, B, ...]`` with
-  ``cu_seqlens = arange(B + 1)``, each token its own sequence and state slot (the varlen path:
-  every program first loads its row's bounds from ``cu_seqlens``).
+- Forms: packed (``packed = True``), as serving engines call it: one sequence of B tokens
+  ``[1, B, ...]`` with ``cu_seqlens = arange(B + 1)``, each token its own sequence and state slot
+  (the varlen path: every program first loads its row's bounds from ``cu_seqlens``); or batched,
+  ``[B, 1, ...]`` without ``cu_seqlens`` (B sequences of one token), which reaches the same pool
+  through ``ssm_state_indices`` without loading any bounds.
+- Serving engines do not call fla-core itself but copies of its kernels: vLLM's
+  ``vllm/model_executor/layers/fla/ops/kda.py`` (packed varlen; the gate from a separate
+  ``fused_kda_gate`` kernel, beta sigmoided beforehand: ``KimiDeltaAttention.forward``), and
+  SGLang's Triton KDA backend its fla-derived ``fused_sigmoid_gating_delta_rule_update`` (packed
+  varlen, gate and sigmoid in kernel). ``engine_call`` names the variant each corresponds to.
 """
 
 from __future__ import annotations
@@ -31,6 +47,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ..contract import Capabilities, Implementation, package_version
 from ..inputs import DecodeInputs
+from . import precompute
 
 _FLA_MODULE = "fla.ops.kda.fused_recurrent"
 
@@ -53,13 +70,26 @@ def _kernel_will_be_interpreted() -> bool:
 
 
 class FlaKDA(Implementation):
+    """The packed varlen call with the gate and beta sigmoid in the kernel."""
+
     name = "fla"
+    library = "fla"
+    variant = ("packed [1, B] + cu_seqlens, pool in place via ssm_state_indices; gate and sigmoid in kernel; "
+               "-1 rows gathered out first (fla does not skip them)")
+    engine_call = "SGLang Triton backend (its own fla-derived kernel, same form)"
+    gate_in_kernel = True  # raw a, A_log, dt_bias (use_gate_in_kernel=True); else the log gate precomputed
+    beta_in_kernel = True  # the beta logit (use_beta_sigmoid_in_kernel=True); else sigmoid(b) precomputed
+    packed = True  # [1, B, ...] with cu_seqlens; else [B, 1, ...] without
     capabilities = Capabilities(devices=("cpu", "cuda"),
                                 state_dtypes=(torch.bfloat16, torch.float16, torch.float32),
                                 packages=("fla",))
 
     def versions(self) -> dict[str, str]:
         return {**super().versions(), "triton": triton.__version__, "fla-core": package_version("fla-core")}
+
+    @property
+    def precomputes(self) -> bool:
+        return not (self.gate_in_kernel and self.beta_in_kernel)
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
         interpreted = _kernel_will_be_interpreted()
@@ -71,28 +101,41 @@ class FlaKDA(Implementation):
         if inputs.device.type == "cuda" and interpreted:
             return ("fla's kernel is built for the Triton interpreter (TRITON_INTERPRET=1): it would run on the "
                     "CPU instead of being compiled for the GPU (unset TRITON_INTERPRET before fla is imported)")
+        if self.precomputes:
+            return precompute.unavailable_reason(inputs.device)
         return None
 
     def library_arguments(self, inputs: DecodeInputs) -> dict:
         """The keyword arguments of ``fused_recurrent_kda_fwd`` that do not depend on the live rows."""
-        return dict(
-            A_log=inputs.A_log,
-            dt_bias=inputs.dt_bias,
+        arguments = dict(
             initial_state=inputs.state,
             scale=inputs.effective_scale,
             inplace_final_state=True,
             state_v_first=True,
             use_qk_l2norm_in_kernel=True,
-            use_gate_in_kernel=True,
-            use_beta_sigmoid_in_kernel=True,
+            use_gate_in_kernel=self.gate_in_kernel,
+            use_beta_sigmoid_in_kernel=self.beta_in_kernel,
         )
+        if self.gate_in_kernel:
+            arguments.update(A_log=inputs.A_log, dt_bias=inputs.dt_bias)
+        return arguments
+
+    def _rows(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-row tensor in the form this variant passes: ``[1, rows, ...]`` or ``[rows, 1, ...]``."""
+        return t.unsqueeze(0 if self.packed else 1)
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
         fused_recurrent_kda_fwd = _fused_recurrent_kda_fwd()
         fixed = self.library_arguments(inputs)
-        # fla's names for our per-row tensors, packed as [1, rows, ...]; beta [1, rows, HV] is one
-        # scalar per head
-        rows = dict(q=inputs.q, k=inputs.k, v=inputs.v, g=inputs.a, beta=inputs.b)
+        prepared = prepare = None
+        if self.precomputes:
+            prepared = precompute.precompute(inputs, log_gate=not self.gate_in_kernel, beta=not self.beta_in_kernel,
+                                             dtype=torch.float32)
+            prepare = prepared.launch
+        # fla's names for our per-row tensors; beta [rows, HV] is one scalar per head
+        rows = dict(q=inputs.q, k=inputs.k, v=inputs.v,
+                    g=inputs.a if self.gate_in_kernel else prepared.log_gate,
+                    beta=inputs.b if self.beta_in_kernel else prepared.beta)
 
         # Slot values were validated by bind(); resolving the live rows here keeps the host sync
         # out of the launcher.
@@ -104,30 +147,64 @@ class FlaKDA(Implementation):
                 return out
             return launch_without_live_rows
 
-        cu_seqlens = torch.arange(n_live + 1, dtype=torch.int32, device=inputs.device)
+        if self.packed:
+            fixed["cu_seqlens"] = torch.arange(n_live + 1, dtype=torch.int32, device=inputs.device)
         if n_live == inputs.B:
-            packed = {name: t.unsqueeze(0) for name, t in rows.items()}
-            packed_out = out.unsqueeze(0)
+            shaped = {name: self._rows(t) for name, t in rows.items()}
+            shaped_out = self._rows(out)
 
             def launch() -> torch.Tensor:
-                fused_recurrent_kda_fwd(**packed, **fixed, cu_seqlens=cu_seqlens, ssm_state_indices=inputs.slots,
-                                        out=packed_out)
+                if prepare is not None:
+                    prepare()
+                fused_recurrent_kda_fwd(**shaped, **fixed, ssm_state_indices=inputs.slots, out=shaped_out)
                 return out
             return launch
 
         dead_rows = torch.nonzero(inputs.slots < 0).flatten()
         live_slots = inputs.slots[live_rows]
         live = {name: t.new_empty((n_live, *t.shape[1:])) for name, t in rows.items()}
-        live_packed = {name: t.unsqueeze(0) for name, t in live.items()}
+        live_shaped = {name: self._rows(t) for name, t in live.items()}
         live_out = out.new_empty((n_live, *out.shape[1:]))
-        live_out_packed = live_out.unsqueeze(0)
+        live_out_shaped = self._rows(live_out)
 
         def launch_live_rows() -> torch.Tensor:
+            if prepare is not None:
+                prepare()
             for name, t in rows.items():
                 torch.index_select(t, 0, live_rows, out=live[name])
-            fused_recurrent_kda_fwd(**live_packed, **fixed, cu_seqlens=cu_seqlens, ssm_state_indices=live_slots,
-                                    out=live_out_packed)
+            fused_recurrent_kda_fwd(**live_shaped, **fixed, ssm_state_indices=live_slots, out=live_out_shaped)
             out.index_fill_(0, dead_rows, 0)
             out.index_copy_(0, live_rows, live_out)
             return out
         return launch_live_rows
+
+
+class FlaSigmoid(FlaKDA):
+    name = "fla-sigmoid"
+    variant = "packed as fla; gate in kernel, beta pre-sigmoided (one Triton launch, fp32: exact)"
+    engine_call = ""
+    beta_in_kernel = False
+
+
+class FlaLogGate(FlaKDA):
+    name = "fla-loggate"
+    variant = ("packed as fla; log gate precomputed per value head (one Triton launch, fp32: exact), beta logit "
+               "in kernel")
+    engine_call = ""
+    gate_in_kernel = False
+
+
+class FlaLogGateSigmoid(FlaKDA):
+    name = "fla-loggate-sigmoid"
+    variant = "packed as fla; log gate and sigmoid(beta) precomputed in one Triton launch (fp32: exact)"
+    engine_call = "vLLM (its own copy of fla's kernel; gate by a separate fused_kda_gate kernel)"
+    gate_in_kernel = False
+    beta_in_kernel = False
+
+
+class FlaBatched(FlaKDA):
+    name = "fla-batched"
+    variant = ("batched [B, 1], no cu_seqlens, pool in place via ssm_state_indices; gate and sigmoid in kernel; "
+               "-1 rows gathered out first")
+    engine_call = ""
+    packed = False

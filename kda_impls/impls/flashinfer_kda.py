@@ -1,27 +1,57 @@
-"""FlashInfer's CuTe-DSL recurrent KDA decode (flashinfer-python >= 0.7.2), updating the pool in place.
+"""FlashInfer's CuTe-DSL recurrent KDA decode (flashinfer-python >= 0.7.2), in each of its legal
+calling conventions for our semantics.
+
+One kernel, several calls: on the H200 the same ``recurrent_kda`` launch takes up to 20% longer
+with the gate and the beta sigmoid in the kernel than with both precomputed, for identical
+results. Each way of calling it is therefore its own registered implementation (a variant); the
+class attributes ``gate_in_kernel``, ``beta_in_kernel`` and ``form`` say which. Work a variant
+does before the library call (precomputing the gate or sigmoid(beta): one Triton launch,
+:mod:`kda_impls.impls.precompute`) is inside its launcher, so every variant is timed on the whole
+step from the same raw inputs.
 
 What the adapter relies on, from flashinfer-python 0.7.2.post1's source:
 
 - Entry point: ``flashinfer.recurrent_kda`` (``flashinfer/kda.py``); 0.7.2 deprecates
-  ``flashinfer.kda_decode.recurrent_kda`` in its favour with the same arguments, and releases
-  without the top-level name only have the latter.
-- Packed form: q/k/v/g/beta as ``[1, B, ...]`` with ``cu_seqlens = arange(B + 1)``. That branch of
-  ``run_recurrent_kda`` (``flashinfer/kda_kernels/recurrent_kda.py``) hands the pool and
-  ``ssm_state_indices`` straight to the kernel (``state = initial_state``); the dense ``[B, 1, ...]``
-  form instead gathers ``initial_state[ssm_state_indices]`` and scatters it back. Prefill and the
-  Cake decode routes all decline a packed call with one token per sequence.
+  ``flashinfer.kda_decode.recurrent_kda`` in its favour with the same arguments (the one
+  SGLang and FlashInfer's own benchmark call), and releases without the top-level name only have
+  the latter. On sm_90 both reach ``run_recurrent_kda`` (``flashinfer/kda_kernels/recurrent_kda.py``)
+  and its CuTe-DSL kernels: the Cake routes ``backend="auto"`` may pick exist for sm_100/sm_103 only.
+- Forms (``form``):
+  ``"packed"``: q/k/v/g/beta as ``[1, B, ...]`` with ``cu_seqlens = arange(B + 1)``; the pool and
+  ``ssm_state_indices`` go straight to the kernel (``state = initial_state``), which updates the
+  slots in place, any slot stride the contract allows. Prefill and the Cake decode routes all
+  decline a packed call with one token per sequence. SGLang's call.
+  ``"gather"``: ``[B, 1, ...]`` with ``ssm_state_indices`` and no ``cu_seqlens``: the wrapper
+  gathers ``initial_state[ssm_state_indices]`` into a new contiguous tensor, runs the kernel on it
+  and scatters it back with ``initial_state[ssm_state_indices] = state``: two more passes over the
+  state, in torch. A -1 index there is Python's last slot: the -1 row reads slot N-1, the scatter
+  overwrites slot N-1 with it and the kernel writes the row's output, so this form is legal only
+  without -1 rows. A pool with padding between slots (not contiguous) is refused
+  ("non-contiguous initial_state requires cu_seqlens") except on the ``backend="auto"`` route for
+  H == HV, K = V = 128 with the gate in the kernel.
+  ``"dense"``: ``[B, 1, ...]``, no indices: batch row i updates ``initial_state[i]`` in place, which
+  must be contiguous. FlashInfer's own benchmark (``benchmarks/bench_recurrent_kda.py``: dense
+  ``[B, HV, V, K]`` state, no indices, log gate and beta precomputed outside the timing). Legal
+  for our semantics only when ``slots == arange(B)`` and the first B slots are contiguous: the
+  adapter passes ``state[:B]``.
 - Pool: bf16 ``[N, HV, V, K]`` with compact ``[HV, V, K]`` blocks, compiled for a slot stride
   divisible by 16 elements and 32-byte alignment (``_make_compile_inputs``); K == V in {64, 128}.
-  Every other tensor is compiled as compact and 32-byte aligned.
-- Rows with slot -1 read slot 0, write no state, and get a zero output row (the one-warp kernel
-  zero-fills padded rows for D128, the wrapper zero-fills the output for D64, the grouped kernel
-  stores zeros for inactive rows). So -1 rows need no extra work, but the pool needs a slot 0.
+  Every other tensor is compiled as compact and 32-byte aligned; q/k/v/g/beta must be bfloat16,
+  so a precomputed log gate and sigmoid(beta) go in rounded to bf16, each element off by up to
+  2**-8 relative: the decay exp(g) by up to |g| * 2**-8 (in the kernel both are computed from the
+  inputs in fp32; ``verify`` reports what it costs).
+- Packed rows with slot -1 read slot 0, write no state, and get a zero output row (the one-warp
+  kernel zero-fills padded rows for D128, the wrapper zero-fills the whole output with a separate
+  ``output.zero_()`` launch for D64 when B*HV >= 128, the grouped kernel stores zeros for inactive
+  rows). So -1 rows need no extra work, but the pool needs a slot 0.
 - GVA: value head ``hv`` reads q/k head ``hv // (HV // H)`` as in our contract, but the in-kernel
-  gate reads ``A_log`` and ``dt_bias`` at that q/k head, not at ``hv``. With HV != H the adapter
-  computes the log gate per value head itself before each launch (three elementwise ops inside
-  the timed launcher) and passes it with ``use_gate_in_kernel=False``; the log gate goes to the
-  kernel in bf16, the only dtype it takes, which costs ~3e-4 relative error on the decayed state.
-  beta is read per value head, so its sigmoid stays in the kernel (``beta_is_logit=True``).
+  gate takes ``A_log`` ``[H]`` and ``dt_bias`` ``[H*K]`` per q/k head (its docstring) and reads them
+  at that q/k head, not at ``hv`` (``recurrent_kda_decode_kernel``: ``gALog[query_head_idx]``,
+  ``h_K_offset = query_head_idx * HEAD_DIM``; ``_grouped_kda_kernel``: ``a_log[h]``,
+  ``dt_bias[h * D + ...]``); their shapes are not checked, so our ``[HV]`` parameters are accepted
+  and only their first H entries used. With HV != H that is another gate than ours, so the
+  gate-in-kernel variants do not run under GVA; the precomputed log gate is per value head (our
+  gate, rounded to bf16). beta is read per value head in both modes.
 """
 
 from __future__ import annotations
@@ -30,12 +60,14 @@ from typing import Callable
 
 import torch
 
-from ..contract import Capabilities, Implementation, package_version
+from ..contract import Capabilities, Implementation, Unsupported, package_version
 from ..dtypes import dtype_name
 from ..inputs import DecodeInputs
+from . import precompute
 
 # Byte alignment the kernel is compiled to assume for every tensor it takes.
 TENSOR_ALIGNMENT = 32
+FORMS = ("packed", "gather", "dense")
 
 
 def recurrent_kda_entry_point() -> Callable:
@@ -47,31 +79,25 @@ def recurrent_kda_entry_point() -> Callable:
     return entry
 
 
-def per_value_head_log_gate(inputs: DecodeInputs) -> tuple[torch.Tensor, Callable[[], None]]:
-    """A bf16 ``[B, HV, K]`` buffer and the function that fills it with
-    ``-exp(A_log[hv]) * softplus(a + dt_bias[hv])`` from the current ``inputs.a``."""
-    B, HV, K = inputs.B, inputs.HV, inputs.K
-    neg_decay_rate = -torch.exp(inputs.A_log).unsqueeze(1)  # [HV, 1]: a parameter, derived once
-    dt_bias = inputs.dt_bias.view(HV, K)
-    biased = torch.empty((B, HV, K), dtype=torch.float32, device=inputs.device)
-    zero = torch.zeros((), dtype=torch.float32, device=inputs.device)
-    log_gate = torch.empty((B, HV, K), dtype=torch.bfloat16, device=inputs.device)
-
-    def compute() -> None:
-        torch.add(inputs.a, dt_bias, out=biased)
-        torch.logaddexp(biased, zero, out=biased)  # softplus, without allocating
-        torch.mul(biased, neg_decay_rate, out=log_gate)
-
-    return log_gate, compute
-
-
 class FlashInferKDA(Implementation):
+    """The suite's original call: packed pool path, gate and beta sigmoid in the kernel."""
+
     name = "flashinfer"
-    label = "flashinfer recurrent_kda"
+    library = "flashinfer"
+    variant = ("packed [1, B] + cu_seqlens, pool in place via ssm_state_indices; gate (use_gate_in_kernel) "
+               "and sigmoid (beta_is_logit) in kernel; H == HV only (the in-kernel gate reads A_log/dt_bias "
+               "per q/k head)")
+    gate_in_kernel = True  # raw a, A_log, dt_bias (use_gate_in_kernel=True); else the log gate precomputed
+    beta_in_kernel = True  # the beta logit (beta_is_logit=True); else sigmoid(b) precomputed
+    form = "packed"  # one of FORMS (module docstring)
     capabilities = Capabilities(devices=("cuda",), state_dtypes=(torch.bfloat16,), k_values=(64, 128),
                                 v_values=(64, 128), k_equals_v=True, slot_stride_multiple=16,
                                 base_alignment=TENSOR_ALIGNMENT, min_compute_capability=(9, 0),
                                 packages=("flashinfer", "cutlass", "tvm_ffi"))
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} recurrent_kda"
 
     def versions(self) -> dict[str, str]:
         return {**super().versions(),
@@ -79,22 +105,41 @@ class FlashInferKDA(Implementation):
                 "nvidia-cutlass-dsl": package_version("nvidia-cutlass-dsl", "cutlass"),
                 "apache-tvm-ffi": package_version("apache-tvm-ffi", "tvm_ffi")}
 
-    @staticmethod
-    def _tensors_passed(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
-        passed = dict(q=inputs.q, k=inputs.k, v=inputs.v, b=inputs.b, slots=inputs.slots)
-        if inputs.H == inputs.HV:
+    @property
+    def precomputes(self) -> bool:
+        return not (self.gate_in_kernel and self.beta_in_kernel)
+
+    def _tensors_passed(self, inputs: DecodeInputs) -> dict[str, torch.Tensor]:
+        """The inputs handed to the library as they are (the rest go through buffers of ours)."""
+        passed = dict(q=inputs.q, k=inputs.k, v=inputs.v)
+        if self.form != "dense":
+            passed["slots"] = inputs.slots
+        if self.gate_in_kernel:
             passed.update(a=inputs.a, A_log=inputs.A_log, dt_bias=inputs.dt_bias)
+        if self.beta_in_kernel:
+            passed["b"] = inputs.b
         return passed
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
         if inputs.q.dtype != torch.bfloat16:
             return f"q/k/v/a/b must be bfloat16 (the kernel's only activation dtype); got {dtype_name(inputs.q.dtype)}"
-        if inputs.B and inputs.N == 0:
+        if self.gate_in_kernel and inputs.H != inputs.HV:
+            return (f"GVA (H={inputs.H}, HV={inputs.HV}): recurrent_kda's in-kernel gate (use_gate_in_kernel=True) "
+                    f"takes A_log [H] and dt_bias [H*K] per q/k head, reading entry hv // (HV // H) for value head "
+                    f"hv; ours are per value head (precompute the gate per value head: flashinfer-loggate)")
+        if self.form == "packed" and inputs.B and inputs.N == 0:
             return "the pool has no slots, and flashinfer reads slot 0 for rows with slot -1"
+        reason = self._form_unsupported(inputs)
+        if reason:
+            return reason
         for name, t in self._tensors_passed(inputs).items():
             if t.data_ptr() % TENSOR_ALIGNMENT:
                 return (f"{name} must start {TENSOR_ALIGNMENT}-byte aligned (the kernel is compiled assuming "
                         f"it); its byte offset is {t.data_ptr() % TENSOR_ALIGNMENT}")
+        if self.precomputes:
+            reason = precompute.unavailable_reason(inputs.device)
+            if reason:
+                return reason
         try:
             recurrent_kda_entry_point()
             from flashinfer import kda_kernels
@@ -105,31 +150,71 @@ class FlashInferKDA(Implementation):
             return "flashinfer's CuTe-DSL recurrent KDA backend did not load for this GPU"
         return None
 
+    def _form_unsupported(self, inputs: DecodeInputs) -> str | None:
+        """What the form rules out from shapes and layout alone (no slot values: no sync)."""
+        if self.form == "dense":
+            if inputs.N < inputs.B:
+                return (f"the dense form updates state row i for batch row i: needs a pool of at least B={inputs.B} "
+                        f"slots; got N={inputs.N}")
+            if not inputs.state[:inputs.B].is_contiguous():
+                return (f"the dense form takes the first B slots as one contiguous [B, HV, V, K] tensor: needs a slot "
+                        f"stride of HV*V*K={inputs.slot_elements}; got {inputs.slot_stride}")
+        if self.form == "gather" and not inputs.state.is_contiguous() and not self._auto_takes_strided_pool(inputs):
+            return (f"recurrent_kda refuses a non-contiguous initial_state without cu_seqlens (slot stride "
+                    f"{inputs.slot_stride} != HV*V*K={inputs.slot_elements}) in the [B, 1] form with "
+                    f"ssm_state_indices, except for H == HV, K = V = 128 with the gate in the kernel")
+        return None
+
+    def _auto_takes_strided_pool(self, inputs: DecodeInputs) -> bool:
+        # run_recurrent_kda's auto_unbounded_softplus_candidate, the one exemption from its check
+        return self.gate_in_kernel and inputs.H == inputs.HV and inputs.K == inputs.V == 128
+
+    def _slots_unsupported(self, inputs: DecodeInputs) -> str | None:
+        """What the form rules out from the slot values (read once, at bind time)."""
+        if self.form == "dense":
+            identity = torch.arange(inputs.B, dtype=inputs.slots.dtype, device=inputs.device)
+            if not torch.equal(inputs.slots, identity):
+                return ("the dense form (no ssm_state_indices) updates state row i for batch row i: needs "
+                        "slots == arange(B), no -1 rows (a sorted pool of exactly B slots)")
+        if self.form == "gather" and bool((inputs.slots < 0).any()):
+            return ("in the [B, 1] form the wrapper gathers initial_state[ssm_state_indices] in torch, where -1 is "
+                    "the last slot: a -1 row would overwrite slot N-1 and get a non-zero output")
+        return None
+
     def library_arguments(self, inputs: DecodeInputs, out: torch.Tensor
                           ) -> tuple[dict, Callable[[], None] | None]:
         """The keyword arguments of ``recurrent_kda`` for these inputs, and the work to run before
-        each call (the per-value-head gate under GVA; None otherwise)."""
-        packed = dict(
-            q=inputs.q.unsqueeze(0),
-            k=inputs.k.unsqueeze(0),
-            v=inputs.v.unsqueeze(0),
-            beta=inputs.b.unsqueeze(0),
-            beta_is_logit=True,
-            scale=inputs.effective_scale,
-            initial_state=inputs.state,
-            output_final_state=False,
-            use_qk_l2norm_in_kernel=True,
-            cu_seqlens=torch.arange(inputs.B + 1, dtype=torch.int32, device=inputs.device),
-            ssm_state_indices=inputs.slots,
-            output=out.unsqueeze(0),
+        each call (the precomputed log gate and/or sigmoid(beta); None when there is none)."""
+        prepared = None
+        if self.precomputes:
+            prepared = precompute.precompute(inputs, log_gate=not self.gate_in_kernel, beta=not self.beta_in_kernel,
+                                             dtype=torch.bfloat16)  # the only dtype the kernel takes
+        g = inputs.a if self.gate_in_kernel else prepared.log_gate
+        beta = inputs.b if self.beta_in_kernel else prepared.beta
+        if self.form == "packed":
+            def rows(t):
+                return t.unsqueeze(0)  # [1, B, ...]: one sequence of B tokens
+            placement = dict(initial_state=inputs.state, ssm_state_indices=inputs.slots,
+                             cu_seqlens=torch.arange(inputs.B + 1, dtype=torch.int32, device=inputs.device))
+        else:
+            def rows(t):
+                return t.unsqueeze(1)  # [B, 1, ...]: B sequences of one token
+            placement = (dict(initial_state=inputs.state, ssm_state_indices=inputs.slots) if self.form == "gather"
+                         else dict(initial_state=inputs.state[:inputs.B]))
+        arguments = dict(
+            q=rows(inputs.q), k=rows(inputs.k), v=rows(inputs.v), g=rows(g), beta=rows(beta),
+            beta_is_logit=self.beta_in_kernel, use_gate_in_kernel=self.gate_in_kernel,
+            scale=inputs.effective_scale, output_final_state=False, use_qk_l2norm_in_kernel=True,
+            output=rows(out), **placement,
         )
-        if inputs.H == inputs.HV:
-            return dict(packed, g=inputs.a.unsqueeze(0), A_log=inputs.A_log, dt_bias=inputs.dt_bias.reshape(-1),
-                        use_gate_in_kernel=True), None
-        log_gate, compute_log_gate = per_value_head_log_gate(inputs)
-        return dict(packed, g=log_gate.unsqueeze(0), use_gate_in_kernel=False), compute_log_gate
+        if self.gate_in_kernel:
+            arguments.update(A_log=inputs.A_log, dt_bias=inputs.dt_bias.reshape(-1))
+        return arguments, prepared.launch if prepared else None
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
+        reason = self._slots_unsupported(inputs)  # bind() validated the slots; this reads them once more
+        if reason:
+            raise Unsupported(f"{self.label}: {reason}")
         recurrent_kda = recurrent_kda_entry_point()
         arguments, prepare = self.library_arguments(inputs, out)
 
@@ -140,9 +225,48 @@ class FlashInferKDA(Implementation):
 
             return launch
 
-        def launch_with_gate() -> torch.Tensor:
+        def launch_with_precompute() -> torch.Tensor:
             prepare()
             recurrent_kda(**arguments)
             return out
 
-        return launch_with_gate
+        return launch_with_precompute
+
+
+class FlashInferSigmoid(FlashInferKDA):
+    name = "flashinfer-sigmoid"
+    variant = ("packed + ssm_state_indices as flashinfer; gate in kernel, beta pre-sigmoided (one Triton launch, "
+               "rounded to bf16: beta off by up to 2^-8 relative); H == HV only")
+    engine_call = "SGLang (FlashInfer KDA backend, cute-dsl decode)"
+    beta_in_kernel = False
+
+
+class FlashInferLogGate(FlashInferKDA):
+    name = "flashinfer-loggate"
+    variant = ("packed + ssm_state_indices as flashinfer; log gate precomputed per value head (one Triton launch, "
+               "rounded to bf16: decay off by up to |g|*2^-8 relative), beta logit in kernel; GVA right")
+    gate_in_kernel = False
+
+
+class FlashInferLogGateSigmoid(FlashInferKDA):
+    name = "flashinfer-loggate-sigmoid"
+    variant = ("packed + ssm_state_indices as flashinfer; log gate and sigmoid(beta) precomputed in one Triton "
+               "launch, both rounded to bf16 (up to 2^-8 relative each); GVA right")
+    gate_in_kernel = False
+    beta_in_kernel = False
+
+
+class FlashInferGather(FlashInferKDA):
+    name = "flashinfer-gather"
+    variant = ("[B, 1] + ssm_state_indices, no cu_seqlens: the wrapper gathers and scatters the state rows in torch "
+               "(two more passes); gate and sigmoid in kernel; no -1 rows, H == HV only")
+    form = "gather"
+
+
+class FlashInferDense(FlashInferKDA):
+    name = "flashinfer-dense"
+    variant = ("FlashInfer's own benchmark: dense [B, 1], no indices, state[:B] in place; log gate and sigmoid(beta) "
+               "precomputed (one Triton launch, bf16 as loggate-sigmoid); needs slots == arange(B), compact pool")
+    gate_in_kernel = False
+    beta_in_kernel = False
+    form = "dense"

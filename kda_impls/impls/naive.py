@@ -16,6 +16,8 @@ from ..reference import decode_step
 
 class NaiveTorch(Implementation):
     name = "naive"
+    library = "torch"
+    variant = "the semantics as vectorised torch ops in float32 (a baseline, one calling convention)"
     capabilities = Capabilities(devices=("cpu", "cuda"),
                                 state_dtypes=(torch.bfloat16, torch.float16, torch.float32), max_tokens=None)
 

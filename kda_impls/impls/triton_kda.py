@@ -281,6 +281,9 @@ class TritonKDA(Implementation):
     over the tuning table."""
 
     name = "triton"
+    library = "kda-impls"
+    variant = ("one fused launch from the raw inputs (gate, sigmoid(beta) and q/k L2 norm in kernel), pool "
+               "updated in place through slots; the kernel has no other calling convention")
     capabilities = Capabilities(devices=("cuda", "cpu"),
                                 state_dtypes=(torch.bfloat16, torch.float16, torch.float32),
                                 k_values=HEAD_DIMS, v_values=HEAD_DIMS, max_tokens=None,
