@@ -15,7 +15,7 @@ the run time of the suite is mostly process and CUDA start-up, and the grid is w
   (results/h200/asv-validation/*.log), so the run grows with each implementation or grid value.
   Slot padding is left to the sweeps: it changes a runtime stride, not the compiled kernel.
 - ``quick``: the gate on pull requests: B 1 and 512, bf16 state.
-- ``gate``: what scripts/asv_validate.py runs to prove the gate: the B >= 64 points of Kimi-Linear's
+- ``gate``: what scripts/validate_gate.py runs to prove the gate: the B >= 64 points of Kimi-Linear's
   layer, bf16 and fp32 state, where a 5% slowdown of a kernel must be caught.
 - ``cpu``: tiny shapes for a box without a GPU, where CI checks the suite: naive and the Triton
   kernels (interpreted) run, the GPU-only ones skip with their reason.
@@ -60,8 +60,14 @@ try:
     PROFILE = PROFILES[PROFILE_NAME]
 except KeyError:
     raise ValueError(f"KDA_ASV_PROFILE={PROFILE_NAME!r}: must be one of {', '.join(PROFILES)}") from None
-# KDA_ASV_IMPLS narrows the implementations (comma-separated); default: every registered one.
-IMPLS = [n for n in os.environ.get("KDA_ASV_IMPLS", "").split(",") if n] or names()
+# Each implementation costs a process per grid point, so the suite tracks by default our kernel,
+# the baseline, and each library in the call serving engines make and in its fastest one (the
+# sweeps measure every variant: docs/findings.md); KDA_ASV_IMPLS (comma-separated) chooses others.
+# Registered names only, in registry order; the CPU keeps those that can run there.
+TRACKED = {"naive", "triton", "fla", "fla-loggate-sigmoid", "flashinfer-sigmoid", "flashinfer-loggate-sigmoid"}
+DEFAULT_IMPLS = {"gate": {"triton", "fla"}, "cpu": {"naive", "triton", "fla"}}
+_wanted = set(filter(None, os.environ.get("KDA_ASV_IMPLS", "").split(","))) or DEFAULT_IMPLS.get(PROFILE_NAME, TRACKED)
+IMPLS = [name for name in names() if name in _wanted]
 
 # Six placements a benchmark: the fewest whose medians let the gate's Mann-Whitney test reach
 # p < 0.01 (two sides of 6: p >= 0.002), each sampled until its median is known to +-1% (95% CI)

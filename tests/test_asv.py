@@ -38,8 +38,8 @@ def combinations(bench) -> list[tuple]:
 
 
 def runnable_here(impl: str, B: int, heads: str = common.PROFILE["heads"][0], slot_pad: int = 0,
-                  state_dtype: str = "bfloat16") -> bool:
-    cfg = common.config(impl, B, heads, slot_pad, state_dtype)
+                  state_dtype: str = "bfloat16", T: int = 1) -> bool:
+    cfg = common.config(impl, B, heads, slot_pad, state_dtype, T)
     try:
         return get(impl).unsupported(cfg.make_inputs("cpu")) is None
     except ImportError:
