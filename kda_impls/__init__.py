@@ -1,6 +1,7 @@
 """Interchangeable KDA (Kimi Delta Attention) decode implementations behind one checked contract."""
 
 from .contract import Capabilities, ContractError, Implementation, Unsupported
+from .engine import from_engine
 from .inputs import DecodeInputs, make_inputs
 from .reference import reference
 from .registry import get, names
@@ -8,5 +9,5 @@ from .verify import Verdict, rel_err, verify
 
 __all__ = [
     "Capabilities", "ContractError", "DecodeInputs", "Implementation", "Unsupported", "Verdict",
-    "get", "make_inputs", "names", "reference", "rel_err", "verify",
+    "from_engine", "get", "make_inputs", "names", "reference", "rel_err", "verify",
 ]

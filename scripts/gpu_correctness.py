@@ -2,13 +2,16 @@
 """The GPU correctness grid: every implementation against the float64 reference on real shapes.
 
 B in {1, 8, 64, 512} x HV in {16, 32, 64} x (K, V) in {(64, 64), (128, 128), (128, 256)} x
-slot_pad in {0, 16, 64} x state dtype, H = HV, plus a GVA slice (H = HV / 4). Every case draws
-fresh inputs, poisons the output with NaN, and checks untouched slots and padding bit for bit
-(kda_impls.verify, through the harness's case runner). Rows with slot -1 are included (B // 8 of
-them). Exits 1 if any case is wrong or errors; unsupported combinations are recorded with the
-implementation's reason.
+slot_pad in {0, 16, 64} x state dtype, H = HV; a GVA slice (H = HV / 4); and multi-token steps
+(speculative verify): T in {2, 4, 8} x B in {1, 8, 64} x HV in {16, 32} x K = V in {64, 128} x
+slot_pad in {0, 64} x state dtype, the state stored after every token with a random number of
+accepted tokens per row, or after the last only. Every case draws fresh inputs, poisons the output
+with NaN, and checks untouched slots and padding bit for bit (kda_impls.verify, through the
+harness's case runner). Rows with slot -1 are included (B // 8 of them). Exits 1 if any case is
+wrong or errors; unsupported combinations are recorded with the implementation's reason.
 
-    python scripts/gpu_correctness.py --impls triton,fla,flashinfer --out results/h200/correctness
+    python scripts/gpu_correctness.py --out results/h200/correctness          # every implementation but naive
+    python scripts/gpu_correctness.py --impls triton,fla --out DIR
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ def grid():
         yield dict(B=B, H=HV, HV=HV, K=K, V=V, slot_pad=pad, state_dtype=dtype)
     for dtype, (K, V), HV, B in itertools.product(STATE_DTYPES, HEAD_DIMS, VALUE_HEADS, (8, 64)):
         yield dict(B=B, H=HV // 4, HV=HV, K=K, V=V, slot_pad=16, state_dtype=dtype)
+    for dtype, T, D, HV, B, pad in itertools.product(STATE_DTYPES, (2, 4, 8), (64, 128), (16, 32), (1, 8, 64), (0, 64)):
+        yield dict(B=B, H=HV, HV=HV, K=D, V=D, slot_pad=pad, state_dtype=dtype, T=T,
+                   checkpoints="last" if T == 4 and pad else "all")
 
 
 def check_case(impl: str, case: dict, device: str) -> dict:

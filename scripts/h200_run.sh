@@ -1,83 +1,112 @@
 #!/usr/bin/env bash
-# The H200 measurements committed under results/h200/, in the steps a lent GPU box runs them.
-# Each step is one call of the device tool from the repo root, from a clean tree, with
-# KDA_GIT_SHA=<HEAD> KDA_GIT_DIRTY=0 set in the command (the box gets the tree without its history,
-# or with a stale .git) and carrying the wheelhouse part the step names (../shared/gpu/build-wheelhouse;
-# a fresh box first takes part1 alone: `bash .gpu/part1/install.sh`):
+# The H200 measurements committed under results/h200/, in the steps a lent two-GPU H200 box
+# (nvidia-h200-x2) runs them. Each step is one call of the device tool from the repo root, from a
+# clean tree, with KDA_GIT_SHA=<HEAD> KDA_GIT_DIRTY=0 set in the command (the box gets the tree
+# without its history), carrying the wheelhouse part it names (../shared/gpu/build-wheelhouse).
+# Steps after `go` need the box still warm from the one before (the packages stay installed there).
 #
-#   scripts/h200_run.sh checks    # carry .gpu/part1: Triton GPU tests, compute-sanitizer
-#   scripts/h200_run.sh sweeps    # carry .gpu/part2: correctness grid, kimi-linear-48b, targets, shapes
-#   scripts/h200_run.sh published # carry .gpu/part2: correctness grid, the published table's shapes
-#                                 # under three pool layouts (four runs), compared with results/published/
-#   scripts/h200_run.sh asv       # asv A/A + planted slowdown + publish (after sweeps or published, same
-#                                 # machine). Each asv run of the quick profile takes ~4 min, so a call
-#                                 # makes ASV_RUNS of them (default 1) and the next call resumes: three calls
+#   scripts/h200_run.sh sanity     # carry .gpu/part1: stage part 1; the harness's GPU tests (timers,
+#                                  # entry ops, CUPTI, NVML), a tiny sweep, its CUPTI cross-check and a
+#                                  # tiny L2 study, on GPU 0 (torch and Triton only: part 2 is not there)
+#   scripts/h200_run.sh go         # carry .gpu/part2: install; GPU 1: the correctness grid (every
+#                                  # implementation); GPU 0: the L2 entry-state study, the GPU tests,
+#                                  # spec-decode and kimi-linear-48b with the study's closest state
+#   scripts/h200_run.sh published  # GPU 0: the published preset three times (separate processes) and
+#                                  # once with the planted Triton slowdown, the sweep-form gate, the
+#                                  # published comparison, CUPTI cross-check; GPU 1 meanwhile: the
+#                                  # asv-form gate validation (3 A/A runs + planted)
+#   scripts/h200_run.sh targets    # the targets preset on both GPUs, then on GPU 0 alone while GPU 1
+#                                  # cross-checks the two-GPU run with CUPTI
 #
-# Logs and a tarball of each step's result directories land in $OUT (default ./h200-out); unpack
-# the tarball into results/h200/ and commit. Steps are bounded by `timeout` so that a slow one
-# cannot take the rest down with it.
+# ENTRY=<state> overrides the L2 entry state of the sweeps (default: the study's closest, else the
+# harness's default). Logs and every result directory go into a tarball in $OUT (default
+# ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
+# Steps are bounded by `timeout` so that a slow one cannot take the rest down with it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/h200-out}
 RES=${RES:-/root/h200-results}
-mkdir -p "$OUT" "$RES"
-export PYTHONUNBUFFERED=1
+LOGS=$RES/logs
+mkdir -p "$OUT" "$LOGS"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-step() {  # step NAME SECONDS COMMAND...: run, log to $OUT/NAME.log, print its last lines
+step() {  # step NAME SECONDS COMMAND...: run, log to $LOGS/NAME.log, print its last lines
   local name=$1 limit=$2; shift 2
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name: exit $? ($(date -u +%T))"
-  grep -v -e 'row/s' -e 's/row' -e 'it/s' "$OUT/$name.log" | tail -n "${TAIL:-6}"
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$LOGS/$name.log" 2>&1
+  echo "== $name: exit $? ($((SECONDS - start)) s, $(date -u +%T))"
+  grep -v -e 'row/s' -e 's/row' -e 'it/s' "$LOGS/$name.log" | tail -n "${TAIL:-4}"
 }
+background() {  # background NAME GPU SECONDS COMMAND...: the same on GPU number GPU alone, in the background
+  local name=$1 gpu=$2 limit=$3; shift 3
+  ( export CUDA_VISIBLE_DEVICES=$gpu; step "$name" "$limit" "$@" ) > "$LOGS/$name.summary" 2>&1 &
+}
+GPU0="env CUDA_VISIBLE_DEVICES=0"  # timeout runs programs, not shell functions
 pack() {  # the results so far, without the per-row files a resume reads
-  tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" --exclude=rows "$(basename "$RES")"
+  tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" --exclude=rows --exclude=html --exclude=scratch-repo \
+    "$(basename "$RES")"
 }
-echo "tree of commit ${KDA_GIT_SHA:-unstated} (set KDA_GIT_SHA: a .git copied here may be stale)"
-git status --short 2>/dev/null | head -5
+entry() {  # the L2 entry state of the sweeps
+  if [ -n "${ENTRY:-}" ]; then echo "$ENTRY"; return; fi
+  sed -n 's/^closest: //p' "$LOGS/l2-entry.log" 2>/dev/null | tail -n 1 | grep . || echo clean
+}
 
+echo "tree of commit ${KDA_GIT_SHA:-unstated}; $(nvidia-smi -L | wc -l) GPU(s)"
 case ${1:-} in
-  checks)
-    bash .gpu/part1/install.sh > "$OUT/install.log" 2>&1
-    step pytest-triton 150 python3 -m pytest -q tests/test_triton.py
-    step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-    step racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+  sanity)
+    bash .gpu/part1/install.sh > "$LOGS/install1.log" 2>&1
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv
+    TAIL=12 step gpu-bench 200 $GPU0 python3 -m pytest -q -m gpu tests/test_bench.py
+    TAIL=12 step tiny-sweep 120 python3 scripts/sweep.py --devices cuda:0 --impls naive,triton --B 1,64 --HV 32 \
+      --state-dtype bf16,fp32 --placements 2 --out "$RES/sanity/sweep"
+    TAIL=6 step tiny-cupti 120 $GPU0 python3 scripts/cupti_crosscheck.py "$RES/sanity/sweep" --out "$RES/sanity/cupti"
+    TAIL=6 step tiny-l2 120 $GPU0 python3 scripts/l2_entry_study.py --impls triton --batches 64 --state-dtypes bfloat16 \
+      --out "$RES/sanity/l2-entry"
+    pack
     ;;
-  sweeps)
-    bash .gpu/part2/install.sh > "$OUT/install.log" 2>&1
+  go)
+    bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; tail -n 1 "$LOGS/install2.log"
     source /root/gpu-site/env.sh
-    step correctness 170 python3 scripts/gpu_correctness.py --impls triton,fla,flashinfer --out "$RES/correctness"
-    pack
-    TAIL=3 step kimi 110 python3 scripts/sweep.py --preset kimi-linear-48b --out "$RES/kimi-linear-48b"
-    pack
-    TAIL=2 step targets 130 python3 scripts/sweep.py --preset targets --impls triton,flashinfer,fla --out "$RES/targets"
-    step targets-report 30 python3 scripts/targets.py "$RES/targets"
-    pack
-    TAIL=2 step single-pool 50 python3 scripts/sweep.py --preset kimi-linear-48b --impls triton,flashinfer --l2-hot \
-      --out "$RES/kimi-linear-48b-single-pool"
-    pack
-    TAIL=2 step shapes 150 python3 scripts/sweep.py --preset shapes --impls triton,flashinfer,fla --out "$RES/shapes"
+    background correctness 1 520 python3 scripts/gpu_correctness.py --out "$RES/correctness"
+    TAIL=3 step l2-entry 200 $GPU0 python3 scripts/l2_entry_study.py --out "$RES/l2-entry" \
+      --impls triton,fla,fla-loggate-sigmoid,flashinfer,flashinfer-sigmoid,flashinfer-loggate-sigmoid
+    echo "L2 entry state of the sweeps: $(entry)"
+    TAIL=3 step pytest-gpu 200 $GPU0 python3 -m pytest -q -m gpu tests/test_triton_multitoken.py \
+      tests/test_multitoken.py tests/test_variants.py tests/test_flashinfer.py tests/test_fla.py tests/test_triton.py
+    TAIL=2 step spec-decode 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset spec-decode --devices cuda:0 \
+      --impls triton,fla,fla-loggate-sigmoid,flashinfer-sigmoid,flashinfer-loggate-sigmoid --out "$RES/spec-decode"
+    TAIL=2 step kimi 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset kimi-linear-48b --devices cuda:0 --impls naive,triton,fla,flashinfer \
+      --out "$RES/kimi-linear-48b"
+    wait; cat "$LOGS/correctness.summary"
     pack
     ;;
   published)
-    bash .gpu/part2/install.sh > "$OUT/install.log" 2>&1
     source /root/gpu-site/env.sh
-    step correctness 170 python3 scripts/gpu_correctness.py --impls triton,fla,flashinfer --out "$RES/correctness"
-    pack
-    # NAME:SWEEP-OPTIONS; the repeated layout gives the run-to-run spread the comparison judges by
-    for layout in dense-random-1: dense-random-2: dense-sorted:--sorted-slots pool2x-random:--pool-slots-per-row=2; do
-      TAIL=2 step "published-${layout%%:*}" 100 python3 scripts/sweep.py --preset published \
-        --impls triton,flashinfer,fla --no-charts ${layout#*:} --out "$RES/published/${layout%%:*}"
-      pack
+    background asv-gate 1 560 python3 scripts/validate_gate.py asv "$RES/gate-asv" --max-runs 4
+    for run in a1 a2 a3; do
+      TAIL=1 step "published-$run" 130 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --out "$RES/published/$run"
     done
-    TAIL=12 step compare 30 python3 scripts/compare_published.py results/published/triton-issue-h200.csv \
-      "$RES"/published/*/ --out "$RES/published"
+    PLANTED=$(python3 scripts/validate_gate.py planted 2>/dev/null)
+    TAIL=1 step published-slow 60 env KDA_TRITON_CONFIG="$PLANTED" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --impls triton \
+      --out "$RES/published/slow"
+    TAIL=3 step gate-sweep 60 python3 scripts/validate_gate.py sweep "$RES/gate-sweep" "$RES"/published/a{1,2,3} \
+      "$RES/published/slow"
+    TAIL=3 step compare 60 python3 scripts/compare_published.py results/published/triton-issue-h200.csv \
+      "$RES"/published/a{1,2,3} --out "$RES/published"
+    TAIL=3 step cupti-published 200 $GPU0 python3 scripts/cupti_crosscheck.py "$RES/published/a1" \
+      --out "$RES/cupti/published" --calls 20
+    wait; cat "$LOGS/asv-gate.summary"
     pack
     ;;
-  asv)
+  targets)
     source /root/gpu-site/env.sh
-    step asv-validate 590 python3 scripts/asv_validate.py "$RES/asv-validation" --max-runs "${ASV_RUNS:-1}"
-    tar -C "$RES" -czf "$OUT/asv.tgz" --exclude=html --exclude=scratch-repo asv-validation
+    TAIL=2 step targets-2gpu 300 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets --devices cuda:0,cuda:1 --out "$RES/targets-2gpu"
+    background cupti-targets 1 300 python3 scripts/cupti_crosscheck.py "$RES/targets-2gpu" --unpadded-only \
+      --out "$RES/cupti/targets" --calls 20
+    TAIL=2 step targets 420 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets --devices cuda:0 --out "$RES/targets"
+    wait; cat "$LOGS/cupti-targets.summary"
+    pack
     ;;
   *)
-    echo "usage: $0 checks|sweeps|published|asv" >&2; exit 2 ;;
+    echo "usage: $0 sanity|go|published|targets" >&2; exit 2 ;;
 esac

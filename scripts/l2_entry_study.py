@@ -75,14 +75,16 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--impls", default="triton,fla,flashinfer")
     parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated (default %(default)s)")
+    parser.add_argument("--state-dtypes", default="bfloat16,float32")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     device = torch.device(args.device)
     started = time.perf_counter()
     rows = []
     for impl in args.impls.split(","):
-        for state_dtype in ("bfloat16", "float32"):
-            for B in BATCHES:
+        for state_dtype in args.state_dtypes.split(","):
+            for B in map(int, args.batches.split(",")):
                 cfg = Config(impl, B, 32, 32, 128, 128, state_dtype=state_dtype)
                 try:
                     measured = study_row(cfg, device, args.calls)

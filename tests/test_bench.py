@@ -105,20 +105,23 @@ def _umask() -> int:
 
 def test_statuses_crashed_wrong_unsupported(swept):
     """The smoke preset measures misbehaves' rows in this order: bf16 unpadded pools (wrong), the
-    padded pool (SIGSEGV), then fp32 state (unsupported), which only a fresh worker can answer."""
+    padded pool (SIGSEGV), then fp32 state and multi-token steps (unsupported), which only a fresh
+    worker can answer."""
     table = pd.read_csv(swept[0] / "results.csv")
     rows = table[table.impl == "misbehaves"]
     crashed = rows[rows.slot_pad > 0]
     assert len(crashed) == 1 and crashed.status.iloc[0] == "crashed"
     assert "SIGSEGV" in crashed.reason.iloc[0] and crashed.kernel_us_median.isna().all()
 
-    wrong = rows[(rows.slot_pad == 0) & (rows.state_dtype == "bfloat16")]
-    assert len(wrong) == SMOKE_CONFIGS - 2 and (wrong.status == "wrong").all()
+    wrong = rows[(rows.slot_pad == 0) & (rows.state_dtype == "bfloat16") & (rows["T"] == 1)]
+    assert len(wrong) == SMOKE_CONFIGS - 4 and (wrong.status == "wrong").all()
     assert wrong.reason.str.contains("output error").all() and (wrong.kernel_us_median > 0).all()
 
-    unsupported = rows[rows.state_dtype == "float32"]
-    assert len(unsupported) == 1 and unsupported.status.iloc[0] == "unsupported"
-    assert "float32 not supported" in unsupported.reason.iloc[0] and unsupported.kernel_us_median.isna().all()
+    unsupported = rows[(rows.state_dtype == "float32") | (rows["T"] > 1)]
+    assert len(unsupported) == 3 and (unsupported.status == "unsupported").all()
+    assert unsupported.kernel_us_median.isna().all()
+    assert "float32 not supported" in unsupported[unsupported.state_dtype == "float32"].reason.iloc[0]
+    assert unsupported[unsupported["T"] > 1].reason.str.contains("multi-token decode").all()
     assert (table[table.impl == "naive"].status == "ok").all()
 
 
@@ -398,3 +401,50 @@ def test_the_stated_commit_wins_over_a_stale_checkout(monkeypatch, tmp_path):
     monkeypatch.setenv("KDA_GIT_SHA", "f" * 40)
     monkeypatch.setenv("KDA_GIT_DIRTY", "0")
     assert git_state(tmp_path) == {"sha": "f" * 40, "dirty": False, "source": "environment (KDA_GIT_SHA, KDA_GIT_DIRTY)"}
+
+
+# ---- on a GPU ---------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry", list(timing.ENTRY_STATES))
+def test_gpu_kernel_time_per_entry_state(entry):
+    """Events inside the CUDA graph time each call; the entry op is outside the time, so a step
+    far smaller than the flush takes far less than the flush."""
+    cfg = Config("triton", B=4, H=4, HV=4, K=64, V=64, layout=PoolLayout(placements=2))
+    row = run_case(cfg, "cuda", Method(entry=entry, kernel=Budget(5, 200, 0.1), call=Budget(3, 50, 0.05)))
+    assert row["status"] == "ok" and row["kernel_method"] == "cuda-graph", row["reason"]
+    made = "dirty" if entry == "previous-step" else entry  # a tiny step: the rotation would need too many sets
+    assert row["l2_entry"] == made and len(row["kernel_placement_us"]) == 2
+    flush_us = 3 * timing.l2_bytes("cuda") / 4e12 * 1e6  # the entry op moves 3 L2s at ~4 TB/s
+    assert 0 < row["kernel_us_median"] < flush_us / 4
+    assert row["sm_mhz_median"] > 0 and row["throttled"] in (True, False)  # NVML answered
+
+
+@pytest.mark.gpu
+def test_gpu_previous_step_rotates_over_sets_adding_up_to_three_l2s():
+    cfg = Config("triton", B=128, H=32, HV=32, K=128, V=128, layout=PoolLayout(placements=1))
+    row = run_case(cfg, "cuda", Method(entry="previous-step", kernel=Budget(5, 100, 0.1), call=None))
+    assert row["status"] == "ok" and row["l2_entry"] == "previous-step"
+    per_set = cfg.make_inputs("cuda").pool_span().nbytes
+    assert 2 <= row["input_sets"] <= timing.MAX_INPUT_SETS and row["input_sets"] * per_set >= 2.5 * timing.l2_bytes("cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_cupti_durations_split_into_steps():
+    from kda_impls.bench import cupti
+
+    x = torch.randn(1 << 20, device="cuda")
+    y = torch.empty_like(x)
+    flush = timing.entry_op("dirty", "cuda")
+    steps = cupti.step_durations([lambda: torch.mul(x, 2.0, out=y), lambda: torch.add(x, 1.0, out=y)], "cuda",
+                                 calls=10, before=flush, before_kernels=cupti.kernels_of(flush, "cuda"))
+    assert steps["kernels"] == 1 and len(steps["busy_samples_us"]) == 10 and 0 < steps["busy_us"] <= steps["span_us"]
+
+
+@pytest.mark.gpu
+def test_gpu_limits_and_clocks_are_read():
+    limits = clocks.gpu_limits("cuda")
+    assert limits.get("power_limit_w", 0) > 0 and limits.get("sm_max_mhz", 0) > 0
+    with clocks.ClockMonitor("cuda") as monitor:
+        time.sleep(0.05)
+    assert monitor.summary()["sm_mhz_median"] > 0
