@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-import json5  # asv's reader of asv.conf.json (it has comments)
 import numpy as np
 
 from kda_impls.bench.config import Config
@@ -46,6 +45,8 @@ def register_machine(env: dict[str, str], name: str = MACHINE) -> None:
 def repo_conf(directory: Path) -> Path:
     """The repository's asv.conf.json with absolute paths and results and html under ``directory``,
     so that runs from tests leave the checkout alone."""
+    import json5  # asv's reader of asv.conf.json (it has comments); only tests of asv need it
+
     conf = json5.loads((REPO / "asv.conf.json").read_text())
     conf.update(repo=str(REPO), benchmark_dir=str(REPO / "benchmarks"), results_dir=str(directory / "results"),
                 html_dir=str(directory / "html"))

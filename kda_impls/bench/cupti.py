@@ -5,7 +5,9 @@ harness's event timings against, and to see what a kernel does inside a sequence
 L2 entry op, or the projection GEMV of a decode layer), under the profiler, and reads back the GPU
 kernels of each step from the profiler's trace: their summed durations (the GPU busy with the step)
 and their span (first start to last end, which also counts the gaps between a step's kernels).
-Which kernels belong to the op is learnt by profiling the op alone first.
+The caller says how many kernels the op launches (:func:`kernels_of`). Where an op runs before
+each step, the step also changes what the op after it costs (it writes back the lines the step left
+dirty): :func:`op_busy` times the op after itself, to compare.
 """
 
 from __future__ import annotations
@@ -68,10 +70,24 @@ def step_durations(launchers: Sequence[Launcher], device, calls: int = 40,
     if rest or per_step < 1:
         raise RuntimeError(f"{len(kernels)} kernels in the trace of {calls} steps, each after {before_kernels} "
                            f"kernels of the op before it: the steps do not launch equally many")
-    busy, span = [], []
+    busy, span, before_busy = [], [], []
     for i in range(calls):
         step = kernels[i * per_call + before_kernels:(i + 1) * per_call]
         busy.append(sum(d for _, d, _ in step))
         span.append(step[-1][0] + step[-1][1] - step[0][0])
+        if i:  # the op after a step (the first one follows nothing measured)
+            before_busy.append(sum(d for _, d, _ in kernels[i * per_call:i * per_call + before_kernels]))
     return {"busy_us": float(np.median(busy)), "span_us": float(np.median(span)), "kernels": per_step,
-            "names": sorted({name for _, _, name in kernels[before_kernels:per_call]}), "busy_samples_us": busy}
+            "names": sorted({name for _, _, name in kernels[before_kernels:per_call]}), "busy_samples_us": busy,
+            "before_busy_us": float(np.median(before_busy)) if before_kernels else 0.0}
+
+
+def op_busy(op: Callable[[], None], device, calls: int = 40) -> float:
+    """Median GPU time of ``op`` run back to back with itself (CUPTI): what it costs when nothing
+    but itself ran before it."""
+    device = torch.device(device)
+    with torch.cuda.device(device):
+        op()
+        kernels = _kernels(lambda: [op() for _ in range(calls)], device)
+    per_op = len(kernels) // calls
+    return float(np.median([sum(d for _, d, _ in kernels[i * per_op:(i + 1) * per_op]) for i in range(1, calls)]))

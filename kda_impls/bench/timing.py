@@ -1,12 +1,14 @@
 """Timers for KDA launchers, the L2 state a call starts from, and the placements it is timed on.
 
-**Kernel time** (:func:`kernel_time`) is the GPU time of one call, from the moment the GPU is done
-with whatever preceded it until its last kernel ends. Calls are captured in a CUDA graph, each one
-after the op that makes its L2 entry state (:data:`ENTRY_STATES`) and bracketed by events recorded
-inside the graph, so neither that op nor the gap before a replay is in the time. A sample is the
-mean over the calls of one replay; a row is timed on several *placements* (fresh allocations behind
-a spacer of random size, so that the pools land on other pages), and the kernel time is the median
-over placements, their spread reported beside it.
+**Kernel time** (:func:`kernel_time`) is the GPU time of one call in a stream of calls. A pass (every
+launcher of the placement's input sets, repeated until it lasts ~0.5 ms) is captured in a CUDA graph
+and events bracket each replay, which is divided by its calls: events between calls would add a
+dependent-launch gap of their own to each (2.2-3.0 us on the H200 against CUPTI's kernel durations,
+results/h200/sanity). The L2 state a call starts from (:data:`ENTRY_STATES`) is made by the
+rotation itself, or by an op before each call, whose time is taken out by timing passes of the op
+alone in the same batch. A row is timed on several *placements* (fresh allocations behind a spacer
+of random size, so that the pools land on other pages); the kernel time is the median over
+placements, their spread reported beside it.
 
 **Call time** (:func:`call_time`) is the latency of one eager call as a serving engine makes it
 (Python, argument handling, launch and kernel) from an idle GPU in the same entry state. At B=1
@@ -57,10 +59,10 @@ FLUSH_FACTOR = 3  # the entry ops touch this many L2s of bytes
 COLD_FACTOR = 3  # previous-step: input sets rotate until their bytes are this many L2s
 MIN_INPUT_SETS = 2  # previous-step: consecutive calls in a model update different layers' pools
 MAX_INPUT_SETS = 8
-# One replay (one sample) lasts about this long, so that the synchronization after it is a small
-# share of the wall time; the cap bounds the events read per sample and the capture of tiny kernels.
-TARGET_PASS_S = 1e-3
-MAX_CALLS_PER_PASS = 200
+# One replay (one sample) lasts about this long, so that event resolution (~0.5 us) and the gap
+# before a replay stay near 1% of it; the cap bounds the capture time of the tiniest kernels.
+TARGET_PASS_S = 5e-4
+MAX_CALLS_PER_PASS = 1000
 BATCH = 8  # samples taken between checks of the stopping rule
 CONFIDENCE = 0.95
 SPACER_PAGES = 64  # a placement's spacer is 1..SPACER_PAGES pages of 2 MiB (the allocator's segment unit)
@@ -238,79 +240,72 @@ def _sample(take: Callable[[int], list[float]], sample_s: float, budget: Budget)
             return samples
 
 
-class _EventPass:
-    """The calls of one replay, each after the entry op and between two events of its own, recorded
-    on the current stream (``external`` events become event-record nodes of a captured graph)."""
-
-    def __init__(self, calls: Sequence[Launcher], entry: Callable[[], None] | None):
-        self.calls, self.entry = list(calls), entry
-        self.events = [(torch.cuda.Event(enable_timing=True, external=True),
-                        torch.cuda.Event(enable_timing=True, external=True)) for _ in self.calls]
-
-    def record(self) -> None:
-        for launch, (start, end) in zip(self.calls, self.events):
-            if self.entry is not None:
-                self.entry()
-            start.record()
+def _pass(calls: Sequence[Launcher], entry: Callable[[], None] | None) -> Callable[[], None]:
+    """Every call of ``calls`` in turn, each after the entry op where there is one."""
+    def run() -> None:
+        for launch in calls:
+            if entry is not None:
+                entry()
             launch()
-            end.record()
 
-    def mean_seconds(self) -> float:
-        return float(np.mean([start.elapsed_time(end) for start, end in self.events])) / 1e3
+    return run
 
 
-def _replayable(timed: _EventPass) -> tuple[Callable[[], None], str]:
-    """What runs the pass: a CUDA graph's replay, or the pass itself when capture fails (a launcher
-    that syncs, or allocates outside torch's caching allocator, or a torch without timing events in
-    graphs), where the events then also count launch gaps the host leaves."""
+def _replayable(run: Callable[[], None]) -> tuple[Callable[[], None], str]:
+    """What runs ``run``'s work: a CUDA graph's replay, or ``run`` itself when capture fails (a
+    launcher that syncs, or allocates outside torch's caching allocator), which then also counts
+    the launch gaps the host leaves."""
     graph = torch.cuda.CUDAGraph()
     # Capture needs a side stream; entering it here restores the current stream even when a
     # failed capture skips torch.cuda.graph's own restore (its exit raises first).
     side = torch.cuda.Stream()
     try:
         with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-            timed.record()
+            run()
         return graph.replay, "cuda-graph"
     except Exception:  # whatever the library raised: a launcher that really fails, fails eagerly too
         torch.cuda.synchronize()
-    return timed.record, "cuda-events"
+    return run, "cuda-events"
 
 
 def _time_placement(launchers: Sequence[Launcher], device: torch.device, budget: Budget, entry: str) -> Timing:
-    """One placement's samples: each the mean call time of one pass over ``launchers``."""
+    """One placement's samples: each the mean time of the calls of one timed pass over ``launchers``.
+
+    Where an entry op runs before each call, a sample is the pass less the median of passes of the
+    entry op alone (timed in the same batch): the call's share of the GPU time in a stream of
+    (op, call) pairs, which excludes the op and includes what the call costs the op after it (the
+    write-back of the lines the call left dirty)."""
     rotation = list(launchers)
     if device.type != "cuda":
         synced_call(rotation[0], device)
-
-        def one_pass(reps: int) -> Callable[[], None]:
-            return lambda: [launch() for _ in range(reps) for launch in rotation]
-
-        call_s = min(timed_runs(one_pass(1), 1, device)) / len(rotation)
+        call_s = min(timed_runs(_pass(rotation, None), 1, device)) / len(rotation)
         reps = _reps(call_s, len(rotation))
         calls = reps * len(rotation)
-        run = one_pass(reps)
+        run = _pass(rotation * reps, None)
         return Timing(_sample(lambda k: [t / calls for t in timed_runs(run, k, device)], call_s * calls,
-                                 budget), "perf_counter")
+                              budget), "perf_counter")
 
     prepare = entry_op(entry, device)
     with torch.cuda.device(device):
-        probe = _EventPass(rotation, prepare)
-        probe.record()  # every launcher once before capture (lazy workspaces, handles)
-        wall_s, _ = synced_call(probe.record, device)
+        _pass(rotation, prepare)()  # every launcher once before capture (lazy workspaces, handles)
+        wall_s, _ = synced_call(_pass(rotation, prepare), device)
         reps = _reps(wall_s / len(rotation), len(rotation))
-        timed = _EventPass(rotation * reps, prepare)
-        run, method = _replayable(timed)
+        calls = reps * len(rotation)
+        run, method = _replayable(_pass(rotation * reps, prepare))
         run()  # a graph's first replay uploads it
+        if prepare is None:
+            def take(k: int) -> list[float]:
+                return [t / calls for t in timed_runs(run, k, device)]
+        else:
+            ops, _ = _replayable(_pass([lambda: None] * calls, prepare))
+            ops()
 
-        def take(k: int) -> list[float]:
-            samples = []
-            for _ in range(k):
-                run()
-                torch.cuda.synchronize(device)
-                samples.append(timed.mean_seconds())
-            return samples
+            def take(k: int) -> list[float]:
+                passes = timed_runs(run, k, device)
+                op_only = float(np.median(timed_runs(ops, k, device)))
+                return [(t - op_only) / calls for t in passes]
 
-        return Timing(_sample(take, wall_s * reps, budget), method)
+        return Timing(_sample(take, 2 * wall_s * reps, budget), method)
 
 
 def _reps(call_s: float, calls: int) -> int:
