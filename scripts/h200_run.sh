@@ -10,7 +10,7 @@
 #                                  # tiny L2 study, on GPU 0 (torch and Triton only: part 2 is not there)
 #   scripts/h200_run.sh go         # carry .gpu/part2: install; GPU 1: the correctness grid (every
 #                                  # implementation); GPU 0: the L2 entry-state study, the GPU tests,
-#                                  # spec-decode and kimi-linear-48b with the study's closest state
+#                                  # spec-decode and kimi-linear-48b
 #   scripts/h200_run.sh published  # GPU 0: the published preset three times (separate processes) and
 #                                  # once with the planted Triton slowdown, the sweep-form gate, the
 #                                  # published comparison, CUPTI cross-check; GPU 1 meanwhile: the
@@ -18,8 +18,7 @@
 #   scripts/h200_run.sh targets    # the targets preset on both GPUs, then on GPU 0 alone while GPU 1
 #                                  # cross-checks the two-GPU run with CUPTI
 #
-# ENTRY=<state> overrides the L2 entry state of the sweeps (default: the study's closest, else the
-# harness's default). Logs and every result directory go into a tarball in $OUT (default
+# ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
 # Steps are bounded by `timeout` so that a slow one cannot take the rest down with it.
 set -uo pipefail
@@ -46,9 +45,8 @@ pack() {  # the results so far, without the per-row files a resume reads
   tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" --exclude=rows --exclude=html --exclude=scratch-repo \
     "$(basename "$RES")"
 }
-entry() {  # the L2 entry state of the sweeps
-  if [ -n "${ENTRY:-}" ]; then echo "$ENTRY"; return; fi
-  sed -n 's/^closest: //p' "$LOGS/l2-entry.log" 2>/dev/null | tail -n 1 | grep . || echo clean
+entry() {  # the L2 entry state of the sweeps: $ENTRY, else the harness's default
+  python3 -c "import os; from kda_impls.bench.timing import DEFAULT_ENTRY as d; print(os.environ.get('ENTRY') or d)"
 }
 
 echo "tree of commit ${KDA_GIT_SHA:-unstated}; $(nvidia-smi -L | wc -l) GPU(s)"
@@ -70,7 +68,7 @@ case ${1:-} in
     background correctness 1 520 python3 scripts/gpu_correctness.py --out "$RES/correctness"
     TAIL=3 step l2-entry 200 $GPU0 python3 scripts/l2_entry_study.py --out "$RES/l2-entry" \
       --impls triton,fla,fla-loggate-sigmoid,flashinfer,flashinfer-sigmoid,flashinfer-loggate-sigmoid
-    echo "L2 entry state of the sweeps: $(entry)"
+    echo "L2 entry state of the sweeps: $(entry) (the study's closest: $(sed -n 's/^closest: //p' "$LOGS/l2-entry.log"))"
     TAIL=3 step pytest-gpu 200 $GPU0 python3 -m pytest -q -m gpu tests/test_triton_multitoken.py \
       tests/test_multitoken.py tests/test_variants.py tests/test_flashinfer.py tests/test_fla.py tests/test_triton.py
     TAIL=2 step spec-decode 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset spec-decode --devices cuda:0 \

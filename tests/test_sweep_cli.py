@@ -75,7 +75,7 @@ def test_reusing_out_with_other_settings_names_the_fields_that_differ(tmp_path):
     done = run("sweep", *TINY, "--out", str(out), "--l2-entry", "dirty", "--max-seconds", "0.5")
     assert done.returncode != 0 and "Traceback" not in done.stderr
     message = done.stderr.strip()
-    assert "method.entry: 'clean' -> 'dirty'" in message and "method.kernel.max_seconds" in message
+    assert "method.entry: 'previous-step' -> 'dirty'" in message and "method.kernel.max_seconds" in message
     assert "device_type" not in message and "{" not in message  # the differences, not two whole dicts
 
 
@@ -119,10 +119,10 @@ def test_shards_merge_into_the_whole_sweep(tmp_path):
 
 
 def test_merge_refuses_directories_measured_otherwise(tmp_path):
-    assert run("sweep", *TINY, "--out", str(tmp_path / "clean")).returncode == 0
+    assert run("sweep", *TINY, "--out", str(tmp_path / "default")).returncode == 0
     assert run("sweep", *TINY, "--out", str(tmp_path / "dirty"), "--l2-entry", "dirty").returncode == 0
-    one_line_error(run("merge", str(tmp_path / "m"), str(tmp_path / "clean"), str(tmp_path / "dirty")),
-                   "method.entry: 'clean' -> 'dirty'")
+    one_line_error(run("merge", str(tmp_path / "m"), str(tmp_path / "default"), str(tmp_path / "dirty")),
+                   "method.entry: 'previous-step' -> 'dirty'")
 
 
 def test_plot_errors_are_one_line(tmp_path):

@@ -41,24 +41,27 @@ Launcher = Callable[[], object]
 # placement): the asv suite versions its benchmarks by it, and results of two versions never compare.
 METHOD_VERSION = 2
 
-# What the L2 holds when a timed call starts. docs/timing.md shows which of them a decode layer
-# resembles (results/h200/l2-entry/): the default is that one.
+# What the L2 holds when a timed call starts. docs/timing.md sets them against a decode layer
+# (results/h200/l2-entry/) and says why the default is the rotation: with an op between calls the
+# timer must take the op out, and a subtraction also charges the call for the write-back of the
+# lines it left dirty, which the op after it pays (+1 us at B=1, +23% at B=64 on the H200).
 ENTRY_STATES = {
     "clean": "clean lines of unrelated data: a read of 3x the L2 runs before every call (the weight "
-             "reads of the projections that precede the step in a decode layer leave the L2 so)",
+             "reads of the projections that precede the step in a decode layer leave the L2 so); the op "
+             "is taken out by subtraction, which charges the call the write-back of its dirty lines",
     "dirty": "dirty lines of unrelated data: a write of 3x the L2 runs before every call, so the "
-             "call pays for writing them back",
-    "previous-step": "what the previous step of another layer left (its pool's last lines, dirty): calls "
-                     "rotate over input sets adding up to 3x the L2; steps too small for that within "
-                     "MAX_INPUT_SETS sets get the dirty write before every call instead",
+             "call pays for writing them back; the op is taken out by subtraction",
+    "previous-step": "what the previous steps of other layers left (their pools' last lines, dirty): calls "
+                     "rotate over input sets adding up to 3x the L2, nothing between them; steps too "
+                     "small for that within MAX_INPUT_SETS sets get the dirty write before every call",
     "hot": "this step's own data, where it fits: one input set called back to back",
 }
-DEFAULT_ENTRY = "clean"
+DEFAULT_ENTRY = "previous-step"
 
 FLUSH_FACTOR = 3  # the entry ops touch this many L2s of bytes
 COLD_FACTOR = 3  # previous-step: input sets rotate until their bytes are this many L2s
 MIN_INPUT_SETS = 2  # previous-step: consecutive calls in a model update different layers' pools
-MAX_INPUT_SETS = 8
+MAX_INPUT_SETS = 256  # steps under ~0.7 MB (smoke shapes) would need more: they get the dirty write
 # One replay (one sample) lasts about this long, so that event resolution (~0.5 us) and the gap
 # before a replay stay near 1% of it; the cap bounds the capture time of the tiniest kernels.
 TARGET_PASS_S = 5e-4
