@@ -188,6 +188,30 @@ def test_t1_in_either_spelling_is_the_one_token_call(fla_calls):  # noqa: F811
     assert get("fla").decode(one.clone().per_token_spelling()).shape == (4, 1, 2, 16)
 
 
+@needs_fla
+@pytest.mark.interpreter
+def test_fla_ignores_the_token_stride_of_its_indices():
+    """The finding behind handing fla contiguous indices only (docs/findings.md, fla-core 3): fla
+    finds entry [n, t] at ``n * stride(0) + t``. Handed the view ``[[0, 2], [1, 3]]`` of a
+    transposed table (strides (1, 2)), it reads entries 0, 1 for row 0 and 1, 2 for row 1, the
+    table's storage order: slot 3, row 1's last token's slot in the view, is never written."""
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    x = make_inputs(2, 1, 2, 16, 16, T=2, n_slots=4, device=DEVICE, seed=53)
+    x.num_accepted = None
+    transposed = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device=DEVICE).t()  # [[0, 2], [1, 3]]
+    assert transposed.stride() == (1, 2)
+    before = x.state.clone()
+    fused_recurrent_kda_fwd(
+        q=x.q.flatten(0, 1)[None], k=x.k.flatten(0, 1)[None], v=x.v.flatten(0, 1)[None], g=x.a.flatten(0, 1)[None],
+        beta=x.b.flatten(0, 1)[None], A_log=x.A_log, dt_bias=x.dt_bias, initial_state=x.state,
+        scale=x.effective_scale, inplace_final_state=True, state_v_first=True, use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+        cu_seqlens=torch.tensor([0, 2, 4], dtype=torch.int32, device=DEVICE), ssm_state_indices=transposed)
+    assert not torch.equal(x.state[1], before[1]) and not torch.equal(x.state[2], before[2])
+    assert torch.equal(x.state[3], before[3]), "slot 3 was written: fla read the token stride"
+
+
 # ---- the scratch slot -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
