@@ -28,7 +28,7 @@ def multi(B=4, H=2, HV=4, K=16, V=8, **kw):
 def with_gaps(x: DecodeInputs) -> DecodeInputs:
     """``x`` with a third of its slots, never a row's start slot, set to -1 (on a diagonal pattern):
     tokens whose state is not stored, at the start, in the middle and at the end of rows."""
-    rows, tokens = torch.arange(x.B).view(-1, 1), torch.arange(x.T).view(1, -1)
+    rows, tokens = torch.arange(x.B, device=x.device).view(-1, 1), torch.arange(x.T, device=x.device).view(1, -1)
     gaps = ((rows + tokens) % 3 == 1) & (tokens != (x.accepted().long() - 1).view(-1, 1))
     x.slots = torch.where(gaps, -1, x.slots).contiguous()
     return x
