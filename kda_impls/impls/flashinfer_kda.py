@@ -52,6 +52,26 @@ What the adapter relies on, from flashinfer-python 0.7.2.post1's source:
   and only their first H entries used. With HV != H that is another gate than ours, so the
   gate-in-kernel variants do not run under GVA; the precomputed log gate is per value head (our
   gate, rounded to bf16). beta is read per value head in both modes.
+- Multi-token decode (T > 1, every variant): ``num_spec_tokens=T-1``, ``num_accepted_tokens`` (None:
+  ones) and ``ssm_state_indices`` ``[B, T]``. In each form that is one call of the grouped-CTA
+  kernel (``run_recurrent_kda``: the one-warp kernel takes ``NUM_TOKENS == 1`` only, the Cake routes
+  ``num_spec_tokens=None`` or an explicit ``backend="cake"``, and ``flashinfer.recurrent_kda`` routes
+  no call with ``num_spec_tokens`` to prefill), whatever the GPU the CuTe DSL targets. ``"packed"``:
+  ``[1, B*T, ...]`` with ``cu_seqlens = arange(0, B*T + 1, T)`` (SGLang's and vLLM's form).
+  ``"gather"``: ``[B, T, ...]`` without ``cu_seqlens``: the wrapper's batched spec-decode shim
+  reshapes to the packed form and builds ``cu_seqlens`` with a ``torch.arange`` on every call; it
+  gathers nothing (the pool goes to the kernel as it is), so a padded pool and -1 rows are taken.
+  ``"dense"``: ``[B, T, ...]`` and no indices: the shim builds ``arange(B*T).view(B, T)`` on every
+  call (token t of row i in slot ``i*T + t``), legal only for exactly those slots.
+  The kernel starts row n from ``ssm_state_indices[n, clamp(num_accepted[n] - 1, 0, T - 1)]``
+  (slot 0 where that is -1), then per token: an index of -1 skips the token altogether (no decay,
+  no update, output 0), any other is applied, output and stored. A padding row is therefore
+  handed all -1 (zero output, nothing stored, slot 0 read). A -1 inside a live row must apply the
+  token and store nothing, so the adapter hands, in its place, the next slot the row stores into:
+  one thread stores the same elements for every token of a row (a CTA owns a row's value
+  columns), so that slot is written again afterwards with its own token's state. Each such token
+  costs one state store that its -1 would not. A -1 after a row's last stored token has no later
+  store to absorb it and is refused (engines never send one: they store every token, or the last).
 """
 
 from __future__ import annotations
@@ -84,16 +104,17 @@ class FlashInferKDA(Implementation):
 
     name = "flashinfer"
     library = "flashinfer"
-    variant = ("packed [1, B] + cu_seqlens, pool in place via ssm_state_indices; gate (use_gate_in_kernel) "
-               "and sigmoid (beta_is_logit) in kernel; H == HV only (the in-kernel gate reads A_log/dt_bias "
-               "per q/k head)")
+    variant = ("packed [1, B] + cu_seqlens, pool in place via ssm_state_indices (T > 1: [1, B*T], num_spec_tokens, "
+               "num_accepted_tokens; a -1 inside a row handed as the row's next stored slot); gate "
+               "(use_gate_in_kernel) and sigmoid (beta_is_logit) in kernel; H == HV only (the in-kernel gate reads "
+               "A_log/dt_bias per q/k head)")
     gate_in_kernel = True  # raw a, A_log, dt_bias (use_gate_in_kernel=True); else the log gate precomputed
     beta_in_kernel = True  # the beta logit (beta_is_logit=True); else sigmoid(b) precomputed
     form = "packed"  # one of FORMS (module docstring)
     capabilities = Capabilities(devices=("cuda",), state_dtypes=(torch.bfloat16,), k_values=(64, 128),
                                 v_values=(64, 128), k_equals_v=True, slot_stride_multiple=16,
                                 base_alignment=TENSOR_ALIGNMENT, min_compute_capability=(9, 0),
-                                packages=("flashinfer", "cutlass", "tvm_ffi"))
+                                packages=("flashinfer", "cutlass", "tvm_ffi"), max_tokens=None)
 
     @property
     def label(self) -> str:
@@ -109,11 +130,17 @@ class FlashInferKDA(Implementation):
     def precomputes(self) -> bool:
         return not (self.gate_in_kernel and self.beta_in_kernel)
 
+    def _as_read(self, inputs: DecodeInputs) -> DecodeInputs:
+        # A T = 1 step in either spelling takes the one-token call, as before FlashInfer ran T > 1.
+        return inputs.one_token_spelling() if inputs.T == 1 else inputs
+
     def _tensors_passed(self, inputs: DecodeInputs) -> dict[str, torch.Tensor]:
         """The inputs handed to the library as they are (the rest go through buffers of ours)."""
         passed = dict(q=inputs.q, k=inputs.k, v=inputs.v)
         if self.form != "dense":
-            passed["slots"] = inputs.slots
+            passed["slots"] = inputs.slots  # at T > 1 where nothing is remapped
+        if inputs.T > 1 and inputs.num_accepted is not None:
+            passed["num_accepted"] = inputs.num_accepted
         if self.gate_in_kernel:
             passed.update(a=inputs.a, A_log=inputs.A_log, dt_bias=inputs.dt_bias)
         if self.beta_in_kernel:
@@ -127,7 +154,7 @@ class FlashInferKDA(Implementation):
             return (f"GVA (H={inputs.H}, HV={inputs.HV}): recurrent_kda's in-kernel gate (use_gate_in_kernel=True) "
                     f"takes A_log [H] and dt_bias [H*K] per q/k head, reading entry hv // (HV // H) for value head "
                     f"hv; ours are per value head (precompute the gate per value head: flashinfer-loggate)")
-        if self.form == "packed" and inputs.B and inputs.N == 0:
+        if (self.form == "packed" or inputs.T > 1 and self.form == "gather") and inputs.B and inputs.N == 0:
             return "the pool has no slots, and flashinfer reads slot 0 for rows with slot -1"
         reason = self._form_unsupported(inputs)
         if reason:
@@ -152,6 +179,11 @@ class FlashInferKDA(Implementation):
 
     def _form_unsupported(self, inputs: DecodeInputs) -> str | None:
         """What the form rules out from shapes and layout alone (no slot values: no sync)."""
+        if inputs.T > 1:  # the spec-decode shim packs [B, T] and takes the pool as it is
+            if self.form == "dense" and inputs.N < inputs.B * inputs.T:
+                return (f"the dense form (num_spec_tokens, no ssm_state_indices) stores token t of row i in slot "
+                        f"i*T + t: needs a pool of at least B*T={inputs.B * inputs.T} slots; got N={inputs.N}")
+            return None
         if self.form == "dense":
             if inputs.N < inputs.B:
                 return (f"the dense form updates state row i for batch row i: needs a pool of at least B={inputs.B} "
@@ -171,6 +203,17 @@ class FlashInferKDA(Implementation):
 
     def _slots_unsupported(self, inputs: DecodeInputs) -> str | None:
         """What the form rules out from the slot values (read once, at bind time)."""
+        if inputs.T > 1:
+            if self.form == "dense":
+                identity = torch.arange(inputs.B * inputs.T, dtype=inputs.slots.dtype, device=inputs.device)
+                if not torch.equal(inputs.slots.flatten(), identity):
+                    return ("the dense form (num_spec_tokens, no ssm_state_indices) stores token t of row i in slot "
+                            "i*T + t: needs slots == arange(B*T).view(B, T), no -1")
+            if bool((inputs.live_rows()[:, None] & (flashinfer_state_indices(inputs) < 0)).any()):
+                return ("a -1 after the last slot a row stores into: recurrent_kda skips a token whose "
+                        "ssm_state_indices entry is -1 (no decay, no update, output 0), and the adapter applies "
+                        "such a token by pointing its store at a later slot of the row, of which there is none")
+            return None
         if self.form == "dense":
             identity = torch.arange(inputs.B, dtype=inputs.slots.dtype, device=inputs.device)
             if not torch.equal(inputs.slots, identity):
@@ -191,7 +234,9 @@ class FlashInferKDA(Implementation):
                                              dtype=torch.bfloat16)  # the only dtype the kernel takes
         g = inputs.a if self.gate_in_kernel else prepared.log_gate
         beta = inputs.b if self.beta_in_kernel else prepared.beta
-        if self.form == "packed":
+        if inputs.T > 1:
+            rows, placement = self._multitoken_placement(inputs)
+        elif self.form == "packed":
             def rows(t):
                 return t.unsqueeze(0)  # [1, B, ...]: one sequence of B tokens
             placement = dict(initial_state=inputs.state, ssm_state_indices=inputs.slots,
@@ -210,6 +255,18 @@ class FlashInferKDA(Implementation):
         if self.gate_in_kernel:
             arguments.update(A_log=inputs.A_log, dt_bias=inputs.dt_bias.reshape(-1))
         return arguments, prepared.launch if prepared else None
+
+    def _multitoken_placement(self, inputs: DecodeInputs) -> tuple[Callable, dict]:
+        """How a T > 1 call shapes the per-token tensors, and where its rows start and store."""
+        B, T = inputs.B, inputs.T
+        spec = dict(num_spec_tokens=T - 1, num_accepted_tokens=inputs.num_accepted)
+        if self.form == "dense":  # the shim's own indices: token t of row i in slot i*T + t
+            return (lambda t: t), dict(initial_state=inputs.state[:B * T], **spec)
+        spec.update(initial_state=inputs.state, ssm_state_indices=flashinfer_state_indices(inputs))
+        if self.form == "gather":  # [B, T, ...]: the shim packs it itself
+            return (lambda t: t), spec
+        cu_seqlens = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=inputs.device)
+        return (lambda t: t.flatten(0, 1).unsqueeze(0)), dict(cu_seqlens=cu_seqlens, **spec)  # a row one sequence
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
         reason = self._slots_unsupported(inputs)  # bind() validated the slots; this reads them once more
@@ -231,6 +288,22 @@ class FlashInferKDA(Implementation):
             return out
 
         return launch_with_precompute
+
+
+def flashinfer_state_indices(inputs: DecodeInputs) -> torch.Tensor:
+    """``ssm_state_indices`` ``[B, T]`` int32 for a multi-token call: each stored token's slot; in a
+    live row, for each -1 the next slot that row stores into (the token is then applied and its
+    store overwritten by a later one of the same row), -1 where there is none (a -1 after the
+    row's last store: refused); every entry of a padding row -1. Our ``slots`` themselves where
+    that is what they already are."""
+    slots, stored = inputs.token_slots(), inputs.stored()
+    live = inputs.live_rows()
+    indices = torch.empty_like(slots)
+    following = torch.full_like(slots[:, 0], -1)  # the next slot each row stores into, from token t on
+    for t in reversed(range(inputs.T)):
+        following = torch.where(stored[:, t], slots[:, t], following)
+        indices[:, t] = torch.where(live, following, -1)
+    return inputs.slots if torch.equal(indices, slots) else indices
 
 
 class FlashInferSigmoid(FlashInferKDA):
@@ -259,14 +332,17 @@ class FlashInferLogGateSigmoid(FlashInferKDA):
 class FlashInferGather(FlashInferKDA):
     name = "flashinfer-gather"
     variant = ("[B, 1] + ssm_state_indices, no cu_seqlens: the wrapper gathers and scatters the state rows in torch "
-               "(two more passes); gate and sigmoid in kernel; no -1 rows, H == HV only")
+               "(two more passes); gate and sigmoid in kernel; no -1 rows, H == HV only; T > 1: [B, T] + "
+               "num_spec_tokens, packed by the wrapper (a cu_seqlens arange per call; no gather, -1 rows taken)")
     form = "gather"
 
 
 class FlashInferDense(FlashInferKDA):
     name = "flashinfer-dense"
     variant = ("FlashInfer's own benchmark: dense [B, 1], no indices, state[:B] in place; log gate and sigmoid(beta) "
-               "precomputed (one Triton launch, bf16 as loggate-sigmoid); needs slots == arange(B), compact pool")
+               "precomputed (one Triton launch, bf16 as loggate-sigmoid); needs slots == arange(B), compact pool; "
+               "T > 1: [B, T] + num_spec_tokens, indices arange(B*T) built by the wrapper per call (slots must be "
+               "them)")
     gate_in_kernel = False
     beta_in_kernel = False
     form = "dense"

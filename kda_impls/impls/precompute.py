@@ -38,7 +38,7 @@ def _gate_beta_kernel(
     K: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, LOG_GATE: tl.constexpr, BETA: tl.constexpr,
     SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # row = batch row * HV + value head
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # row = (batch row [* T + token]) * HV + value head
     in_range = rows < n_rows
     if LOG_GATE:
         hv = rows % HV
@@ -69,8 +69,8 @@ class Precomputed:
     """Buffers allocated at bind time and the launch that fills them from the inputs' current
     ``a`` and ``b`` (None: that one is left to the library's kernel)."""
 
-    log_gate: torch.Tensor | None  # [B, HV, K]
-    beta: torch.Tensor | None  # [B, HV]
+    log_gate: torch.Tensor | None  # shaped as a: [B, HV, K] (or [B, T, HV, K])
+    beta: torch.Tensor | None  # shaped as b: [B, HV] (or [B, T, HV])
     launch: Callable[[], None]
 
 
@@ -88,20 +88,22 @@ def unavailable_reason(device: torch.device) -> str | None:
 
 def precompute(inputs: DecodeInputs, *, log_gate: bool, beta: bool, dtype: torch.dtype) -> Precomputed:
     """Allocate ``dtype`` buffers for the per-value-head log gate and/or sigmoid(b) of ``inputs``
-    and return them with their launch (compiled here on a GPU, so that neither the first timed
-    launch nor a CUDA-graph capture compiles)."""
+    (in either spelling: the buffers take the shapes of ``a`` and ``b``) and return them with their
+    launch (compiled here on a GPU, so that neither the first timed launch nor a CUDA-graph capture
+    compiles)."""
     if not (log_gate or beta):
         raise ValueError("precompute nothing: ask for the log gate, beta or both")
-    B, HV, K = inputs.B, inputs.HV, inputs.K
-    gate_buffer = torch.empty((B, HV, K), dtype=dtype, device=inputs.device) if log_gate else None
-    beta_buffer = torch.empty((B, HV), dtype=dtype, device=inputs.device) if beta else None
+    HV, K = inputs.HV, inputs.K
+    n_rows = inputs.b.numel()  # one per (batch row, token, value head): value head fastest
+    gate_buffer = torch.empty(inputs.a.shape, dtype=dtype, device=inputs.device) if log_gate else None
+    beta_buffer = torch.empty(inputs.b.shape, dtype=dtype, device=inputs.device) if beta else None
     BK = triton.next_power_of_2(K)
     rows = max(1, GATE_ELEMENTS_PER_PROGRAM // BK) if log_gate else BETA_ROWS_PER_PROGRAM
-    grid = (triton.cdiv(B * HV, rows),)
-    args = (inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, gate_buffer, beta_buffer, B * HV, HV)
+    grid = (triton.cdiv(n_rows, rows),)
+    args = (inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, gate_buffer, beta_buffer, n_rows, HV)
     meta = dict(K=K, BK=BK, ROWS=rows, LOG_GATE=log_gate, BETA=beta, SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE,
                 num_warps=4)
-    if inputs.device.type == "cuda" and B:
+    if inputs.device.type == "cuda" and n_rows:
         with torch.cuda.device(inputs.device):
             _gate_beta_kernel.warmup(*args, grid=grid, **meta)._init_handles()
     kernel = _gate_beta_kernel[grid]
@@ -109,4 +111,4 @@ def precompute(inputs: DecodeInputs, *, log_gate: bool, beta: bool, dtype: torch
     def launch() -> None:
         kernel(*args, **meta)
 
-    return Precomputed(gate_buffer, beta_buffer, launch if B else (lambda: None))
+    return Precomputed(gate_buffer, beta_buffer, launch if n_rows else (lambda: None))
