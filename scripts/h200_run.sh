@@ -69,8 +69,9 @@ case ${1:-} in
     TAIL=3 step l2-entry 200 $GPU0 python3 scripts/l2_entry_study.py --out "$RES/l2-entry" \
       --impls triton,fla,fla-loggate-sigmoid,flashinfer,flashinfer-sigmoid,flashinfer-loggate-sigmoid
     echo "L2 entry state of the sweeps: $(entry) (the study's closest: $(sed -n 's/^closest: //p' "$LOGS/l2-entry.log"))"
-    TAIL=3 step pytest-gpu 200 $GPU0 python3 -m pytest -q -m gpu tests/test_triton_multitoken.py \
-      tests/test_multitoken.py tests/test_variants.py tests/test_flashinfer.py tests/test_fla.py tests/test_triton.py
+    TAIL=3 step pytest-gpu 240 $GPU0 python3 -m pytest -q -m gpu tests/test_triton_multitoken.py \
+      tests/test_multitoken.py tests/test_fla_multitoken.py tests/test_flashinfer_multitoken.py tests/test_variants.py \
+      tests/test_flashinfer.py tests/test_fla.py
     TAIL=2 step spec-decode 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset spec-decode --devices cuda:0 \
       --impls triton,fla,fla-loggate-sigmoid,flashinfer-sigmoid,flashinfer-loggate-sigmoid --out "$RES/spec-decode"
     TAIL=2 step kimi 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset kimi-linear-48b --devices cuda:0 --impls naive,triton,fla,flashinfer \
