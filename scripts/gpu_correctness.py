@@ -72,18 +72,19 @@ def main() -> int:
     impls = args.impls.split(",")
     cases = list(grid())
     rows, started = [], time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = environment(torch.device(args.device), args.out, shlex.join(sys.argv))
+    versions = {"python": platform.python_version()}
     for impl in impls:
         for case in tqdm(cases, desc=impl, mininterval=2.0):
             rows.append(check_case(impl, case, args.device))
             torch.cuda.empty_cache()
-    table = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "correctness.csv", index=False)
-    versions = {"python": platform.python_version()}
-    for impl in impls:
         versions |= get(impl).versions()
-    write_meta(args.out, environment(torch.device(args.device), args.out, shlex.join(sys.argv))
-               | {"versions": versions, "wall_s": round(time.perf_counter() - started, 1)})
+        # after each implementation, so that a run cut short keeps what it checked
+        table = pd.DataFrame(rows)
+        table.to_csv(args.out / "correctness.csv", index=False)
+        write_meta(args.out, meta | {"versions": versions, "impls_done": impls[:impls.index(impl) + 1],
+                                     "wall_s": round(time.perf_counter() - started, 1)})
 
     summary = table.pivot_table(index="impl", columns="status", values="B", aggfunc="count", fill_value=0)
     print(summary.to_string())
