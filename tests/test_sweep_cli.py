@@ -173,3 +173,19 @@ def test_survey_and_sweep_agree_on_what_runs_on_a_cpu(tmp_path):
     for impl in ("naive", "triton", "fla"):
         assert table.loc[impl, "status"] == "ok", (impl, sweep.stderr)
         assert " ok " in lines[impl], survey.stdout
+
+
+def test_a_time_limits_sigterm_saves_like_ctrl_c(tmp_path):
+    out = tmp_path / "terminated"
+    sweep = subprocess.Popen([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", "naive", "--B",
+                              "1,2,3,4,5,6,7,8", "--HV", "2", "--K", "16", "--max-seconds", "0.3", "--out", str(out),
+                              "--no-charts"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while not list((out / "rows").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    sweep.terminate()  # SIGTERM to the driver alone, as `timeout` sends it
+    _, stderr = sweep.communicate(timeout=60)
+    assert sweep.returncode == 130 and "Traceback" not in stderr, stderr
+    saved = len(list((out / "rows").glob("*.json")))
+    assert len(pd.read_csv(out / "results.csv")) == saved
+    assert json.loads((out / "meta.json").read_text())["runs"][-1]["rows_measured"] == saved

@@ -437,6 +437,9 @@ def main(argv: list[str] | None = None) -> None:
     sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),
                   preset=name, row_timeout=args.row_timeout, retry_crashed=args.retry_crashed,
                   cooldown_s=args.cooldown)
+    # a time limit's SIGTERM (timeout, a batch system) ends the sweep as Ctrl-C does: rows saved,
+    # results.csv and meta.json written
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         table = sweep.run()
     except KeyboardInterrupt:
