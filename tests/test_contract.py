@@ -123,6 +123,34 @@ def test_state_inner_strides_compact():
                    r"got \(16384, 1, 128\) \(only the slot stride may be non-compact\)$")
 
 
+def padded_pool(x, row_pad=0, head_pad=0):
+    """``x``'s pool copied into a buffer whose V rows (``row_pad``) or heads (``head_pad``) carry
+    padding, a layout some serving engines allocate: the last stride is still 1."""
+    N, HV, V, K = x.state.shape
+    row = K + row_pad
+    head = V * row + head_pad
+    strides = (HV * head, head, row, 1)
+    buffer = torch.zeros(N * HV * head, dtype=x.state.dtype)
+    state = buffer.as_strided((N, HV, V, K), strides)
+    state.copy_(x.state)
+    return state
+
+
+@pytest.mark.parametrize("row_pad, head_pad, got", [
+    (8, 0, r"\(6144, 24, 1\)"),  # padded V rows: (HV*V*(K+8), V*(K+8), K+8, 1), the issue's layout
+    (0, 8, r"\(4104, 16, 1\)"),  # padded heads
+    (8, 8, r"\(6152, 24, 1\)"),
+])
+def test_state_inner_strides_padded(row_pad, head_pad, got):
+    """Only the slot stride may carry padding: a rule weakened to "last stride is 1" accepts these,
+    and the Triton kernel, which assumes compact [V, K] blocks, then decodes them wrong."""
+    x = make_inputs(3, 2, 2, 16, 256, slot_pad=0, pad_rows=1, seed=2)
+    x.state = padded_pool(x, row_pad, head_pad)
+    assert x.state.stride(-1) == 1
+    expect_refusal(get("naive"), x, "state-inner-strides",
+                   r"^naive state inner strides must be compact \(V\*K, K, 1\)=\(4096, 16, 1\); got " + got)
+
+
 def test_slots_must_not_overlap():
     x = inputs(slot_pad=0)
     x.state = x.state.as_strided(x.state.shape, (100, *x.state.stride()[1:]))
@@ -186,6 +214,17 @@ def test_slot_duplicates():
 def test_repeated_padding_rows_are_fine():
     x = inputs(pad_rows=3)
     get("naive").check(x)
+
+
+@pytest.mark.parametrize("name", ["state", "q", "A_log"])
+def test_no_tensor_requires_grad(name):
+    """One rule for all: before it, naive raised torch's own in-place error on a pool that requires
+    grad while the Triton kernels updated it behind autograd's back."""
+    x = inputs()
+    setattr(x, name, getattr(x, name).detach().clone().requires_grad_(True))
+    for impl in (get("naive"), get("triton")):
+        expect_refusal(impl, x, "requires-grad",
+                       rf"{name} must not require grad .*; pass {name}\.detach\(\) or run under torch\.no_grad\(\)$")
 
 
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
