@@ -30,7 +30,7 @@ def expect_refusal(impl, x, rule, pattern):
     pool = x.pool_span().clone() if x.state.dim() == 4 else None
     with pytest.raises(ContractError) as err:
         impl.bind(x)
-    assert err.value.rule == rule
+    assert err.value.rule == rule and err.value.impl == impl.label
     assert str(err.value).startswith(impl.label + " ")
     assert re.search(pattern, str(err.value)), str(err.value)
     for n, t in x.tensors().items():
@@ -250,6 +250,32 @@ def test_out_buffer_alignment():
         Strict().bind(x, out=aligned[8:].view(4, 2, 16))
     assert err.value.rule == "out"
     Strict().bind(x, out=aligned[:-8].view(4, 2, 16))  # aligned: accepted
+
+
+def test_capabilities_describe_themselves():
+    """The one-line summary `python -m kda_impls` and the sweep workers print."""
+    assert Capabilities().describe() == "devices cpu/cuda, state bfloat16/float32, K any, V any, GVA"
+    assert Strict().capabilities.describe() == ("devices cpu, state bfloat16, K 16/32, V 16/32 (K == V), "
+                                                "H == HV only, slot stride % 16, base % 32 B")
+    gpu = Capabilities(devices=("cuda",), k_values=(64, 128), min_compute_capability=(9, 0))
+    assert gpu.describe() == "devices cuda, state bfloat16/float32, K 64/128, V any, GVA, sm_90+"
+    assert repr(Strict()) == f"<kda implementation 'strict': {Strict().capabilities.describe()}>"
+
+
+def test_package_version(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    from kda_impls.contract import package_version
+
+    assert package_version("torch") == metadata.version("torch")
+    assert package_version("surely-not-installed-kda-dist") == "not installed"
+    assert package_version("surely-not-installed-kda-dist", "surely_not_installed_kda_module") == "not installed"
+    # a source tree without package metadata (as FlashInfer can be deployed): its __version__, else "unknown"
+    (tmp_path / "kda_source_tree_pkg.py").write_text("__version__ = '1.2.3'\n")
+    (tmp_path / "kda_source_tree_bare.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert package_version("surely-not-installed-kda-dist", "kda_source_tree_pkg") == "1.2.3"
+    assert package_version("surely-not-installed-kda-dist", "kda_source_tree_bare") == "unknown"
 
 
 def test_unsupported_reasons_and_bind():

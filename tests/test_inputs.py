@@ -1,5 +1,7 @@
 """DecodeInputs' byte model, pinned to numbers worked out by hand (not by calling the code under test):
-every bandwidth and roofline figure of the sweeps divides by it."""
+every bandwidth and roofline figure of the sweeps divides by it; and what make_inputs promises."""
+
+import math
 
 import pytest
 import torch
@@ -46,3 +48,66 @@ def test_nbytes_literal():
     """The first case as one literal, in case the term-by-term sums above share a mistake."""
     x = make_inputs(3, 2, 4, 16, 32, slot_pad=8, n_slots=7, pad_rows=1, seed=4)
     assert x.nbytes() == 18996
+
+
+def test_make_inputs_is_seeded():
+    a, b = make_inputs(4, 2, 4, 16, 16, slot_pad=3), make_inputs(4, 2, 4, 16, 16, slot_pad=3, seed=0)
+    c = make_inputs(4, 2, 4, 16, 16, slot_pad=3, seed=1)
+    for name, t in a.tensors().items():
+        same = torch.equal(t, b.tensors()[name]) if name != "state" else torch.equal(a.pool_span(), b.pool_span())
+        assert same, f"{name}: the default seed is 0 and the same seed gives the same inputs"
+    assert not torch.equal(a.q, c.q) and not torch.equal(a.pool_span(), c.pool_span())
+
+
+def test_make_inputs_distributions():
+    """As in a trained Kimi-Linear layer: activations standard normal, A = exp(A_log) uniform in [1, 16],
+    dt = softplus(dt_bias) log-uniform in [1e-3, 1e-1], the pool normal with standard deviation 0.5."""
+    x = make_inputs(64, 4, 8, 64, 64, dtype=torch.float32, state_dtype=torch.float32, seed=2)
+    for name in ("q", "k", "v", "a", "b"):
+        t = getattr(x, name)
+        within = 5 / math.sqrt(t.numel())  # five standard errors
+        assert abs(t.mean()) < within and abs(t.std() - 1) < within, name
+    A = torch.exp(x.A_log)
+    assert 1 <= A.min() and A.max() <= 16
+    log_dt = torch.log10(torch.nn.functional.softplus(x.dt_bias.double()))
+    assert -3 - 1e-6 <= log_dt.min() and log_dt.max() <= -1 + 1e-6 and abs(log_dt.mean() + 2) < 0.15
+    pool = x.pool_span()
+    assert abs(pool.mean()) < 0.01 and abs(pool.std() - 0.5) < 0.01
+
+
+def test_make_inputs_slots():
+    x = make_inputs(16, 1, 1, 4, 4, pad_rows=3, seed=5)
+    live = x.slots[x.slots >= 0]
+    assert x.N == 32 and (x.slots == -1).sum() == 3 and live.unique().numel() == 13
+    assert not torch.equal(live, live.sort().values), "slots come in random order by default"
+    ordered = make_inputs(16, 1, 1, 4, 4, sorted_slots=True, seed=5).slots
+    assert torch.equal(ordered, ordered.sort().values)
+    assert make_inputs(0, 1, 1, 4, 4).N == 1  # an empty batch still gets a pool of one slot
+    with pytest.raises(ValueError, match=r"^pad_rows must be in \[0, B=4\]; got 5$"):
+        make_inputs(4, 1, 1, 8, 8, pad_rows=5)
+    with pytest.raises(ValueError, match=r"^n_slots=3 must be >= B=4 \(every row needs its own slot\)$"):
+        make_inputs(4, 1, 1, 8, 8, n_slots=3)
+
+
+def test_clone_is_deep_and_keeps_the_layout():
+    x = make_inputs(3, 1, 2, 8, 8, slot_pad=5, pad_rows=1, seed=6)
+    x.scale = 0.25
+    y = x.clone()
+    assert y.scale == 0.25 and y.state.stride() == x.state.stride()
+    assert torch.equal(y.pool_span().view(torch.int16), x.pool_span().view(torch.int16))  # padding bits too
+    for name, t in y.tensors().items():
+        assert t.data_ptr() != x.tensors()[name].data_ptr(), name
+    y.state.add_(1)
+    y.q.add_(1)
+    assert not torch.equal(y.state, x.state) and not torch.equal(y.q, x.q)
+
+
+def test_shape_properties():
+    x = make_inputs(3, 2, 4, 16, 8, slot_pad=7, n_slots=5, seed=7)
+    assert (x.B, x.H, x.HV, x.K, x.V, x.N) == (3, 2, 4, 16, 8, 5)
+    assert (x.slot_elements, x.slot_stride) == (4 * 8 * 16, 4 * 8 * 16 + 7)
+    assert x.effective_scale == 16**-0.5 and x.device == torch.device("cpu")
+    x.scale = 2
+    assert x.effective_scale == 2.0 and isinstance(x.effective_scale, float)
+    assert math.isclose(make_inputs(1, 1, 1, 64, 8).effective_scale, 0.125)
+    assert x.pool_span().numel() == 4 * (4 * 8 * 16 + 7) + 4 * 8 * 16  # N-1 strides, then the last slot

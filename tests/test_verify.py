@@ -188,5 +188,6 @@ def test_rel_err():
     ref = torch.tensor([3.0, 4.0])
     assert rel_err(torch.tensor([3.0, 5.0]), ref) == pytest.approx(1 / 5)
     assert rel_err(torch.tensor([3.0, 4.0], dtype=torch.bfloat16), ref) == 0.0
+    assert rel_err(torch.tensor([0.3, 0.5]), torch.tensor([0.3, 0.4])) == pytest.approx(0.2)  # ||ref|| < 1: still relative
     assert rel_err(torch.tensor([0.0, 2.0]), torch.zeros(2)) == 2.0  # an all-zero reference: absolute
     assert math.isnan(rel_err(torch.tensor([float("nan"), 4.0]), ref))
