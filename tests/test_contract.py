@@ -178,6 +178,8 @@ def test_base_alignment():
 def test_state_dtype():
     x = inputs(state_dtype=torch.float32)
     expect_refusal(Strict(), x, "state-dtype", r"state dtype must be bfloat16; got float32")
+    x.state = x.state.double()
+    expect_refusal(get("naive"), x, "state-dtype", r"state dtype must be bfloat16/float16/float32; got float64$")
 
 
 def test_k_equals_v():
@@ -209,6 +211,12 @@ def test_slot_duplicates():
     x = inputs(pad_rows=0)
     x.slots[1] = x.slots[0]
     expect_refusal(get("naive"), x, "slot-duplicate", rf"got repeated slots \[{int(x.slots[0])}\]")
+
+
+def test_slot_duplicates_named_up_to_four():
+    x = inputs(B=10, pad_rows=0)
+    x.slots = torch.tensor([4, 0, 0, 1, 1, 2, 2, 3, 3, 4], dtype=torch.int32)
+    expect_refusal(get("naive"), x, "slot-duplicate", r"got repeated slots \[0, 1, 2, 3\]$")
 
 
 def test_repeated_padding_rows_are_fine():
@@ -291,8 +299,44 @@ def test_unsupported_reasons_and_bind():
     with pytest.raises(Unsupported, match=f"gpu-only: {reason}"):
         GpuOnly().bind(inputs())
 
+    class CpuOnly(NaiveTorch):
+        name = "cpu-only"
+        capabilities = Capabilities(devices=("cpu",), min_compute_capability=(9, 0))  # a GPU minimum: moot here
+
+    assert CpuOnly().unsupported(inputs()) is None
+    elsewhere = inputs()
+    elsewhere.state = elsewhere.state.to("meta")
+    assert CpuOnly().unsupported(elsewhere) == "runs on cpu; inputs are on meta"
+
     class NeedsPackage(NaiveTorch):
         name = "needs-package"
         capabilities = Capabilities(packages=("surely_not_installed_kda_pkg",))
 
     assert NeedsPackage().unsupported(inputs()).startswith("package not installed: surely_not_installed_kda_pkg")
+
+
+def test_decode_allocates_the_output():
+    """Without an out buffer, bind allocates one: [B, HV, V] in v's dtype on the inputs' device."""
+    from kda_impls import reference, rel_err
+
+    x = inputs(state_dtype=torch.float32)
+    ref_out, _ = reference(x)
+    out = get("naive").decode(x)
+    assert out.shape == (4, 2, 16) and out.dtype == torch.bfloat16 and out.device == x.device
+    assert rel_err(out, ref_out) < 1e-2
+
+
+@pytest.mark.gpu
+def test_minimum_compute_capability_on_gpu():
+    x = make_inputs(2, 1, 1, 16, 16, device="cuda", seed=1)
+    cc = torch.cuda.get_device_capability()
+
+    class Needs(NaiveTorch):
+        name = "needs-cc"
+
+        def __init__(self, minimum):
+            self.capabilities = Capabilities(min_compute_capability=minimum)
+
+    assert Needs(cc).unsupported(x) is None
+    assert Needs((cc[0] + 1, 0)).unsupported(x) == \
+        "needs compute capability >= %d.0; this GPU is %d.%d" % (cc[0] + 1, *cc)
