@@ -45,10 +45,16 @@ def test_valid_inputs_pass():
     Strict().check(inputs())
 
 
-def test_rank():
-    x = inputs()
-    x.q = x.q[:, 0].contiguous()
-    expect_refusal(get("naive"), x, "rank", r"q must be 3-D \[B, H, K\]; got shape \(4, 16\)")
+@pytest.mark.parametrize("name, want", [
+    ("q", r"3-D \[B, H, K\]"), ("k", r"3-D \[B, H, K\]"), ("v", r"3-D \[B, HV, V\]"), ("a", r"3-D \[B, HV, K\]"),
+    ("b", r"2-D \[B, HV\]"), ("state", r"4-D \[N, HV, V, K\]"),
+])
+def test_rank(name, want):
+    x = inputs(slot_pad=0)
+    t = getattr(x, name)
+    setattr(x, name, t[0].contiguous())
+    got = re.escape(str(tuple(t.shape[1:])))
+    expect_refusal(get("naive"), x, "rank", rf"^naive {name} must be {want}; got shape {got}$")
 
 
 @pytest.mark.parametrize("name, mutate, pattern", [
@@ -244,8 +250,13 @@ def test_scale(scale):
 
 def test_out_buffer():
     x = inputs()
-    with pytest.raises(ContractError, match=r"out must be a contiguous \(4, 2, 16\) bfloat16 tensor") as err:
+    with pytest.raises(ContractError, match=r"out must be a contiguous \(4, 2, 16\) bfloat16 tensor on cpu; "
+                                            r"got \(4, 2, 16\) float32 on cpu$") as err:
         get("naive").bind(x, out=torch.empty(4, 2, 16, dtype=torch.float32))
+    assert err.value.rule == "out"
+    strided = torch.empty(2, 16, 4, dtype=torch.bfloat16).permute(2, 0, 1)  # the right shape, not contiguous
+    with pytest.raises(ContractError, match=r"out must be a contiguous \(4, 2, 16\) bfloat16 tensor") as err:
+        get("naive").bind(x, out=strided)
     assert err.value.rule == "out"
 
 
