@@ -278,6 +278,8 @@ def test_capabilities_describe_themselves():
                                                 "H == HV only, slot stride % 16, base % 32 B")
     gpu = Capabilities(devices=("cuda",), k_values=(64, 128), min_compute_capability=(9, 0))
     assert gpu.describe() == "devices cuda, state bfloat16/float32, K 64/128, V any, GVA, sm_90+"
+    pairs = Capabilities(slot_stride_multiple=2, base_alignment=2)
+    assert pairs.describe().endswith(", GVA, slot stride % 2, base % 2 B")
     assert repr(Strict()) == f"<kda implementation 'strict': {Strict().capabilities.describe()}>"
 
 
@@ -318,6 +320,12 @@ def test_unsupported_reasons_and_bind():
     elsewhere = inputs()
     elsewhere.state = elsewhere.state.to("meta")
     assert CpuOnly().unsupported(elsewhere) == "runs on cpu; inputs are on meta"
+
+    class TwoDevices(NaiveTorch):
+        name = "two-devices"
+        capabilities = Capabilities(devices=("cpu", "mps"))
+
+    assert TwoDevices().unsupported(elsewhere) == "runs on cpu/mps; inputs are on meta"
 
     class NeedsPackage(NaiveTorch):
         name = "needs-package"

@@ -51,8 +51,8 @@ def test_nbytes_literal():
 
 
 def test_make_inputs_is_seeded():
-    a, b = make_inputs(4, 2, 4, 16, 16, slot_pad=3), make_inputs(4, 2, 4, 16, 16, slot_pad=3, seed=0)
-    c = make_inputs(4, 2, 4, 16, 16, slot_pad=3, seed=1)
+    a, b = make_inputs(16, 2, 4, 16, 16, slot_pad=3, pad_rows=5), make_inputs(16, 2, 4, 16, 16, slot_pad=3, pad_rows=5, seed=0)
+    c = make_inputs(16, 2, 4, 16, 16, slot_pad=3, pad_rows=5, seed=1)
     for name, t in a.tensors().items():
         same = torch.equal(t, b.tensors()[name]) if name != "state" else torch.equal(a.pool_span(), b.pool_span())
         assert same, f"{name}: the default seed is 0 and the same seed gives the same inputs"
