@@ -72,6 +72,17 @@ def test_shapes_must_agree(name, mutate, pattern):
     expect_refusal(get("naive"), x, "shape", pattern)
 
 
+def test_flat_dt_bias_accepted():
+    """dt_bias may come as [HV*K], as models store it."""
+    from kda_impls import verify
+
+    x = inputs(K=16, HV=4)
+    x.dt_bias = x.dt_bias.reshape(-1).contiguous()
+    assert x.dt_bias.shape == (4 * 16,)
+    verdict = verify(get("naive"), x)
+    assert verdict.ok, verdict
+
+
 def test_state_shape_must_agree():
     x = inputs(slot_pad=0)
     x.state = x.state[:, :, :8]
