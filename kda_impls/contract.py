@@ -209,6 +209,12 @@ class Implementation:
         for name, t in x.tensors().items():
             if t.device != x.state.device:
                 self._fail("device", f"{name} must be on the state's device {x.state.device}; got {t.device}")
+            # The pool is updated in place and no implementation records a graph: autograd would
+            # refuse the in-place write (naive) or miss it silently (the Triton kernels).
+            if t.requires_grad:
+                self._fail("requires-grad", f"{name} must not require grad (decode updates the pool in place "
+                                            f"and records no graph); pass {name}.detach() or run under "
+                                            f"torch.no_grad()")
         for name, t in x.tensors().items():
             if name == "state":
                 continue

@@ -176,9 +176,19 @@ def test_atomic_write_survives_sigkill(tmp_path):
 
 
 def test_timing_statistics():
-    t = Timing([5.0, 1.0, 3.0, 2.0, 4.0], "perf_counter")
-    assert (t.n, t.median, t.p25, t.p75) == (5, 3.0, 2.0, 4.0)
-    assert all(math.isnan(x) for x in t.median_ci())  # 5 samples cannot give a 95% interval
+    # skewed samples, shuffled, in which mean, median and each quartile differ; expected values are
+    # worked out by hand (quartiles by linear interpolation between order statistics)
+    t = Timing([10.0, 1.0, 2.0, 4.0, 7.0, 3.0, 100.0, 5.0], "perf_counter")  # mean 16.5
+    assert (t.n, t.median, t.p25, t.p75) == (8, 4.5, 2.75, 7.75)
+    assert t.median_ci() == (1.0, 100.0)  # n=8: only [x(1), x(8)] covers >= 95% (1 - 2/2^8)
+    assert all(math.isnan(x) for x in Timing([5.0, 1.0, 3.0, 2.0, 4.0], "perf_counter").median_ci())  # 1 - 2/2^5 < 95%
+    # the squares 1..400 (mean 143.5): median 110.5, p25 25 + .75*11, p75 225 + .25*31; 95% interval of
+    # the median [x(6), x(15)] (P(Bin(20, 1/2) <= 5) = 0.021 <= 0.025 < P(<= 6)), whose farther end
+    # lies 114.5 above the median: converged within 1.04, not within 1.03
+    squares = Timing([float(k * k) for k in (7, 1, 20, 12, 3, 16, 9, 5, 18, 2, 14, 10, 6, 19, 4, 11, 15, 8, 13, 17)],
+                     "perf_counter")
+    assert (squares.median, squares.p25, squares.p75, squares.median_ci()) == (110.5, 33.25, 232.75, (36.0, 225.0))
+    assert squares.converged(1.04) and not squares.converged(1.03)
     tight = Timing(list(1.0 + np.linspace(-1e-4, 1e-4, 50)), "perf_counter")
     lo, hi = tight.median_ci()
     assert lo <= tight.median <= hi and tight.converged(0.01)

@@ -30,7 +30,7 @@ def expect_refusal(impl, x, rule, pattern):
     pool = x.pool_span().clone() if x.state.dim() == 4 else None
     with pytest.raises(ContractError) as err:
         impl.bind(x)
-    assert err.value.rule == rule
+    assert err.value.rule == rule and err.value.impl == impl.label
     assert str(err.value).startswith(impl.label + " ")
     assert re.search(pattern, str(err.value)), str(err.value)
     for n, t in x.tensors().items():
@@ -45,10 +45,16 @@ def test_valid_inputs_pass():
     Strict().check(inputs())
 
 
-def test_rank():
-    x = inputs()
-    x.q = x.q[:, 0].contiguous()
-    expect_refusal(get("naive"), x, "rank", r"q must be 3-D \[B, H, K\]; got shape \(4, 16\)")
+@pytest.mark.parametrize("name, want", [
+    ("q", r"3-D \[B, H, K\]"), ("k", r"3-D \[B, H, K\]"), ("v", r"3-D \[B, HV, V\]"), ("a", r"3-D \[B, HV, K\]"),
+    ("b", r"2-D \[B, HV\]"), ("state", r"4-D \[N, HV, V, K\]"),
+])
+def test_rank(name, want):
+    x = inputs(slot_pad=0)
+    t = getattr(x, name)
+    setattr(x, name, t[0].contiguous())
+    got = re.escape(str(tuple(t.shape[1:])))
+    expect_refusal(get("naive"), x, "rank", rf"^naive {name} must be {want}; got shape {got}$")
 
 
 @pytest.mark.parametrize("name, mutate, pattern", [
@@ -64,6 +70,17 @@ def test_shapes_must_agree(name, mutate, pattern):
     x = inputs()
     setattr(x, name, mutate(getattr(x, name)))
     expect_refusal(get("naive"), x, "shape", pattern)
+
+
+def test_flat_dt_bias_accepted():
+    """dt_bias may come as [HV*K], as models store it."""
+    from kda_impls import verify
+
+    x = inputs(K=16, HV=4)
+    x.dt_bias = x.dt_bias.reshape(-1).contiguous()
+    assert x.dt_bias.shape == (4 * 16,)
+    verdict = verify(get("naive"), x)
+    assert verdict.ok, verdict
 
 
 def test_state_shape_must_agree():
@@ -123,6 +140,34 @@ def test_state_inner_strides_compact():
                    r"got \(16384, 1, 128\) \(only the slot stride may be non-compact\)$")
 
 
+def padded_pool(x, row_pad=0, head_pad=0):
+    """``x``'s pool copied into a buffer whose V rows (``row_pad``) or heads (``head_pad``) carry
+    padding, a layout some serving engines allocate: the last stride is still 1."""
+    N, HV, V, K = x.state.shape
+    row = K + row_pad
+    head = V * row + head_pad
+    strides = (HV * head, head, row, 1)
+    buffer = torch.zeros(N * HV * head, dtype=x.state.dtype)
+    state = buffer.as_strided((N, HV, V, K), strides)
+    state.copy_(x.state)
+    return state
+
+
+@pytest.mark.parametrize("row_pad, head_pad, got", [
+    (8, 0, r"\(6144, 24, 1\)"),  # padded V rows: (HV*V*(K+8), V*(K+8), K+8, 1), the issue's layout
+    (0, 8, r"\(4104, 16, 1\)"),  # padded heads
+    (8, 8, r"\(6152, 24, 1\)"),
+])
+def test_state_inner_strides_padded(row_pad, head_pad, got):
+    """Only the slot stride may carry padding: a rule weakened to "last stride is 1" accepts these,
+    and the Triton kernel, which assumes compact [V, K] blocks, then decodes them wrong."""
+    x = make_inputs(3, 2, 2, 16, 256, slot_pad=0, pad_rows=1, seed=2)
+    x.state = padded_pool(x, row_pad, head_pad)
+    assert x.state.stride(-1) == 1
+    expect_refusal(get("naive"), x, "state-inner-strides",
+                   r"^naive state inner strides must be compact \(V\*K, K, 1\)=\(4096, 16, 1\); got " + got)
+
+
 def test_slots_must_not_overlap():
     x = inputs(slot_pad=0)
     x.state = x.state.as_strided(x.state.shape, (100, *x.state.stride()[1:]))
@@ -150,6 +195,8 @@ def test_base_alignment():
 def test_state_dtype():
     x = inputs(state_dtype=torch.float32)
     expect_refusal(Strict(), x, "state-dtype", r"state dtype must be bfloat16; got float32")
+    x.state = x.state.double()
+    expect_refusal(get("naive"), x, "state-dtype", r"state dtype must be bfloat16/float16/float32; got float64$")
 
 
 def test_k_equals_v():
@@ -183,9 +230,26 @@ def test_slot_duplicates():
     expect_refusal(get("naive"), x, "slot-duplicate", rf"got repeated slots \[{int(x.slots[0])}\]")
 
 
+def test_slot_duplicates_named_up_to_four():
+    x = inputs(B=10, pad_rows=0)
+    x.slots = torch.tensor([4, 0, 0, 1, 1, 2, 2, 3, 3, 4], dtype=torch.int32)
+    expect_refusal(get("naive"), x, "slot-duplicate", r"got repeated slots \[0, 1, 2, 3\]$")
+
+
 def test_repeated_padding_rows_are_fine():
     x = inputs(pad_rows=3)
     get("naive").check(x)
+
+
+@pytest.mark.parametrize("name", ["state", "q", "A_log"])
+def test_no_tensor_requires_grad(name):
+    """One rule for all: before it, naive raised torch's own in-place error on a pool that requires
+    grad while the Triton kernels updated it behind autograd's back."""
+    x = inputs()
+    setattr(x, name, getattr(x, name).detach().clone().requires_grad_(True))
+    for impl in (get("naive"), get("triton")):
+        expect_refusal(impl, x, "requires-grad",
+                       rf"{name} must not require grad .*; pass {name}\.detach\(\) or run under torch\.no_grad\(\)$")
 
 
 @pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
@@ -197,8 +261,13 @@ def test_scale(scale):
 
 def test_out_buffer():
     x = inputs()
-    with pytest.raises(ContractError, match=r"out must be a contiguous \(4, 2, 16\) bfloat16 tensor") as err:
+    with pytest.raises(ContractError, match=r"out must be a contiguous \(4, 2, 16\) bfloat16 tensor on cpu; "
+                                            r"got \(4, 2, 16\) float32 on cpu$") as err:
         get("naive").bind(x, out=torch.empty(4, 2, 16, dtype=torch.float32))
+    assert err.value.rule == "out"
+    strided = torch.empty(2, 16, 4, dtype=torch.bfloat16).permute(2, 0, 1)  # the right shape, not contiguous
+    with pytest.raises(ContractError, match=r"out must be a contiguous \(4, 2, 16\) bfloat16 tensor") as err:
+        get("naive").bind(x, out=strided)
     assert err.value.rule == "out"
 
 
@@ -211,6 +280,34 @@ def test_out_buffer_alignment():
         Strict().bind(x, out=aligned[8:].view(4, 2, 16))
     assert err.value.rule == "out"
     Strict().bind(x, out=aligned[:-8].view(4, 2, 16))  # aligned: accepted
+
+
+def test_capabilities_describe_themselves():
+    """The one-line summary `python -m kda_impls` and the sweep workers print."""
+    assert Capabilities().describe() == "devices cpu/cuda, state bfloat16/float32, K any, V any, GVA"
+    assert Strict().capabilities.describe() == ("devices cpu, state bfloat16, K 16/32, V 16/32 (K == V), "
+                                                "H == HV only, slot stride % 16, base % 32 B")
+    gpu = Capabilities(devices=("cuda",), k_values=(64, 128), min_compute_capability=(9, 0))
+    assert gpu.describe() == "devices cuda, state bfloat16/float32, K 64/128, V any, GVA, sm_90+"
+    pairs = Capabilities(slot_stride_multiple=2, base_alignment=2)
+    assert pairs.describe().endswith(", GVA, slot stride % 2, base % 2 B")
+    assert repr(Strict()) == f"<kda implementation 'strict': {Strict().capabilities.describe()}>"
+
+
+def test_package_version(tmp_path, monkeypatch):
+    from importlib import metadata
+
+    from kda_impls.contract import package_version
+
+    assert package_version("torch") == metadata.version("torch")
+    assert package_version("surely-not-installed-kda-dist") == "not installed"
+    assert package_version("surely-not-installed-kda-dist", "surely_not_installed_kda_module") == "not installed"
+    # a source tree without package metadata (as FlashInfer can be deployed): its __version__, else "unknown"
+    (tmp_path / "kda_source_tree_pkg.py").write_text("__version__ = '1.2.3'\n")
+    (tmp_path / "kda_source_tree_bare.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert package_version("surely-not-installed-kda-dist", "kda_source_tree_pkg") == "1.2.3"
+    assert package_version("surely-not-installed-kda-dist", "kda_source_tree_bare") == "unknown"
 
 
 def test_unsupported_reasons_and_bind():
@@ -226,8 +323,50 @@ def test_unsupported_reasons_and_bind():
     with pytest.raises(Unsupported, match=f"gpu-only: {reason}"):
         GpuOnly().bind(inputs())
 
+    class CpuOnly(NaiveTorch):
+        name = "cpu-only"
+        capabilities = Capabilities(devices=("cpu",), min_compute_capability=(9, 0))  # a GPU minimum: moot here
+
+    assert CpuOnly().unsupported(inputs()) is None
+    elsewhere = inputs()
+    elsewhere.state = elsewhere.state.to("meta")
+    assert CpuOnly().unsupported(elsewhere) == "runs on cpu; inputs are on meta"
+
+    class TwoDevices(NaiveTorch):
+        name = "two-devices"
+        capabilities = Capabilities(devices=("cpu", "mps"))
+
+    assert TwoDevices().unsupported(elsewhere) == "runs on cpu/mps; inputs are on meta"
+
     class NeedsPackage(NaiveTorch):
         name = "needs-package"
         capabilities = Capabilities(packages=("surely_not_installed_kda_pkg",))
 
     assert NeedsPackage().unsupported(inputs()).startswith("package not installed: surely_not_installed_kda_pkg")
+
+
+def test_decode_allocates_the_output():
+    """Without an out buffer, bind allocates one: [B, HV, V] in v's dtype on the inputs' device."""
+    from kda_impls import reference, rel_err
+
+    x = inputs(state_dtype=torch.float32)
+    ref_out, _ = reference(x)
+    out = get("naive").decode(x)
+    assert out.shape == (4, 2, 16) and out.dtype == torch.bfloat16 and out.device == x.device
+    assert rel_err(out, ref_out) < 1e-2
+
+
+@pytest.mark.gpu
+def test_minimum_compute_capability_on_gpu():
+    x = make_inputs(2, 1, 1, 16, 16, device="cuda", seed=1)
+    cc = torch.cuda.get_device_capability()
+
+    class Needs(NaiveTorch):
+        name = "needs-cc"
+
+        def __init__(self, minimum):
+            self.capabilities = Capabilities(min_compute_capability=minimum)
+
+    assert Needs(cc).unsupported(x) is None
+    assert Needs((cc[0] + 1, 0)).unsupported(x) == \
+        "needs compute capability >= %d.0; this GPU is %d.%d" % (cc[0] + 1, *cc)

@@ -44,6 +44,8 @@ def brute_force(x):
         (dict(B=4, H=1, HV=4, K=8, V=16), dict(slot_pad=5, pad_rows=1)),  # GVA, K != V, padded pool
         (dict(B=2, H=2, HV=4, K=16, V=4), dict(state_dtype=torch.float32, pad_rows=2)),  # all rows padding
         (dict(B=2, H=1, HV=2, K=8, V=8), dict(scale=0.3, flat_dt_bias=True)),  # explicit scale, [HV*K] dt_bias
+        # GVA with H > 1 and live rows: the only case where hv // (HV // H), hv % H and hv // H all differ
+        (dict(B=3, H=2, HV=6, K=8, V=8), dict(slot_pad=2, pad_rows=1)),
     ],
 )
 def test_reference_matches_brute_force(shape, kw):
