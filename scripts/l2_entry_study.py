@@ -11,8 +11,13 @@ times, with one clock (CUPTI, kda_impls.bench.cupti) and the same inputs, each s
 - ``clean``, ``dirty``: after the harness's read or write of 3x the L2 (kda_impls.bench.timing);
 - ``previous-step``: cycling over the rotation's input sets, no op between.
 For each synthetic state it reports |state / decode-layer - 1| per row and its mean, and prints the
-closest (the harness's default should be that one: docs/timing.md). Writes DIR/l2_entry.csv,
-DIR/l2_entry.md, DIR/meta.json.
+closest. Writes DIR/l2_entry.csv, DIR/l2_entry.md, DIR/meta.json.
+
+What the harness can measure is another matter (an op between timed calls is taken out by
+subtraction, which charges a call the write-back of its dirty lines: docs/timing.md), so a second
+form, which needs no GPU, sets a sweep's kernel times against the study's decode-layer figures:
+
+    python3 scripts/l2_entry_study.py --report results/h200/l2-entry --against results/h200/published/a1
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls.bench.config import Config  # noqa: E402
 from kda_impls.bench.cupti import kernels_of, step_durations  # noqa: E402
-from kda_impls.bench.results import environment, write_meta  # noqa: E402
+from kda_impls.bench.results import environment, load, write_meta  # noqa: E402
 from kda_impls.bench.timing import entry_op, rotation_plan  # noqa: E402
 from kda_impls.registry import get  # noqa: E402
 
@@ -69,16 +74,43 @@ def study_row(cfg: Config, device, calls: int) -> dict:
     return row
 
 
+def against(study_dir: Path, sweep_dir: Path) -> int:
+    """The sweep's kernel times (its L2 entry state) over the study's decode-layer CUPTI figures, on
+    the points both have; appended to the study's l2_entry.md as a section of its own."""
+    study = pd.read_csv(study_dir / "l2_entry.csv")
+    study = study[study.status == "ok"][["impl", "state_dtype", "B", "decode-layer"]]
+    sweep = load(sweep_dir).ok
+    sweep = sweep[(sweep.H == 32) & (sweep.HV == 32) & (sweep.K == 128) & (sweep.V == 128) & (sweep["T"] == 1)
+                  & (sweep.slot_pad == 0) & (sweep.pad_rows == 0)]
+    both = study.merge(sweep[["impl", "state_dtype", "B", "kernel_us_median", "l2_entry"]], on=["impl", "state_dtype", "B"])
+    both["harness_over_decode_layer"] = both.kernel_us_median / both["decode-layer"]
+    heading = f"## The harness ({sweep_dir}) against the decode layer"
+    text = "\n\n".join([
+        heading,
+        f"kernel_us_median: the sweep's kernel time in its L2 entry state; decode-layer: this study's CUPTI figure. "
+        f"Mean |harness / decode-layer - 1|: {(both.harness_over_decode_layer - 1).abs().mean():.1%} over {len(both)} rows.",
+        both.to_markdown(index=False, floatfmt=".3f")]) + "\n"
+    report = study_dir / "l2_entry.md"
+    kept = report.read_text().split(heading)[0].rstrip() + "\n\n" if report.exists() else ""
+    report.write_text(kept + text)
+    print(text)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="the study's directory (measuring)")
+    parser.add_argument("--report", type=Path, help="a study's directory, with --against (no GPU)")
+    parser.add_argument("--against", type=Path, help="a sweep directory to set against the study")
     parser.add_argument("--impls", default="triton,fla,flashinfer")
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated (default %(default)s)")
     parser.add_argument("--state-dtypes", default="bfloat16,float32")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
+    if args.report:
+        return against(args.report, args.against)
     device = torch.device(args.device)
     started = time.perf_counter()
     rows = []

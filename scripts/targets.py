@@ -54,10 +54,14 @@ def latency_table(ok: pd.DataFrame) -> pd.DataFrame:
 def engine_table(ok: pd.DataFrame) -> pd.DataFrame:
     """The configurations serving engines call today, each by name."""
     engines = flat(ok)[flat(ok).engine_call.fillna("").astype(str) != ""]
-    engines = engines.assign(column=engines.impl + " (" + engines.engine_call + ") "
-                             + engines.state_dtype.map(dtypes.short),
+    engines = engines.assign(column=engines.impl + " " + engines.state_dtype.map(dtypes.short),
                              cell=[f"{r.kernel_us_median:.2f} us ({r.roofline_frac:.0%})" for r in engines.itertuples()])
     return engines.pivot_table(index=POINT[1:], columns="column", values="cell", aggfunc="first").fillna("-")
+
+
+def engine_legend(ok: pd.DataFrame) -> str:
+    calls = ok[ok.engine_call.fillna("").astype(str) != ""].drop_duplicates("impl")
+    return "\n".join(f"- `{r.impl}`: {r.engine_call}" for r in calls.itertuples())
 
 
 def verdict(passed: pd.Series) -> str:
@@ -154,7 +158,8 @@ def main() -> None:
         + "\n".join(f"- {name}: {result}" for name, result in summary.items()),
         "## Each library at its best variant (share of copy bandwidth), unpadded pools\n\n"
         + latency_table(ok).to_markdown(),
-        *(["## The calls serving engines make today\n\n" + engines.to_markdown()] if len(engines) else []),
+        *(["## The calls serving engines make today\n\n" + engine_legend(ok) + "\n\n" + engines.to_markdown()]
+          if len(engines) else []),
         *sections,
     ]) + "\n"
     (args.dir / "targets.md").write_text(text)

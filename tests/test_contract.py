@@ -284,9 +284,9 @@ def test_out_buffer_alignment():
 
 def test_capabilities_describe_themselves():
     """The one-line summary `python -m kda_impls` and the sweep workers print."""
-    assert Capabilities().describe() == "devices cpu/cuda, state bfloat16/float32, K any, V any, GVA"
+    assert Capabilities().describe() == "devices cpu/cuda, state bfloat16/float32, K any, V any, GVA, T = 1 only"
     assert Strict().capabilities.describe() == ("devices cpu, state bfloat16, K 16/32, V 16/32 (K == V), "
-                                                "H == HV only, slot stride % 16, base % 32 B")
+                                                "H == HV only, T = 1 only, slot stride % 16, base % 32 B")
     gpu = Capabilities(devices=("cuda",), k_values=(64, 128), min_compute_capability=(9, 0))
     assert gpu.describe() == "devices cuda, state bfloat16/float32, K 64/128, V any, GVA, sm_90+"
     pairs = Capabilities(slot_stride_multiple=2, base_alignment=2)

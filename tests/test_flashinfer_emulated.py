@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from kda_impls import make_inputs, reference, rel_err, verify
-from kda_impls.impls.flashinfer_kda import FlashInferKDA
+from kda_impls.impls.flashinfer_kda import FlashInferKDA, FlashInferLogGate, FlashInferLogGateSigmoid, FlashInferSigmoid
 
 
 def recurrent_kda_as_documented(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
@@ -99,11 +99,14 @@ def recurrent_kda_as_documented(q, k, v, g, beta, A_log=None, dt_bias=None, scal
     return out, None
 
 
-class FlashInferOnCpu(FlashInferKDA):
-    """The adapter unchanged, let onto the CPU, where the emulation stands in for the library."""
-
-    capabilities = dataclasses.replace(FlashInferKDA.capabilities, devices=("cpu",), min_compute_capability=None,
+def on_cpu(variant: type) -> FlashInferKDA:
+    """The adapter variant unchanged, let onto the CPU, where the emulation stands in for the library."""
+    capabilities = dataclasses.replace(variant.capabilities, devices=("cpu",), min_compute_capability=None,
                                        packages=("flashinfer",))
+    return type(f"{variant.__name__}OnCpu", (variant,), {"capabilities": capabilities})()
+
+
+FlashInferOnCpu = type(on_cpu(FlashInferKDA))
 
 
 @pytest.fixture
@@ -127,13 +130,20 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_adapter_arguments_compute_the_reference(emulated_flashinfer, case):
-    impl = FlashInferOnCpu()
+@pytest.mark.parametrize("variant", [FlashInferKDA, FlashInferSigmoid, FlashInferLogGate, FlashInferLogGateSigmoid])
+def test_adapter_arguments_compute_the_reference(emulated_flashinfer, case, variant):
+    """Every packed variant's arguments compute the reference where the variant runs; the in-kernel
+    gate variants refuse GVA (the library reads the gate parameters per q/k head)."""
+    impl = on_cpu(variant)
     case = dict(case)
     scale = case.pop("scale", None)
     x = make_inputs(**case, seed=12)
     x.scale = scale
-    assert impl.unsupported(x) is None  # the adapter's own reasons, with the emulation importable
+    reason = impl.unsupported(x)  # the adapter's own reasons, with the emulation importable
+    if x.H != x.HV and variant.gate_in_kernel:
+        assert reason is not None and "per q/k head" in reason
+        return
+    assert reason is None
     verdict = verify(impl, x)
     assert verdict.ok, verdict
 

@@ -46,7 +46,8 @@ def test_latency_table_takes_each_library_at_its_best_variant():
     assert latency.loc[(32, 128, 128, 64), "flashinfer bf16"] == "38.00 us (85%) flashinfer-dense"
     assert latency.loc[(32, 128, 128, 16), "flashinfer bf16"] == "12.00 us (70%)"
     engines = targets.engine_table(table())
-    assert list(engines.columns) == ["flashinfer (SGLang) bf16"] and engines.loc[(32, 128, 128, 64)].iloc[0] == "40.00 us (80%)"
+    assert list(engines.columns) == ["flashinfer bf16"] and engines.loc[(32, 128, 128, 64)].iloc[0] == "40.00 us (80%)"
+    assert targets.engine_legend(table()) == "- `flashinfer`: SGLang"
 
 
 def test_readme_block_is_replaced(tmp_path):

@@ -68,7 +68,7 @@ def case(**kw):
     (nan_in_state, r"^state error nan > 1e-02$"),  # NaN state is not <= tol: `err > tol` lets it pass
     (state_off, r"^state error .* > 1e-02$"),
     (output_off, r"^output error .* > 1e-02$"),
-    (nonzero_padding_rows, r"^rows with slot -1 must output zeros$"),
+    (nonzero_padding_rows, r"^rows with slot -1 must output zeros \(padding rows: the slot they start from is -1\)$"),
     (padding_rows_unwritten, r"^\d+ output elements NaN \(unwritten or invalid\)$"),
 ])
 def test_each_check_catches_its_bug(bug, problem):

@@ -196,7 +196,12 @@ class Sweep:
                 return
             if self.cooldown_s:
                 time.sleep(self.cooldown_s)
-            row = self._measure(cfg, device, copy_bw)
+            try:
+                row = self._measure(cfg, device, copy_bw)
+            except Exception:
+                if self.stopping.is_set():  # its worker was stopped under it by the interrupt
+                    return
+                raise
             if self.stopping.is_set():  # killed by the interrupt: not a result
                 return
             write_row(self.out_dir, row | {"device": row.get("device") or device, "host": platform.node()})
