@@ -288,9 +288,9 @@ def test_capabilities_describe_themselves():
     assert Strict().capabilities.describe() == ("devices cpu, state bfloat16, K 16/32, V 16/32 (K == V), "
                                                 "H == HV only, T = 1 only, slot stride % 16, base % 32 B")
     gpu = Capabilities(devices=("cuda",), k_values=(64, 128), min_compute_capability=(9, 0))
-    assert gpu.describe() == "devices cuda, state bfloat16/float32, K 64/128, V any, GVA, sm_90+"
+    assert gpu.describe() == "devices cuda, state bfloat16/float32, K 64/128, V any, GVA, T = 1 only, sm_90+"
     pairs = Capabilities(slot_stride_multiple=2, base_alignment=2)
-    assert pairs.describe().endswith(", GVA, slot stride % 2, base % 2 B")
+    assert pairs.describe().endswith(", GVA, T = 1 only, slot stride % 2, base % 2 B")
     assert repr(Strict()) == f"<kda implementation 'strict': {Strict().capabilities.describe()}>"
 
 
