@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.stats import mannwhitneyu
 
 from helpers import EXISTING, MACHINE, REPO, asv_env, register_machine, run_asv, write_sweep_dir
 from kda_impls import regress
@@ -366,7 +367,7 @@ def test_rows_timed_on_the_cpu_are_never_judged():
 
 def sweep_dir_with_placements(path: Path, rows: dict[Config, list[float]], **meta) -> Path:
     """Sweep rows whose three placements are the thirds of their samples."""
-    out = write_sweep_dir(path, rows, {"gpu": "NVIDIA H200"} | meta)
+    out = write_sweep_dir(path, rows, {"gpu": "NVIDIA H200"} | meta)  # meta may name another gpu
     table = pd.read_csv(out / "results.csv")
     for cfg, samples in rows.items():
         medians = [float(np.median(third)) for third in np.array_split(np.asarray(samples), 3)]
@@ -409,3 +410,114 @@ def test_two_cpu_sweeps_of_one_commit_pass_the_gate(tmp_path):
         assert done.returncode == 0, done.stderr
     code, report, out = gate(tmp_path, tmp_path / "a", tmp_path / "b", cli=True)
     assert code == 0 and report["counts"]["slower"] == 0 and report["counts"]["unsure"] == 4, out
+
+
+def test_five_samples_a_side_can_decide_and_four_cannot():
+    """The smallest two-sided Mann-Whitney p is 2 / C(n+m, n): 0.0079 for 5 against 5, under 0.01;
+    0.029 for 4 against 4."""
+    assert regress.verdict(measurement(10.0, n=5), measurement(12.0, n=5), 0.05, 0.01)[0] == "slower"
+    assert regress.verdict(measurement(10.0, n=4), measurement(12.0, n=4), 0.05, 0.01)[0] == "unsure"
+
+
+def test_one_side_with_samples_or_intervals_only_is_not_tested_on_them():
+    """Samples (or asv's intervals) on one side only cannot be compared: the other evidence is used,
+    else the benchmark is unsure."""
+    with_samples, without = measurement(10.0), measurement(20.0, n=0, spread=None)
+    assert regress.verdict(with_samples, without, 0.05, 0.01)[:3:2] == ("unsure", "too few samples (60 vs 0)")
+    a = regress.Measurement(10.0, ci99=(9.0, 11.0))
+    b = regress.Measurement(20.0)
+    assert regress.verdict(a, b, 0.05, 0.01)[0] == "unsure"
+    assert regress.verdict(b, a, 0.05, 0.01)[0] == "unsure"
+
+
+@pytest.mark.parametrize("ci_a, ci_b, significant", [
+    ((9.0, 11.0), (11.5, 13.0), True),   # apart
+    ((9.0, 11.0), (11.0, 13.0), False),  # touching: they share a value
+    ((9.0, 14.0), (11.0, 12.0), False),  # B's inside A's
+    ((11.0, 12.0), (9.0, 14.0), False),  # A's inside B's
+    ((11.5, 13.0), (9.0, 11.0), True),   # apart, B lower
+])
+def test_confidence_intervals_stand_in_for_missing_samples(ci_a, ci_b, significant):
+    a = regress.Measurement(sum(ci_a) / 2, ci99=ci_a)
+    b = regress.Measurement(sum(ci_b) / 2, ci99=ci_b)
+    assert regress._significance(a, b, 0.01) == (significant, None, "ci99-overlap")
+
+
+def test_the_comparison_table_row_by_row():
+    """Every column of every row, and the order (what needs attention first: by status, then the
+    largest ratio), for one benchmark of each status."""
+    fixed = tuple(np.linspace(9.9, 10.1, 10))
+    a = regress.ResultSet("a", "asv", "m", {
+        "same": regress.Measurement(10.0, fixed, (9.9, 10.1), version="1"),
+        "slower": regress.Measurement(10.0, fixed, (9.9, 10.1), version="1"),
+        "slowest": regress.Measurement(10.0, fixed, (9.9, 10.1), version="1"),
+        "faster": regress.Measurement(10.0, fixed, (9.9, 10.1), version="1"),
+        "missing": regress.Measurement(10.0, fixed, version="1"),
+        "incomparable": regress.Measurement(10.0, fixed, version="1"),
+    })
+    b = regress.ResultSet("b", "asv", "m", {
+        "same": regress.Measurement(10.0, fixed, (9.9, 10.1), version="1"),
+        "slower": regress.Measurement(12.0, tuple(1.2 * x for x in fixed), (11.9, 12.1), version="1"),
+        "slowest": regress.Measurement(15.0, tuple(1.5 * x for x in fixed), (14.9, 15.1), version="1"),
+        "faster": regress.Measurement(8.0, tuple(0.8 * x for x in fixed), (7.9, 8.1), version="1"),
+        "new": regress.Measurement(10.0, fixed[:3], version="1"),
+        "incomparable": regress.Measurement(10.0, fixed, version="2"),
+    })
+    table = regress.compare(a, b)
+    p = float(mannwhitneyu(fixed, [1.2 * x for x in fixed], alternative="two-sided").pvalue)
+    same_p = float(mannwhitneyu(fixed, fixed, alternative="two-sided").pvalue)
+    rows = table.astype({"status": str}).to_dict("records")
+    base = dict(threshold=0.05, median_a=10.0, n_a=10, n_b=10)
+    expected = [
+        dict(base, benchmark="slowest", status="slower", ratio=1.5, p=p, median_b=15.0, test="mann-whitney"),
+        dict(base, benchmark="slower", status="slower", ratio=1.2, p=p, median_b=12.0, test="mann-whitney"),
+        dict(base, benchmark="faster", status="faster", ratio=0.8, p=p, median_b=8.0, test="mann-whitney"),
+        dict(base, benchmark="incomparable", status="incomparable", ratio=None, p=None, median_b=10.0,
+             test="version 1 != 2"),
+        dict(base, benchmark="new", status="new", ratio=None, p=None, median_a=None, n_a=0, median_b=10.0, n_b=3,
+             test=None),
+        dict(base, benchmark="missing", status="missing", ratio=None, p=None, median_b=None, n_b=0, test=None),
+        dict(base, benchmark="same", status="same", ratio=1.0, p=same_p, median_b=10.0, test="mann-whitney"),
+    ]
+    assert list(table.columns) == ["benchmark", "status", "ratio", "threshold", "p", "median_a", "median_b", "n_a",
+                                   "n_b", "test"]
+    assert len(rows) == len(expected)
+    for got, want in zip(rows, expected):
+        got = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in got.items()}
+        assert got.keys() == want.keys() and got["benchmark"] == want["benchmark"], (got, want)
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value) if isinstance(value, float) else got[key] == value, (key, got, want)
+
+
+def test_what_an_asv_file_and_a_sweep_directory_read_as(tmp_path):
+    """The fields the gate reads, from each form: source, kind, machine, names, medians, samples,
+    spreads (asv: the samples' range; sweeps: the placement columns), intervals (none from a single
+    sample), timer; and the unreadable files named in the error."""
+    path = asv_file(tmp_path / "a.json", {("'triton'", "1"): [3.0, 1.0, 2.0], ("'naive'", "1"): [5.0]},
+                    machine="nvidia-h200")
+    loaded = regress.load(path)
+    assert (loaded.source, loaded.kind, loaded.machine) == (str(path), "asv", "nvidia-h200")
+    triton, naive = loaded.measurements[name("triton", 1)], loaded.measurements[name("naive", 1)]
+    assert (triton.median, triton.samples, triton.spread, triton.version) == (2.0, (3.0, 1.0, 2.0), (1.0, 3.0), "v1")
+    assert triton.ci99 is not None and naive.ci99 is None  # one sample: no interval
+    assert (naive.median, naive.samples, naive.spread) == (5.0, (5.0,), None)
+    unparametrised = tmp_path / "u.json"
+    data = json.loads(path.read_text())
+    data["results"] = {"decode.Track.track_x": [[7.0], None, "v1"]}
+    unparametrised.write_text(json.dumps(data))
+    assert list(regress.load(unparametrised).measurements) == ["decode.Track.track_x"]
+    not_asv = tmp_path / "b.json"
+    not_asv.write_text(json.dumps({"results": {}}))
+    with pytest.raises(regress.InputError, match=rf"^{not_asv}: not an asv result file \(no 'result_columns'\)$"):
+        regress.load(not_asv)
+
+    sweep = sweep_dir_with_placements(tmp_path / "s", {TRITON: microseconds(0)}, gpu="NVIDIA H200")
+    loaded = regress.load(sweep)
+    assert (loaded.source, loaded.kind, loaded.machine) == (str(sweep), "sweep", "NVIDIA H200")
+    (m,) = loaded.measurements.values()
+    assert m.timer == "cuda-graph" and len(m.samples) == 60 and m.spread[0] <= m.median <= m.spread[1]
+    with pytest.raises(regress.InputError, match=rf"^{tmp_path / 'none'}: no such file or directory$"):
+        regress.load(tmp_path / "none")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(regress.InputError, match=r"results.csv: missing"):
+        regress.load(tmp_path / "empty")
