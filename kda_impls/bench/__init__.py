@@ -5,7 +5,7 @@ results/README.md documents the output)."""
 from .case import COLUMNS, STATUSES, Method, run_case
 from .config import Config, PoolLayout
 from .roofline import copy_bandwidth
-from .timing import DEFAULT_ENTRY, ENTRY_STATES, Budget, Timing, call_time, flush_l2, kernel_time, l2_bytes
+from .timing import DEFAULT_ENTRY, ENTRY_STATES, Budget, Timing, call_time, kernel_time, l2_bytes
 
 __all__ = ["COLUMNS", "DEFAULT_ENTRY", "ENTRY_STATES", "STATUSES", "Budget", "Config", "Method", "PoolLayout",
-           "Timing", "call_time", "copy_bandwidth", "flush_l2", "kernel_time", "l2_bytes", "run_case"]
+           "Timing", "call_time", "copy_bandwidth", "kernel_time", "l2_bytes", "run_case"]

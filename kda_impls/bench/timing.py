@@ -4,7 +4,7 @@
 launcher of the placement's input sets, repeated until it lasts ~0.5 ms) is captured in a CUDA graph
 and events bracket each replay, which is divided by its calls: events between calls would add a
 dependent-launch gap of their own to each (2.2-3.0 us on the H200 against CUPTI's kernel durations,
-results/h200/sanity). The L2 state a call starts from (:data:`ENTRY_STATES`) is made by the
+results/h200/timing-method/events-per-call). The L2 state a call starts from (:data:`ENTRY_STATES`) is made by the
 rotation itself, or by an op before each call, whose time is taken out by timing passes of the op
 alone in the same batch. A row is timed on several *placements* (fresh allocations behind a spacer
 of random size, so that the pools land on other pages); the kernel time is the median over
@@ -182,13 +182,6 @@ def entry_op(entry: str, device) -> Callable[[], None] | None:
     if entry == "clean":
         return lambda: torch.sum(buffer, dim=0, out=total)
     return lambda: buffer.fill_(1.0)
-
-
-def flush_l2(device) -> None:
-    """Evict the L2 with dirty lines of a buffer 3x its size, queued on the current stream (no-op on CPU)."""
-    flush = entry_op("dirty", device)
-    if flush is not None:
-        flush()
 
 
 def _sync(device: torch.device) -> None:
