@@ -106,7 +106,7 @@ class Implementation:
     :meth:`_extra_unsupported` (reasons beyond the declared capabilities) and :meth:`versions`.
 
     One library's kernel is often registered several times, once per legal way of calling it for
-    our semantics (a variant), because the calling convention alone can move its time by 20%.
+    our semantics (a variant), because the calling convention alone moves its time (docs/findings.md).
     ``library`` groups them (what "best per library" picks among; default ``name``), ``variant``
     says in one line how this one calls the kernel and what it costs in accuracy, and
     ``engine_call`` names the serving engines that call the library this way today (empty if

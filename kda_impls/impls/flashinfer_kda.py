@@ -1,13 +1,14 @@
 """FlashInfer's CuTe-DSL recurrent KDA decode (flashinfer-python >= 0.7.2), in each of its legal
 calling conventions for our semantics.
 
-One kernel, several calls: on the H200 the same ``recurrent_kda`` launch takes up to 20% longer
-with the gate and the beta sigmoid in the kernel than with both precomputed, for identical
-results. Each way of calling it is therefore its own registered implementation (a variant); the
-class attributes ``gate_in_kernel``, ``beta_in_kernel`` and ``form`` say which. Work a variant
-does before the library call (precomputing the gate or sigmoid(beta): one Triton launch,
-:mod:`kda_impls.impls.precompute`) is inside its launcher, so every variant is timed on the whole
-step from the same raw inputs.
+One kernel, several calls: on the H200 the same ``recurrent_kda`` launch takes longer with the gate
+and the beta sigmoid in the kernel than with both precomputed, for identical results, at large
+batches (``results/h200/published/variants-flashinfer.md``; shorter at small ones, where the
+precompute launch costs more than it saves). Each way of calling it is therefore its own
+registered implementation (a variant); the class attributes ``gate_in_kernel``, ``beta_in_kernel``
+and ``form`` say which. Work a variant does before the library call (precomputing the gate or
+sigmoid(beta): one Triton launch, :mod:`kda_impls.impls.precompute`) is inside its launcher, so
+every variant is timed on the whole step from the same raw inputs.
 
 What the adapter relies on, from flashinfer-python 0.7.2.post1's source:
 
