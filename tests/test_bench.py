@@ -343,16 +343,14 @@ def test_clock_summary_flags_slowdown_reasons_only():
     assert clocks.gpu_limits("cpu") == {}
 
 
-def test_config_key_layout_and_batch_scaling():
+def test_config_key_layout_and_inputs():
     layout = PoolLayout(slot_pad=16, slots_per_row=2, slot_order="sorted", placements=5)
     cfg = Config("triton", B=64, H=16, HV=32, K=128, V=128, state_dtype="float32", pad_rows=8, layout=layout)
     assert cfg.key() == "triton_B64_H16_HV32_K128_V128_T1_float32_padrows8_slotpad16_spr2_sorted_pl5"
     assert replace(cfg, T=4, checkpoints="last").key().startswith("triton_B64_H16_HV32_K128_V128_T4last_float32")
     assert replace(cfg, checkpoints="last").checkpoints == "all"  # one token: one spelling
     assert Config.from_columns(cfg.columns() | {"status": "ok"}) == cfg
-    assert cfg.at_batch(8).pad_rows == 1 and cfg.at_batch(1).pad_rows == 0
-    assert Config("naive", 4, 1, 1, 8, 8, pad_rows=4).at_batch(2).pad_rows == 2
-    x = cfg.at_batch(4).make_inputs("cpu")
+    x = replace(cfg, B=4, pad_rows=1).make_inputs("cpu")
     assert x.state.dtype == torch.float32 and x.slot_stride == 32 * 128 * 128 + 16 and int((x.slots < 0).sum()) == 1
     assert x.N == 8 and x.slots[x.slots >= 0].tolist() == sorted(x.slots[x.slots >= 0].tolist())
     for bad, match in ((dict(slot_pad=-1), "slot_pad"), (dict(slots_per_row=0), "slots_per_row"),

@@ -3,8 +3,7 @@ lie in memory (:class:`PoolLayout`)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -100,16 +99,6 @@ class Config:
                            state_dtype=self.torch_state_dtype, slot_pad=self.layout.slot_pad, n_slots=n_slots,
                            pad_rows=self.pad_rows, sorted_slots=self.layout.slot_order == "sorted", device=device,
                            seed=seed)
-
-    def at_batch(self, B: int) -> "Config":
-        """This configuration at batch ``B``, keeping the share of padding rows (and at least one
-        padding row and one live row where the original has them)."""
-        if B == self.B:
-            return self
-        pad_rows = math.ceil(self.pad_rows * B / self.B)
-        if self.pad_rows < self.B:
-            pad_rows = min(pad_rows, B - 1)
-        return replace(self, B=B, pad_rows=pad_rows)
 
 
 def _plain(value):
