@@ -1,7 +1,9 @@
 """What several test modules share: loading a script of scripts/ as a module; running asv from
 tests (this interpreter as the existing environment, a throwaway HOME for the machine file
 ~/.asv-machine.json, and this checkout importable in the benchmark processes); and sweep result
-directories written by the sweep's own writer, so that readers are tested against the real format."""
+directories written by the sweep's own writer, so that readers are tested against the real format;
+and the check that an implementation replayed from a CUDA graph (as the harness times it) takes
+the eager call's step."""
 
 from __future__ import annotations
 
@@ -14,10 +16,12 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import torch
 
 from kda_impls.bench.config import Config
 from kda_impls.bench.case import COLUMNS
 from kda_impls.bench.results import assemble, write_meta, write_row
+from kda_impls import DecodeInputs, get
 
 REPO = Path(__file__).resolve().parents[1]
 MACHINE = "cpu-ci"
@@ -77,3 +81,29 @@ def write_sweep_dir(path: Path, rows: dict[Config, list[float] | str], meta: dic
     assemble(path)
     write_meta(path, meta)
     return path
+
+
+def assert_graph_replay_takes_eager_step(name: str, x: DecodeInputs) -> torch.Tensor:
+    """Runs implementation ``name`` eagerly on ``x`` and from a captured CUDA graph on a clone of
+    it, and asserts that the replay's output and every byte of its pool span equal the eager
+    call's. The launcher is warmed up on a side stream before capture (a library compiles and
+    caches on its first call) and the warm-up's step undone, so the replay takes the same step.
+    Returns the eager output."""
+    y = x.clone()
+    eager = get(name).bind(x)()
+    launch = get(name).bind(y)
+    original = y.pool_span().clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launch()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = launch()
+    y.pool_span().copy_(original)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    assert torch.equal(y.pool_span().view(torch.int16), x.pool_span().view(torch.int16))
+    return eager

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from test_fla import fla_calls  # noqa: F401 (a fixture: the spy on the adapter's calls into fla)
+from helpers import assert_graph_replay_takes_eager_step
 from test_multitoken import with_gaps
 
 from kda_impls import get, make_inputs, reference, rel_err, verify
@@ -274,22 +275,6 @@ def test_h200_grid(name, T, B, checkpoints):
 @pytest.mark.parametrize("name", ["fla", "fla-loggate-sigmoid"])
 def test_capture_in_a_cuda_graph(name):
     x = with_gaps(make_inputs(16, 8, 16, 128, 128, T=4, slot_pad=64, pad_rows=2, device="cuda", seed=52))
-    y = x.clone()
     ref_out, _ = reference(x)  # before the eager step updates x's pool
-    eager = get(name).bind(x)()
-    launch = get(name).bind(y)
-    original = y.pool_span().clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        launch()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = launch()
-    y.pool_span().copy_(original)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
-    assert torch.equal(y.pool_span().view(torch.int16), x.pool_span().view(torch.int16))
+    eager = assert_graph_replay_takes_eager_step(name, x)
     assert rel_err(eager[x.live_rows()], ref_out[x.live_rows()]) <= 1e-2

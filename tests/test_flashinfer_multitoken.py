@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import assert_graph_replay_takes_eager_step
 from test_multitoken import with_gaps
 
 from kda_impls import Unsupported, get, make_inputs, reference, rel_err, verify
@@ -369,21 +370,4 @@ def test_capture_in_a_cuda_graph(name):
     dense = get(name).form == "dense"
     layout = dict(n_slots=64, sorted_slots=True) if dense else dict(slot_pad=16, pad_rows=2)
     x = make_inputs(16, 16, 16, 128, 128, T=4, **layout, device="cuda", seed=76)
-    x = runnable(name, x if dense else interior_gaps(x))
-    y = x.clone()
-    eager = get(name).bind(x)()
-    launch = get(name).bind(y)
-    original = y.pool_span().clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        launch()  # the library compiles on its first call
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = launch()
-    y.pool_span().copy_(original)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
-    assert torch.equal(y.pool_span().view(torch.int16), x.pool_span().view(torch.int16))
+    assert_graph_replay_takes_eager_step(name, runnable(name, x if dense else interior_gaps(x)))

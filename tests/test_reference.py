@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from test_multitoken import with_gaps
+
 from kda_impls import make_inputs, reference
 
 
@@ -60,8 +62,11 @@ def test_reference_matches_brute_force(shape, kw):
     torch.testing.assert_close(rows, want_rows, rtol=1e-10, atol=1e-12)
 
 
-def test_reference_is_pure():
-    x = make_inputs(4, 2, 4, 16, 16, slot_pad=3, pad_rows=1, seed=5)
+@pytest.mark.parametrize("T", [1, 4])
+def test_reference_is_pure(T):
+    x = make_inputs(4, 2, 4, 16, 16, T=T, slot_pad=3, pad_rows=1, seed=5)
+    if T > 1:
+        x = with_gaps(x)  # tokens whose state is not stored: still nothing written
     snapshot = {n: t.clone() for n, t in x.tensors().items()}
     pool = x.pool_span().clone()
     reference(x)

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import REPO, load_script
+from helpers import REPO, assert_graph_replay_takes_eager_step, load_script
 
 from kda_impls import get, make_inputs, reference, rel_err, verify
 from kda_impls.impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, choose_config, heuristic_config,
@@ -252,16 +252,7 @@ def test_gva_on_gpu(HV):
 def test_cuda_graph_replay_equals_eager(state_dtype):
     inputs = make_inputs(64, 32, 32, 128, 128, state_dtype=state_dtype, slot_pad=16, pad_rows=8, n_slots=72,
                          device="cuda", seed=21)
-    eager, graphed = inputs.clone(), inputs.clone()
-    out_eager = get("triton").bind(eager)()
-    launch = get("triton").bind(graphed)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_graphed = launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out_graphed, out_eager)
-    assert torch.equal(graphed.pool_span(), eager.pool_span())
+    assert_graph_replay_takes_eager_step("triton", inputs)
 
 
 @gpu

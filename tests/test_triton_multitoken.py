@@ -11,6 +11,7 @@ import itertools
 import pytest
 import torch
 
+from helpers import assert_graph_replay_takes_eager_step
 from test_multitoken import with_gaps
 from test_triton import DEVICE, no_config_override, runnable  # noqa: F401 (no_config_override: autouse)
 
@@ -149,16 +150,7 @@ def test_gva_gaps_and_last_checkpoint_on_gpu(checkpoints, state_dtype):
 def test_cuda_graph_replay_equals_eager(state_dtype):
     x = make_inputs(64, 32, 32, 128, 128, T=4, state_dtype=state_dtype, slot_pad=16, pad_rows=8, device="cuda",
                     seed=21)
-    eager, graphed = x.clone(), x.clone()
-    out_eager = get("triton").bind(eager)()
-    launch = get("triton").bind(graphed)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_graphed = launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out_graphed, out_eager)
-    assert torch.equal(graphed.pool_span(), eager.pool_span())
+    assert_graph_replay_takes_eager_step("triton", x)
 
 
 @gpu

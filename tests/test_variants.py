@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import assert_graph_replay_takes_eager_step
 from test_fla import fla_calls  # noqa: F401 (a fixture: the spy on the adapter's calls into fla)
 from test_flashinfer import misaligned
 
@@ -449,24 +450,8 @@ def test_flashinfer_variants_capture_in_a_cuda_graph(name):
     form = get(name).form
     layout = {"dense": dict(n_slots=16, sorted_slots=True), "gather": dict(slot_pad=16),
               "packed": dict(slot_pad=16, pad_rows=2)}[form]
-    x = runnable(name, make_inputs(16, 16, 16, 128, 128, **layout, device="cuda", seed=35))
-    y = x.clone()
-    eager = get(name).bind(x)()
-    launch = get(name).bind(y)
-    original = y.pool_span().clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        launch()  # warm up outside the capture: the library compiles and caches on its first call
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = launch()
-    y.pool_span().copy_(original)  # undo the warm-up: the replay takes the eager call's step
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(captured, eager)
-    assert torch.equal(y.pool_span().view(torch.int16), x.pool_span().view(torch.int16))
+    assert_graph_replay_takes_eager_step(name, runnable(name, make_inputs(16, 16, 16, 128, 128, **layout,
+                                                                      device="cuda", seed=35)))
 
 
 @pytest.mark.gpu
