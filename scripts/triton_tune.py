@@ -6,7 +6,9 @@ Measure (one GPU, a few minutes; stops timing at --budget-s and still writes eve
     python3 scripts/triton_tune.py --out $OUT/triton_tune.csv
 
 For HV in {16, 32, 64}, (K, V) in {(64, 64), (128, 128), (128, 256)}, B in {1, 16, 64, 256}, bf16
-and fp32 state (H = HV), each candidate tile config runs through the harness's case runner as a
+and fp32 state (H = HV), one token per row (``--value-heads``, ``--head-dims``, ``--batches``,
+``--state-dtypes`` and ``--tokens`` choose other grids; T > 1 steps store every token's state),
+each candidate tile config runs through the harness's case runner as a
 sweep row does (kda_impls.bench.run_case with the config forced: verified against the float64
 reference, then timed over placements in the default L2 entry state), so the table is chosen by the
 figures the sweeps report. The best config per shape is also timed on a pool with padded slots.
@@ -16,9 +18,10 @@ Bandwidth counts the state read and written once plus every input and the output
 Writes the CSV (every candidate), a JSON of the environment and the copy bandwidth beside it
 (``.json``), the regenerated ``triton_tuning.py`` beside it, and prints the best per shape.
 
-Regenerate the committed table from a measurement (no GPU needed):
+Regenerate the committed table from measurements (no GPU needed; several CSVs, e.g. a one-token
+and a multi-token run, make one table):
 
-    python3 scripts/triton_tune.py --write-table results/h200/triton_tune.csv
+    python3 scripts/triton_tune.py --write-table results/h200/triton-tune/triton_tune.csv [more.csv ...]
 """
 
 from __future__ import annotations
@@ -53,23 +56,31 @@ TABLE_PATH = Path(__file__).resolve().parents[1] / "kda_impls" / "impls" / "trit
 # Per candidate: three placements sharing 0.12 s of sampling (many configs to time), no call time.
 METHOD = Method(kernel=Budget(min_samples=12, max_seconds=0.12, rel_ci=0.01), call=None)
 PLACEMENTS = 3
-COLUMNS = ["state_dtype", "HV", "K", "V", "B", "slot_pad", "config", "source", "status", "us", "us_placement_min",
+COLUMNS = ["state_dtype", "HV", "K", "V", "B", "T", "slot_pad", "config", "source", "status", "us", "us_placement_min",
            "us_placement_max", "bytes", "GBps", "pct_copy", "floor_us", "method", "samples", "regs", "spills", "best"]
 
 
-def candidate_configs(K: int, V: int, element_size: int, B: int) -> list[TileConfig]:
-    """A small set that brackets the design point: tiles of 2-16 KiB of state, 32 to 256 bytes of
+def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> list[TileConfig]:
+    """A small set that brackets the design point: tiles of 1-16 KiB of state, 32 to 256 bytes of
     state per thread (32 only for small batches, which need many programs to fill the SMs; the
     first H200 run showed large batches gaining from more bytes per thread: more of the state in
-    flight per register), and one head group whose loads are pipelined (``heads`` = 2)."""
-    per_thread = (32, 64, 128) if B <= 16 else (64, 128, 256)
+    flight per register), and one head group whose loads are pipelined (``heads`` = 2). One-token
+    steps also try the persistent form on 1-4 KiB tiles at 64 bytes per thread (the next tile's
+    loads in flight: twice the state in registers, so small tiles only) with 4 to 16 programs per
+    SM. Multi-token steps carry the tile through T tokens, so their set leans to small tiles."""
+    per_thread = (32, 64, 128) if B <= 16 or T > 1 else (64, 128, 256)
+    tiles = (1024, 2048, 4096, 8192) if T > 1 else (2048, 4096, 8192, 16384)
     configs = []
-    for tile in (2048, 4096, 8192, 16384):
+    for tile in tiles:
         for bytes_per_thread in per_thread:
             BV, num_warps = tile_shape(K, V, element_size, tile, bytes_per_thread)
             configs.append(TileConfig(BV=BV, num_warps=num_warps))
     BV, num_warps = tile_shape(K, V, element_size, 8192)
     configs.append(TileConfig(BV=BV, heads=2, num_warps=num_warps, num_stages=2))
+    if T == 1:
+        for tile in (1024, 2048, 4096):
+            BV, num_warps = tile_shape(K, V, element_size, tile)
+            configs += [TileConfig(BV=BV, num_warps=num_warps, programs_per_sm=n) for n in (4, 8, 16)]
     return list(dict.fromkeys(configs))
 
 
@@ -85,10 +96,12 @@ def measure(args) -> int:
           f"read + write); torch {torch.__version__}, triton {meta['triton']}", flush=True)
 
     rows = []
-    for state_dtype in STATE_DTYPES:
-        for K, V in HEAD_DIMS:
-            for HV in VALUE_HEADS:
-                rows += tune_shape(HV, K, V, state_dtype, device, copy_gbps, started, args.budget_s)
+    for T in args.tokens:
+        for state_dtype in args.state_dtypes:
+            for K, V in args.head_dims:
+                for HV in args.value_heads:
+                    rows += tune_shape(HV, K, V, T, args.batches, state_dtype, device, copy_gbps, started,
+                                       args.budget_s)
     meta["wall_s"] = time.perf_counter() - started
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -105,14 +118,14 @@ def measure(args) -> int:
     return 1 if failed else 0
 
 
-def tune_shape(HV, K, V, state_dtype, device, copy_gbps, started, budget_s) -> list[dict]:
+def tune_shape(HV, K, V, T, batches, state_dtype, device, copy_gbps, started, budget_s) -> list[dict]:
     """Every batch size of one shape: each config verified and timed per batch."""
     esize = state_dtype.itemsize
     rows = []
-    for B in BATCHES:
-        base = dict(state_dtype=dtype_name(state_dtype), HV=HV, K=K, V=V, B=B, slot_pad=0)
-        configs = {c.fitted(HV, V): "candidate" for c in candidate_configs(K, V, esize, B)}
-        tabled = choose_config(state_dtype, HV, K, V, B).fitted(HV, V)
+    for B in batches:
+        base = dict(state_dtype=dtype_name(state_dtype), HV=HV, K=K, V=V, B=B, T=T, slot_pad=0)
+        configs = {c.fitted(HV, V, T): "candidate" for c in candidate_configs(K, V, esize, B, T)}
+        tabled = choose_config(state_dtype, HV, K, V, B, T).fitted(HV, V, T)
         configs[tabled] = "table+candidate" if tabled in configs else "table"
         if time.perf_counter() - started > budget_s:
             rows += [{**base, "config": str(c), "source": s, "status": "skipped: time budget"}
@@ -124,7 +137,7 @@ def tune_shape(HV, K, V, state_dtype, device, copy_gbps, started, budget_s) -> l
             rows.append({**base, "status": f"error: {type(exc).__name__}: {exc}"[:300]})
         torch.cuda.empty_cache()
     best = ", ".join(f"B={r['B']} {r['us']:.2f}" for r in rows if r.get("best")) or "none"
-    print(f"{time.perf_counter() - started:5.0f} s  {dtype_name(state_dtype):8} HV={HV:<3} K={K:<3} V={V:<3} "
+    print(f"{time.perf_counter() - started:5.0f} s  {dtype_name(state_dtype):8} HV={HV:<3} K={K:<3} V={V:<3} T={T} "
           f"best us: {best}", flush=True)
     return rows
 
@@ -152,7 +165,7 @@ def tune_batch(base: dict, configs: dict, device, copy_gbps: float) -> list[dict
 def case_columns(base: dict, config: TileConfig, device, copy_gbps: float) -> dict:
     """The case runner's row for ``config`` forced on the shape ``base``, as tune columns."""
     HV, K, V, B = base["HV"], base["K"], base["V"], base["B"]
-    cfg = Config("triton", B, HV, HV, K, V, state_dtype=base["state_dtype"],
+    cfg = Config("triton", B, HV, HV, K, V, state_dtype=base["state_dtype"], T=base["T"],
                  layout=PoolLayout(slot_pad=base["slot_pad"], placements=PLACEMENTS))
     row = run_case(cfg, device, METHOD, impl=TritonKDA(config), copy_bw=copy_gbps * 1e9)
     columns = {"status": row["status"] if row["status"] != "wrong" else f"wrong: {row['reason']}"[:300]}
@@ -170,36 +183,41 @@ def case_columns(base: dict, config: TileConfig, device, copy_gbps: float) -> di
 
 def _compile_args(cfg: Config, device):
     inputs = cfg.make_inputs(device)
-    return inputs, torch.empty(inputs.B, inputs.HV, inputs.V, dtype=inputs.v.dtype, device=device)
+    return inputs, torch.empty(inputs.out_shape, dtype=inputs.v.dtype, device=device)
 
 
 def print_summary(rows: list[dict]) -> None:
     best = {key_of(r): r for r in rows if r.get("best") in (True, "True")}
     padded = {key_of(r): r for r in rows if int(r["slot_pad"] or 0) == PADDED_SLOT and r.get("us") not in (None, "")}
-    print(f"\n{'state':8} {'HV':>3} {'K':>4} {'V':>4} {'B':>4}  {'best config':40} {'us':>8} {'GB/s':>6} "
+    print(f"\n{'state':8} {'HV':>3} {'K':>4} {'V':>4} {'B':>4} {'T':>2}  {'best config':58} {'us':>8} {'GB/s':>6} "
           f"{'%copy':>6} {'floor us':>8} {'pad' + str(PADDED_SLOT) + ' us':>9} {'pad cost':>8}")
-    for key in sorted(best, key=lambda k: (k[0], k[2], k[3], k[1], k[4])):
+    for key in sorted(best, key=lambda k: (k[5], k[0], k[2], k[3], k[1], k[4])):
         r, p = best[key], padded.get(key)
         us = float(r["us"])
         pad = f"{float(p['us']):9.2f} {100 * (float(p['us']) / us - 1):+7.1f}%" if p else f"{'-':>9} {'-':>8}"
-        print(f"{r['state_dtype']:8} {r['HV']:>3} {r['K']:>4} {r['V']:>4} {r['B']:>4}  {r['config']:40} {us:8.2f} "
+        print(f"{r['state_dtype']:8} {r['HV']:>3} {r['K']:>4} {r['V']:>4} {r['B']:>4} {key[5]:>2}  {r['config']:58} {us:8.2f} "
               f"{float(r['GBps']):6.0f} {float(r['pct_copy']):5.1f}% {float(r['floor_us']):8.2f} {pad}")
 
 
 def key_of(row: dict) -> tuple:
-    return (row["state_dtype"], int(row["HV"]), int(row["K"]), int(row["V"]), int(row["B"]))
+    """The table key of a row; rows of runs before the T column are one-token rows."""
+    return (row["state_dtype"], int(row["HV"]), int(row["K"]), int(row["V"]), int(row["B"]), int(row.get("T") or 1))
 
 
-def render_table(rows: list[dict], meta: dict | None) -> str:
-    """The source of kda_impls/impls/triton_tuning.py from measured rows (the best per shape)."""
-    if meta:
-        # "utc" in the environment record; runs before it had "started"
-        started = meta.get("utc", meta.get("started"))
-        provenance = (f"measured on {meta['gpu']} (torch {meta['torch']}, triton {meta['triton']}) by "
-                      f"scripts/triton_tune.py, started {started}; "
-                      f"in-run copy {float(meta['copy_GBps']):.0f} GB/s")
-    else:
-        provenance = "measured by scripts/triton_tune.py (no metadata file beside the CSV)"
+def provenance_of(meta: dict | None) -> str:
+    if not meta:
+        return "measured by scripts/triton_tune.py (no metadata file beside the CSV)"
+    # "utc" in the environment record; runs before it had "started"
+    started = meta.get("utc", meta.get("started"))
+    return (f"measured on {meta['gpu']} (torch {meta['torch']}, triton {meta['triton']}) by "
+            f"scripts/triton_tune.py, started {started}; in-run copy {float(meta['copy_GBps']):.0f} GB/s")
+
+
+def render_table(rows: list[dict], meta: dict | list | None) -> str:
+    """The source of kda_impls/impls/triton_tuning.py from measured rows (the best per shape);
+    ``meta``: the environment record of the run, or a list of them (one per CSV)."""
+    metas = meta if isinstance(meta, list) else [meta]
+    provenance = "; ".join(dict.fromkeys(provenance_of(m) for m in metas))
     best = {key_of(r): r for r in rows if r.get("best") in (True, "True")}
     entries = {table_key(getattr(torch, k[0]), *k[1:]): (best[k]["config"],
                f"{float(best[k]['us']):.2f} us, {float(best[k]['pct_copy']):.0f}% of copy") for k in best}
@@ -209,8 +227,8 @@ def render_table(rows: list[dict], meta: dict | None) -> str:
 def table_source(provenance: str, entries: dict) -> str:
     """``entries``: ``{table key: (config string, comment or None)}``."""
     lines = [
-        '"""Tile configs of the Triton KDA decode kernel by (state dtype, HV, K, V, B); see',
-        "kda_impls.impls.triton_kda.choose_config (nearest tabled B, fp16 state uses the bfloat16 rows).",
+        '"""Tile configs of the Triton KDA decode kernel by (state dtype, HV, K, V, B, T); see',
+        "kda_impls.impls.triton_kda.choose_config (nearest tabled T, then B; fp16 state uses the bfloat16 rows).",
         "",
         "Generated by scripts/triton_tune.py; regenerate rather than edit:",
         "    python3 scripts/triton_tune.py --write-table <triton_tune.csv>",
@@ -220,24 +238,39 @@ def table_source(provenance: str, entries: dict) -> str:
         "",
         "TABLE = {",
     ]
-    for key in sorted(entries, key=lambda k: (k[0], k[2], k[3], k[1], k[4])):
+    for key in sorted(entries, key=lambda k: (k[5], k[0], k[2], k[3], k[1], k[4])):
         config, comment = entries[key]
         lines.append(f"    {key!r}: {config!r},{'  # ' + comment if comment else ''}")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def write_table(csv_path: Path, into: Path) -> int:
-    with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    meta_path = csv_path.with_suffix(".json")
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
+def write_table(csv_paths: list[Path], into: Path) -> int:
+    rows, metas = [], []
+    for csv_path in csv_paths:
+        with open(csv_path, newline="") as f:
+            rows += list(csv.DictReader(f))
+        meta_path = csv_path.with_suffix(".json")
+        metas.append(json.loads(meta_path.read_text()) if meta_path.exists() else None)
     if not any(r.get("best") == "True" for r in rows):
-        print(f"{csv_path}: no measured best config in it; table left as it was")
+        print(f"{', '.join(map(str, csv_paths))}: no measured best config in it; table left as it was")
         return 1
-    into.write_text(render_table(rows, meta))
-    print(f"wrote {into} from {csv_path}")
+    into.write_text(render_table(rows, metas))
+    print(f"wrote {into} from {', '.join(map(str, csv_paths))}")
     return 0
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def head_dims(text: str) -> tuple[tuple[int, int], ...]:
+    """``"128x128,64x64"`` -> ``((128, 128), (64, 64))`` (K x V)."""
+    return tuple(tuple(int(d) for d in kv.split("x")) for kv in text.split(","))
+
+
+def state_dtypes(text: str) -> tuple[torch.dtype, ...]:
+    return tuple(getattr(torch, name) for name in text.split(","))
 
 
 def main() -> int:
@@ -247,8 +280,15 @@ def main() -> int:
                         help="CSV of every candidate (default $OUT/triton_tune.csv)")
     parser.add_argument("--budget-s", type=float, default=200.0,
                         help="stop timing new shapes after this many seconds (default 200)")
-    parser.add_argument("--write-table", type=Path, metavar="CSV",
-                        help="regenerate kda_impls/impls/triton_tuning.py from a measured CSV and exit")
+    parser.add_argument("--value-heads", type=int_list, default=VALUE_HEADS, help="HV values (default 16,32,64)")
+    parser.add_argument("--head-dims", type=head_dims, default=HEAD_DIMS,
+                        help="KxV pairs (default 128x128,64x64,128x256)")
+    parser.add_argument("--batches", type=int_list, default=BATCHES, help="B values (default 1,16,64,256)")
+    parser.add_argument("--tokens", type=int_list, default=(1,), help="T values, tokens per row (default 1)")
+    parser.add_argument("--state-dtypes", type=state_dtypes, default=STATE_DTYPES,
+                        help="state dtypes (default bfloat16,float32)")
+    parser.add_argument("--write-table", type=Path, nargs="+", metavar="CSV",
+                        help="regenerate kda_impls/impls/triton_tuning.py from measured CSVs and exit")
     args = parser.parse_args()
     if args.write_table:
         return write_table(args.write_table, TABLE_PATH)

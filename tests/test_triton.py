@@ -19,8 +19,9 @@ import torch
 from helpers import REPO, assert_graph_replay_takes_eager_step, load_script
 
 from kda_impls import get, make_inputs, reference, rel_err, verify
-from kda_impls.impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, choose_config, heuristic_config,
-                                  table_key)
+from kda_impls.impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, _kda_decode_persistent_kernel,
+                                       choose_config, heuristic_config, kernel_arguments, multiprocessors,
+                                       table_key)
 from kda_impls.impls.triton_tuning import TABLE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -96,6 +97,38 @@ def test_forced_tile_configs(config):
     assert verdict.ok, verdict
 
 
+# The persistent form: one program walking every tile (each look-ahead crosses rows, heads and
+# V-tiles), three programs (a tail: tile counts are not multiples of 3), and more programs than
+# tiles (the grid is capped); every small case, so -1 rows, padded slots, GVA and K != V too.
+PERSISTENT = [
+    TileConfig(BV=8, num_warps=1, programs_per_sm=1),
+    TileConfig(BV=16, num_warps=2, programs_per_sm=3),
+    TileConfig(BV=4, num_warps=1, programs_per_sm=64),
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("config", PERSISTENT, ids=str)
+@pytest.mark.parametrize("case", SMALL_CASES.values(), ids=SMALL_CASES.keys())
+def test_persistent_form_matches_reference(case, config):
+    inputs = runnable(make_inputs(**case, state_dtype=torch.bfloat16, device=DEVICE, seed=21))
+    verdict = verify(TritonKDA(config), inputs)
+    assert verdict.ok, verdict
+
+
+def test_persistent_grid_is_capped_by_the_tiles_and_absent_at_t_above_1():
+    inputs = make_inputs(3, 2, 4, 32, 32, state_dtype=torch.bfloat16, seed=1)
+    out = torch.empty(3, 4, 32, dtype=inputs.v.dtype)
+    kernel, grid, args, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5))
+    assert kernel is _kda_decode_persistent_kernel and grid == (5 * multiprocessors(inputs.device),)
+    assert args[-1] == 3 * 4 * 32 // 8  # n_tiles
+    kernel, grid, _, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=64))
+    assert grid == (3 * 4 * 32 // 8,)
+    persistent = TileConfig(BV=8, heads=2, num_warps=1, num_stages=2, programs_per_sm=4)
+    assert persistent.fitted(4, 32) == TileConfig(BV=8, num_warps=1, programs_per_sm=4)
+    assert persistent.fitted(4, 32, T=4) == TileConfig(BV=8, heads=2, num_warps=1, num_stages=2)
+
+
 @pytest.mark.interpreter
 def test_slot_order_and_scale_are_honoured():
     inputs = runnable(make_inputs(4, 1, 2, 16, 16, state_dtype=torch.float32, n_slots=8, device=DEVICE, seed=4))
@@ -141,9 +174,9 @@ def test_versions_name_torch_and_triton():
 # ---- tile config: table, heuristic, override ---------------------------------------------------------
 
 def test_table_entries_parse_and_fit_their_shapes():
-    for (dtype, HV, K, V, B), text in TABLE.items():
+    for (dtype, HV, K, V, B, T), text in TABLE.items():
         config = TileConfig.parse(text, TileConfig(BV=V), source="TABLE")
-        assert config.fitted(HV, V) == config, (dtype, HV, K, V, B, text)
+        assert config.fitted(HV, V, T) == config, (dtype, HV, K, V, B, T, text)
 
 
 def test_table_lookup_takes_the_nearest_tabled_batch(monkeypatch):
@@ -151,13 +184,27 @@ def test_table_lookup_takes_the_nearest_tabled_batch(monkeypatch):
     from kda_impls.impls import triton_kda
 
     tile_of_batch = {1: 8, 16: 16, 64: 32, 256: 64}
-    monkeypatch.setattr(triton_kda, "TABLE", {("bfloat16", 32, 128, 128, b): f"BV={bv}" for b, bv in tile_of_batch.items()})
+    monkeypatch.setattr(triton_kda, "TABLE", {("bfloat16", 32, 128, 128, b, 1): f"BV={bv}"
+                                              for b, bv in tile_of_batch.items()})
     for B, tabled in [(1, 1), (3, 1), (4, 16), (5, 16), (40, 64), (128, 256), (100, 64), (1000, 256)]:
         assert choose_config(torch.bfloat16, 32, 128, 128, B).BV == tile_of_batch[tabled], B
+    # A multi-token step of a shape with only one-token entries takes those.
+    assert choose_config(torch.bfloat16, 32, 128, 128, 40, T=4).BV == 32
+
+
+def test_table_lookup_takes_the_nearest_tabled_tokens_then_batch(monkeypatch):
+    from kda_impls.impls import triton_kda
+
+    monkeypatch.setattr(triton_kda, "TABLE", {("bfloat16", 32, 128, 128, 64, 1): "BV=64",
+                                              ("bfloat16", 32, 128, 128, 8, 2): "BV=2",
+                                              ("bfloat16", 32, 128, 128, 128, 2): "BV=4",
+                                              ("bfloat16", 32, 128, 128, 8, 8): "BV=8"})
+    for T, B, BV in [(1, 8, 64), (2, 8, 2), (2, 100, 4), (3, 1000, 4), (4, 1, 8), (16, 128, 8)]:
+        assert choose_config(torch.bfloat16, 32, 128, 128, B, T).BV == BV, (T, B)
 
 
 def test_fp16_state_uses_the_bf16_rows():
-    assert table_key(torch.float16, 32, 128, 128, 64) == table_key(torch.bfloat16, 32, 128, 128, 64)
+    assert table_key(torch.float16, 32, 128, 128, 64, 2) == table_key(torch.bfloat16, 32, 128, 128, 64, 2)
 
 
 def test_heuristic_configs_are_legal():
@@ -212,13 +259,18 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
                                         (1, "BV=16,heads=2,num_warps=2,num_stages=2", 2.0, True)]]
     csv_path, table_path = tmp_path / "triton_tune.csv", tmp_path / "triton_tuning.py"
     pd.DataFrame(rows[1:2]).to_csv(csv_path, index=False)
-    assert triton_tune.write_table(csv_path, table_path) == 1 and not table_path.exists()  # no best row
-    pd.DataFrame(rows).to_csv(csv_path, index=False)
-    assert triton_tune.write_table(csv_path, table_path) == 0
+    assert triton_tune.write_table([csv_path], table_path) == 1 and not table_path.exists()  # no best row
+    pd.DataFrame(rows).to_csv(csv_path, index=False)  # a run from before the T column: one-token rows
+    multi_path = tmp_path / "multitoken.csv"
+    pd.DataFrame([{**rows[0], "T": 4, "config": "BV=8,heads=1,num_warps=1,num_stages=1,programs_per_sm=0"}]).to_csv(
+        multi_path, index=False)
+    assert triton_tune.write_table([csv_path, multi_path], table_path) == 0
     namespace = {}
     exec(table_path.read_text(), namespace)
-    assert namespace["TABLE"] == {("bfloat16", 32, 128, 128, 64): "BV=32,heads=1,num_warps=4,num_stages=1",
-                                  ("bfloat16", 32, 128, 128, 1): "BV=16,heads=2,num_warps=2,num_stages=2"}
+    assert namespace["TABLE"] == {("bfloat16", 32, 128, 128, 64, 1): "BV=32,heads=1,num_warps=4,num_stages=1",
+                                  ("bfloat16", 32, 128, 128, 1, 1): "BV=16,heads=2,num_warps=2,num_stages=2",
+                                  ("bfloat16", 32, 128, 128, 64, 4):
+                                      "BV=8,heads=1,num_warps=1,num_stages=1,programs_per_sm=0"}
     assert "measured" in namespace["PROVENANCE"]
 
 

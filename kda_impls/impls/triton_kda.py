@@ -19,9 +19,10 @@ before multi-token decode existed (its math is shared through inlined helpers).
 The tile shape (``BV``, ``heads``, ``num_warps``, ``num_stages``) comes from the committed table
 in :mod:`kda_impls.impls.triton_tuning`, keyed by shape, state dtype and batch size; the environment
 variable ``KDA_TRITON_CONFIG`` (e.g. ``"BV=32,num_warps=4"``) overrides any of its fields for
-every shape. Both are resolved when the launcher is bound, never inside it. A multi-token step
-uses the entry of its shape and batch size B as it is: the grid is the same as at T = 1, each
-program carrying T tokens (the table was tuned at T = 1; no multi-token step has been tuned).
+every shape. Both are resolved when the launcher is bound, never inside it. The table is keyed by
+tokens per row too: a multi-token step takes the entry tuned nearest its T and B (the grid is laid
+out as at T = 1, each program carrying T tokens), and the one-token entries where its shape has
+no multi-token ones. One-token entries may name the persistent form (``programs_per_sm``).
 """
 
 from __future__ import annotations
@@ -120,6 +121,84 @@ def _kda_decode_kernel(
 
 
 @triton.jit
+def _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, tile, slot, n_tiles,
+               slot_stride, HV, GROUP, offs_k, offs_bv,
+               K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """Issue every load of work tile ``tile`` (``(row, head, V-tile)``, the V-tile fastest) whose slot
+    is ``slot``: the state tile as stored (widened only where it is used) and the head's inputs.
+    A tile past ``n_tiles`` (the last programs' look-ahead; :func:`_tile_slot` gives it slot -1)
+    loads no state and the last tile's inputs (in bounds, unused): only the state load is masked."""
+    V_TILES: tl.constexpr = V // BV
+    live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0
+    tile = tl.minimum(tile, n_tiles - 1)
+    row_hv = (tile // V_TILES).to(tl.int64)  # row * HV + hv; int64: row * HV * V overflows int32
+    row = row_hv // HV
+    hv = row_hv % HV
+    h = hv // GROUP
+    offs_v = tile % V_TILES * BV + offs_bv
+    head_state = (state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
+                  + offs_v[:, None] * K + offs_k[None, :])
+    S = tl.load(head_state, mask=live, other=0.0, eviction_policy="evict_first")
+    H = HV // GROUP
+    q = tl.load(q_ptr + (row * H + h) * K + offs_k)
+    k = tl.load(k_ptr + (row * H + h) * K + offs_k)
+    a = tl.load(a_ptr + row_hv * K + offs_k)
+    dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
+    A_log = tl.load(A_log_ptr + hv)
+    beta_logit = tl.load(b_ptr + row_hv)
+    v = tl.load(v_ptr + row_hv * V + offs_v)
+    return S, q, k, a, dt_bias, A_log, beta_logit, v
+
+
+@triton.jit
+def _tile_slot(slots_ptr, tile, n_tiles, HV, V_TILES: tl.constexpr):
+    """The slot of work tile ``tile``; -1 (no state access) past the last tile."""
+    slot = tl.load(slots_ptr + tl.minimum(tile, n_tiles - 1) // (HV * V_TILES))
+    return tl.where(tile < n_tiles, slot, -1)
+
+
+@triton.jit
+def _kda_decode_persistent_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
+    slot_stride, HV, GROUP, scale, n_tiles,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+):
+    """The one-token step on a persistent grid: program p takes work tiles p, p + G, p + 2G, ...
+    (G programs), and while it computes one tile the next tile's loads are in flight, held in
+    registers in the state's own dtype (bf16 costs half the registers of its fp32 widening), and
+    the slot of the tile after that is loaded: each program keeps one tile of state in flight
+    behind the one it computes, without shared memory or cp.async."""
+    V_TILES: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    offs_k = tl.arange(0, K)
+    offs_bv = tl.arange(0, BV)
+    slot = _tile_slot(slots_ptr, pid, n_tiles, HV, V_TILES)
+    ahead = _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, pid, slot, n_tiles,
+                       slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV)
+    next_slot = _tile_slot(slots_ptr, pid + step, n_tiles, HV, V_TILES)
+    for tile in range(pid, n_tiles, step):
+        S, q, k, a, dt_bias, A_log, beta_logit, v = ahead
+        tile_slot = slot
+        # Issued before this tile's stores, which the compiler may not move loads past.
+        ahead = _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, tile + step,
+                           next_slot, n_tiles, slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV)
+        slot = next_slot
+        next_slot = _tile_slot(slots_ptr, tile + 2 * step, n_tiles, HV, V_TILES)
+        row_hv = tl.cast(tile // V_TILES, tl.int64)  # a Python int under the interpreter: no .to()
+        offs_v = tile % V_TILES * BV + offs_bv
+        q, k, decay, beta = _token_gate(q.to(tl.float32), k.to(tl.float32), a.to(tl.float32), dt_bias, A_log,
+                                        beta_logit.to(tl.float32), scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
+        S, o = _delta_rule(S.to(tl.float32), q, k, v.to(tl.float32), decay, beta)
+        live = (tl.zeros([BV, K], dtype=tl.int32) + tile_slot) >= 0
+        head_state = (state_ptr + tl.maximum(tile_slot, 0).to(tl.int64) * slot_stride + row_hv % HV * (V * K)
+                      + offs_v[:, None] * K + offs_k[None, :])
+        tl.store(head_state, S.to(state_ptr.dtype.element_ty), mask=live, eviction_policy="evict_first")
+        tl.store(out_ptr + row_hv * V + offs_v, tl.where(tile_slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, token, h, hv, H, HV, offs_k, offs_v,
                 K: tl.constexpr, V: tl.constexpr):
     """The inputs of one token (``row * T + t``) of one value head, and the slot its state goes to."""
@@ -190,12 +269,16 @@ def _kda_multitoken_kernel(
 class TileConfig:
     """How the kernel tiles one step. ``BV``: state rows per tile (power of two); ``heads``:
     consecutive value heads one program walks through; ``num_stages``: how many of those heads'
-    loads are in flight at once (1: none ahead); ``num_warps``: warps per program."""
+    loads are in flight at once (1: none ahead); ``num_warps``: warps per program;
+    ``programs_per_sm``: 0 launches one program per tile, n > 0 the persistent form
+    (:func:`_kda_decode_persistent_kernel`: n programs per SM, each walking tiles with the next
+    one's loads in flight; one-token steps only, single heads)."""
 
     BV: int
     heads: int = 1
     num_warps: int = 4
     num_stages: int = 1
+    programs_per_sm: int = 0
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -230,16 +313,30 @@ class TileConfig:
             raise ValueError(f"{source}: heads must be in 1..256; got {self.heads}")
         if not 1 <= self.num_stages <= 8:
             raise ValueError(f"{source}: num_stages must be in 1..8; got {self.num_stages}")
+        if not 0 <= self.programs_per_sm <= 64:
+            raise ValueError(f"{source}: programs_per_sm must be in 0..64; got {self.programs_per_sm}")
 
-    def fitted(self, HV: int, V: int) -> "TileConfig":
-        """This config made legal for a shape: a tile no taller than V, a head group dividing HV."""
-        return replace(self, BV=min(self.BV, V), heads=math.gcd(self.heads, HV))
+    def fitted(self, HV: int, V: int, T: int = 1) -> "TileConfig":
+        """This config made legal for a shape: a tile no taller than V, a head group dividing HV; the
+        persistent form walks single heads and exists for one-token steps only (T > 1 drops it)."""
+        fitted = replace(self, BV=min(self.BV, V), heads=math.gcd(self.heads, HV))
+        if T > 1:
+            return replace(fitted, programs_per_sm=0)
+        if fitted.programs_per_sm:
+            return replace(fitted, heads=1, num_stages=1)
+        return fitted
 
 
-def table_key(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int) -> tuple:
+def table_key(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: int = 1) -> tuple:
     # fp16 state moves the same bytes as bf16, so it shares bf16's entries.
     dtype = "float32" if state_dtype == torch.float32 else "bfloat16"
-    return (dtype, HV, K, V, B)
+    return (dtype, HV, K, V, B, T)
+
+
+def _nearest(tabled, wanted: int) -> int:
+    """The tabled value nearest ``wanted`` in log2; a tie goes to the larger."""
+    log = math.log2(max(wanted, 1))
+    return min(tabled, key=lambda x: (abs(math.log2(x) - log), -x))
 
 
 def tile_shape(K: int, V: int, element_size: int, tile_bytes: int, bytes_per_thread: int = 64) -> tuple[int, int]:
@@ -259,17 +356,18 @@ def heuristic_config(K: int, V: int, element_size: int, B: int, HV: int) -> Tile
     return TileConfig(BV=BV, heads=heads, num_warps=num_warps, num_stages=2 if heads > 1 else 1)
 
 
-def choose_config(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int) -> TileConfig:
-    """The table's entry for this shape and state dtype at the tabled batch size nearest ``B`` (in
-    log2; ties go to the larger), else :func:`heuristic_config`."""
-    dtype = table_key(state_dtype, HV, K, V, B)[0]
-    tabled = {key[4]: text for key, text in TABLE.items() if key[:4] == (dtype, HV, K, V)}
+def choose_config(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: int = 1) -> TileConfig:
+    """The table's entry for this shape and state dtype at the tabled tokens per row nearest ``T``,
+    then the tabled batch size nearest ``B`` (both in log2; ties go to the larger), else
+    :func:`heuristic_config`. A multi-token step whose shape has only one-token entries takes those."""
+    dtype = table_key(state_dtype, HV, K, V, B, T)[0]
+    tabled = {key[4:]: text for key, text in TABLE.items() if key[:4] == (dtype, HV, K, V)}
     if not tabled:
         return heuristic_config(K, V, state_dtype.itemsize, B, HV)
-    log_b = math.log2(max(B, 1))
-    nearest = min(tabled, key=lambda b: (abs(math.log2(b) - log_b), -b))
-    source = f"triton_tuning.TABLE{(dtype, HV, K, V, nearest)}"
-    return TileConfig.parse(tabled[nearest], TileConfig(BV=V), source=source)
+    tokens = _nearest({t for _, t in tabled}, T)
+    batch = _nearest({b for b, t in tabled if t == tokens}, B)
+    source = f"triton_tuning.TABLE{(dtype, HV, K, V, batch, tokens)}"
+    return TileConfig.parse(tabled[batch, tokens], TileConfig(BV=V), source=source)
 
 
 def _built_for_interpreter() -> bool:
@@ -320,11 +418,11 @@ class TritonKDA(Implementation):
         if self.forced_config is not None:
             config = self.forced_config
         else:
-            config = choose_config(inputs.state.dtype, inputs.HV, inputs.K, inputs.V, inputs.B)
+            config = choose_config(inputs.state.dtype, inputs.HV, inputs.K, inputs.V, inputs.B, inputs.T)
             override = os.environ.get(CONFIG_ENV)
             if override:
                 config = TileConfig.parse(override, config)
-        return config.fitted(inputs.HV, inputs.V)
+        return config.fitted(inputs.HV, inputs.V, inputs.T)
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
         config = self.config_for(inputs)
@@ -345,17 +443,32 @@ class TritonKDA(Implementation):
 def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig):
     """``(kernel, grid, args, meta)`` of the launch: everything but the launch itself.
 
-    A T = 1 step, in either spelling (the same memory), launches the one-token kernel; T > 1 the
-    multi-token one, with num_accepted (all ones allocated here where None).
+    A T = 1 step, in either spelling (the same memory), launches the one-token kernel (its persistent
+    form where ``config.programs_per_sm`` > 0: that many programs per SM, at most one per tile);
+    T > 1 the multi-token one, with num_accepted (all ones allocated here where None).
     """
     grid = (inputs.B * (inputs.HV // config.heads) * (inputs.V // config.BV),)
     pool = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots)
     scalars = (inputs.slot_stride, inputs.HV, inputs.HV // inputs.H, inputs.effective_scale)
+    if inputs.T == 1 and config.programs_per_sm:
+        n_tiles = grid[0]
+        meta = dict(K=inputs.K, V=inputs.V, BV=config.BV, L2_EPS=L2_EPS, SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE,
+                    num_warps=config.num_warps)
+        programs = min(n_tiles, config.programs_per_sm * multiprocessors(inputs.device))
+        return _kda_decode_persistent_kernel, (programs,), (*pool, out, *scalars, n_tiles), meta
     meta = dict(K=inputs.K, V=inputs.V, BV=config.BV, HEADS=config.heads, NUM_STAGES=config.num_stages,
                 L2_EPS=L2_EPS, SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
     if inputs.T == 1:
         return _kda_decode_kernel, grid, (*pool, out, *scalars), meta
     return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
+
+
+def multiprocessors(device: torch.device) -> int:
+    """SMs of a CUDA device; 1 on the CPU (the interpreter), where a persistent grid is then
+    ``programs_per_sm`` programs walking every tile."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def compile_kernel(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig):
