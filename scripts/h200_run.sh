@@ -15,8 +15,18 @@
 #                                  # once with the planted Triton slowdown, the sweep-form gate, the
 #                                  # published comparison, CUPTI cross-check; GPU 1 meanwhile: the
 #                                  # asv-form gate validation (3 A/A runs + planted)
-#   scripts/h200_run.sh targets    # the targets preset on both GPUs, then on GPU 0 alone while GPU 1
-#                                  # cross-checks the two-GPU run with CUPTI
+#   scripts/h200_run.sh targets    # (carry .gpu/part2 on a box that has only part 1: it is installed
+#                                  # first) the targets preset on both GPUs, then on GPU 0 alone while
+#                                  # GPU 1 runs the fla and FlashInfer GPU tests and cross-checks the
+#                                  # two-GPU run with CUPTI
+#
+# After a kernel change, on a fresh box (the steps of 2026-11-30, second session):
+#
+#   scripts/h200_run.sh check      # carry .gpu/part1: install part 1; GPU 0: our kernel's GPU tests and
+#                                  # the harness's; GPU 1: our kernel's share of the correctness grid
+#   scripts/h200_run.sh targets    # as above
+#   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
+#                                  # in its own benchmark's configuration (published preset, sorted slots)
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
@@ -97,15 +107,36 @@ case ${1:-} in
     wait; cat "$LOGS/asv-gate.summary"
     pack
     ;;
+  check)
+    bash .gpu/part1/install.sh > "$LOGS/install1.log" 2>&1; tail -n 1 "$LOGS/install1.log"
+    source /root/gpu-site/env.sh
+    background correctness-triton 1 420 python3 scripts/gpu_correctness.py --impls triton --out "$RES/correctness-triton"
+    TAIL=3 step pytest-triton 300 $GPU0 python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py \
+      tests/test_bench.py
+    wait; cat "$LOGS/correctness-triton.summary"
+    pack
+    ;;
   targets)
+    if [ -d .gpu/part2 ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; tail -n 1 "$LOGS/install2.log"; fi
     source /root/gpu-site/env.sh
     TAIL=2 step targets-2gpu 300 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets --devices cuda:0,cuda:1 --out "$RES/targets-2gpu"
-    background cupti-targets 1 300 python3 scripts/cupti_crosscheck.py "$RES/targets-2gpu" --unpadded-only \
-      --out "$RES/cupti/targets" --calls 20
+    ( export CUDA_VISIBLE_DEVICES=1
+      step pytest-libraries 200 python3 -m pytest -q -m gpu tests/test_fla_multitoken.py tests/test_flashinfer_multitoken.py \
+        tests/test_variants.py tests/test_flashinfer.py tests/test_fla.py
+      step cupti-targets 300 python3 scripts/cupti_crosscheck.py "$RES/targets-2gpu" --unpadded-only \
+        --out "$RES/cupti/targets" --calls 20 ) > "$LOGS/cupti-targets.summary" 2>&1 &
     TAIL=2 step targets 420 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets --devices cuda:0 --out "$RES/targets"
     wait; cat "$LOGS/cupti-targets.summary"
     pack
     ;;
+  spec)
+    source /root/gpu-site/env.sh
+    TAIL=2 step spec-decode 200 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset spec-decode --devices cuda:0 \
+      --impls triton,fla,fla-loggate-sigmoid,flashinfer-sigmoid,flashinfer-loggate-sigmoid --out "$RES/spec-decode"
+    TAIL=2 step flashinfer-dense 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
+      --slot-order sorted --impls flashinfer-dense,flashinfer-loggate-sigmoid,triton --out "$RES/published-sorted"
+    pack
+    ;;
   *)
-    echo "usage: $0 sanity|go|published|targets" >&2; exit 2 ;;
+    echo "usage: $0 sanity|go|published|targets|check|spec" >&2; exit 2 ;;
 esac

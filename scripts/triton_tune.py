@@ -56,6 +56,7 @@ TABLE_PATH = Path(__file__).resolve().parents[1] / "kda_impls" / "impls" / "trit
 # Per candidate: three placements sharing 0.12 s of sampling (many configs to time), no call time.
 METHOD = Method(kernel=Budget(min_samples=12, max_seconds=0.12, rel_ci=0.01), call=None)
 PLACEMENTS = 3
+PADDED_SOURCE = "best, padded pool"
 COLUMNS = ["state_dtype", "HV", "K", "V", "B", "T", "slot_pad", "config", "source", "status", "us", "us_placement_min",
            "us_placement_max", "bytes", "GBps", "pct_copy", "floor_us", "method", "samples", "regs", "spills", "best"]
 
@@ -157,8 +158,8 @@ def tune_batch(base: dict, configs: dict, device, copy_gbps: float) -> list[dict
         best["best"] = True
         config = TileConfig.parse(best["config"], TileConfig(BV=base["V"]), source="best config")
         padded = {**base, "slot_pad": PADDED_SLOT}
-        rows.append({**best, **case_columns(padded, config, device, copy_gbps), "source": "best, padded pool",
-                     "best": False})
+        rows.append({**best, **case_columns(padded, config, device, copy_gbps), "slot_pad": PADDED_SLOT,
+                     "source": PADDED_SOURCE, "best": False})
     return rows
 
 
@@ -188,7 +189,8 @@ def _compile_args(cfg: Config, device):
 
 def print_summary(rows: list[dict]) -> None:
     best = {key_of(r): r for r in rows if r.get("best") in (True, "True")}
-    padded = {key_of(r): r for r in rows if int(r["slot_pad"] or 0) == PADDED_SLOT and r.get("us") not in (None, "")}
+    # By source: runs up to commit 49f0bc3 recorded the padded rows with the best row's slot_pad (0).
+    padded = {key_of(r): r for r in rows if r["source"] == PADDED_SOURCE and r.get("us") not in (None, "")}
     print(f"\n{'state':8} {'HV':>3} {'K':>4} {'V':>4} {'B':>4} {'T':>2}  {'best config':58} {'us':>8} {'GB/s':>6} "
           f"{'%copy':>6} {'floor us':>8} {'pad' + str(PADDED_SLOT) + ' us':>9} {'pad cost':>8}")
     for key in sorted(best, key=lambda k: (k[5], k[0], k[2], k[3], k[1], k[4])):
