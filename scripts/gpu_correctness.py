@@ -56,7 +56,8 @@ def check_case(impl: str, case: dict, device: str) -> dict:
     """One case through the harness's case runner (correctness only): fresh inputs, a pool of 2B
     slots, B // 8 rows with slot -1."""
     case = dict(case)
-    cfg = Config(impl, **case, pad_rows=case["B"] // 8, layout=PoolLayout(slot_pad=case.pop("slot_pad")))
+    layout = PoolLayout(slot_pad=case.pop("slot_pad"))  # before **case is spread: it is not a Config field
+    cfg = Config(impl, **case, pad_rows=case["B"] // 8, layout=layout)
     row = run_case(cfg, device)
     return {"impl": impl, **cfg.columns(), "status": row["status"], "err_out": row["err_out"],
             "err_state": row["err_state"], "detail": row["reason"]}

@@ -131,10 +131,12 @@ case ${1:-} in
     ;;
   spec)
     source /root/gpu-site/env.sh
+    background correctness-triton 1 420 python3 scripts/gpu_correctness.py --impls triton --out "$RES/correctness-triton"
     TAIL=2 step spec-decode 200 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset spec-decode --devices cuda:0 \
       --impls triton,fla,fla-loggate-sigmoid,flashinfer-sigmoid,flashinfer-loggate-sigmoid --out "$RES/spec-decode"
     TAIL=2 step flashinfer-dense 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
       --slot-order sorted --impls flashinfer-dense,flashinfer-loggate-sigmoid,triton --out "$RES/published-sorted"
+    wait; cat "$LOGS/correctness-triton.summary"
     pack
     ;;
   *)
