@@ -27,6 +27,9 @@
 #   scripts/h200_run.sh targets    # as above
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
 #                                  # in its own benchmark's configuration (published preset, sorted slots)
+#   scripts/h200_run.sh profile    # (a bare one-GPU box will do: torch and Triton only) Nsight Compute
+#                                  # counters of our kernel beside a copy; memcheck of every tile form;
+#                                  # the CUPTI test
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
@@ -139,6 +142,13 @@ case ${1:-} in
     wait; cat "$LOGS/correctness-triton.summary"
     pack
     ;;
+  profile)
+    TAIL=30 step ncu 300 $GPU0 python3 scripts/ncu_profile.py --out "$RES/ncu"
+    TAIL=12 step memcheck 200 $GPU0 compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    TAIL=3 step pytest-cupti 120 $GPU0 python3 -m pytest -q -m gpu tests/test_bench.py -k cupti
+    cp "$LOGS"/memcheck.log "$RES/ncu/" 2>/dev/null
+    pack
+    ;;
   *)
-    echo "usage: $0 sanity|go|published|targets|check|spec" >&2; exit 2 ;;
+    echo "usage: $0 sanity|go|published|targets|check|spec|profile" >&2; exit 2 ;;
 esac

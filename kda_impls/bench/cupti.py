@@ -74,7 +74,9 @@ def step_durations(launchers: Sequence[Launcher], device, calls: int = 40,
     for i in range(calls):
         step = kernels[i * per_call + before_kernels:(i + 1) * per_call]
         busy.append(sum(d for _, d, _ in step))
-        span.append(step[-1][0] + step[-1][1] - step[0][0])
+        # Starts subtracted first: they are large absolute times, and (start + d) - start need not
+        # equal d in floating point (a one-kernel step's span came out 16 ps short of its busy time).
+        span.append(step[-1][0] - step[0][0] + step[-1][1])
         if i:  # the op after a step (the first one follows nothing measured)
             before_busy.append(sum(d for _, d, _ in kernels[i * per_call:i * per_call + before_kernels]))
     return {"busy_us": float(np.median(busy)), "span_us": float(np.median(span)), "kernels": per_step,

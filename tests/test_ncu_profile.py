@@ -1,0 +1,23 @@
+"""scripts/ncu_profile.py without a GPU: ncu's raw CSV page read into the summary."""
+
+import io
+
+import pandas as pd
+
+from helpers import load_script
+
+RAW = '''"ID","Kernel Name","gpu__time_duration.sum","dram__throughput.avg.pct_of_peak_sustained_elapsed","launch__registers_per_thread"
+"","","usecond","%","register/thread"
+"0","_kda_decode_kernel","146.2","88.5","168"
+'''
+
+
+def test_summary_takes_the_named_metrics_with_their_units_and_leaves_absent_ones_blank():
+    ncu_profile = load_script("ncu_profile")
+    table = pd.read_csv(io.StringIO(RAW))
+    units, raw = table.iloc[0], table.iloc[1:].assign(case="bf16-B256-table")
+    summary = ncu_profile.summarise(raw, units).iloc[0]
+    assert summary["case"] == "bf16-B256-table" and summary["kernel"] == "_kda_decode_kernel"
+    assert summary["duration (usecond)"] == "146.2" and summary["DRAM % of peak (%)"] == "88.5"
+    assert summary["regs/thread (register/thread)"] == "168"
+    assert summary["stall: long scoreboard"] == ""  # not in this page
