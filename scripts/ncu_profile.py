@@ -5,7 +5,8 @@ same bytes: where the time goes when the kernel misses the copy bandwidth.
     python3 scripts/ncu_profile.py --out results/h200/ncu        # every case of CASES, under ncu
 
 For each case, ncu (``--clock-control none``: the clocks are left as they run; ``--cache-control
-all``: the L2 is flushed before each replay pass, so the state comes from DRAM) profiles one launch
+all``: the L2 is flushed before each replay pass, so the state comes from DRAM) profiles the
+kernels of one launch (inside an NVTX range, so that nothing the setup launches is taken for it)
 after three warm-ups of the implementation's bound launcher on a timed pool (random slot order,
 as the sweeps lay it out), with the sections that say how busy DRAM was, how many warps were
 resident and what they waited on. Writes ``raw.csv`` (every metric of every case), ``summary.csv``
@@ -41,6 +42,7 @@ CASES = {
     "bf16-B256-table": ("bfloat16", 32, 128, 256, 1, None),
     "bf16-B256-BV8": ("bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1"),
     "bf16-B256-persistent": ("bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1,programs_per_sm=8"),
+    "bf16-B256-subtiles": ("bfloat16", 32, 128, 256, 1, "BV=4,num_warps=1,subtiles=16"),
     "fp32-B256-table": ("float32", 32, 128, 256, 1, None),
     "bf16-B1-table": ("bfloat16", 32, 128, 1, 1, None),
     "bf16-B128-T8-table": ("bfloat16", 32, 128, 128, 8, None),
@@ -50,9 +52,8 @@ SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats"
 # The summary's metrics (ncu's raw names), each in its own column.
 SUMMARY = {
     "gpu__time_duration.sum": "duration",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM % of peak",
-    "dram__bytes_read.sum": "DRAM read",
-    "dram__bytes_write.sum": "DRAM write",
+    "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed": "DRAM % of peak",
+    "dram__bytes.sum.per_second": "DRAM bytes/s",
     "lts__t_sector_hit_rate.pct": "L2 hit %",
     "launch__registers_per_thread": "regs/thread",
     "launch__grid_size": "programs",
@@ -70,11 +71,12 @@ SUMMARY = {
     "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio": "stall: not selected",
 }
 WARMUP = 3
+RANGE = "kda-profiled"  # the NVTX range around the profiled launch
 NCU_GLOB = "/opt/nvidia/nsight-compute/*/ncu"  # where the H200 image keeps it when it is not on the PATH
 
 
 def workload(name: str) -> None:
-    """Three warm-up launches and one more (the one ncu profiles: ``--launch-skip 3``)."""
+    """Three warm-up launches and one more, in the NVTX range ncu profiles."""
     state_dtype, HV, D, B, T, config = CASES[name]
     cfg = Config("triton", B, HV, HV, D, D, state_dtype=state_dtype, T=T)
     inputs = cfg.make_inputs(torch.device("cuda"))
@@ -85,25 +87,26 @@ def workload(name: str) -> None:
     else:
         impl = TritonKDA(TileConfig.parse(config, TileConfig(BV=D)) if config else None)
         launch = impl.bind(inputs)
-    for _ in range(WARMUP + 1):
+    for _ in range(WARMUP):
+        launch()
+    with torch.cuda.nvtx.range(RANGE):
         launch()
     torch.cuda.synchronize()
 
 
 def profile(name: str, ncu: str) -> tuple[pd.DataFrame, pd.Series]:
     """ncu's raw metrics of the case's profiled launch, and their units."""
-    config = CASES[name][5]
-    kernel = "regex:elementwise" if config == "copy" else "regex:_kda_"
-    command = [ncu, "--clock-control", "none", "--cache-control", "all", "-k", kernel, "--launch-skip", str(WARMUP),
-               "--launch-count", "1", *[a for s in SECTIONS for a in ("--section", s)], "--csv", "--page", "raw",
+    command = [ncu, "--clock-control", "none", "--cache-control", "all", "--nvtx", "--nvtx-include", f"{RANGE}/",
+               *[a for s in SECTIONS for a in ("--section", s)], "--csv", "--page", "raw",
                sys.executable, __file__, "--workload", name]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     csv_text = done.stdout[done.stdout.find('"ID"'):] if '"ID"' in done.stdout else ""
     if done.returncode or not csv_text:
         raise RuntimeError(f"{shlex.join(command)}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    table = pd.read_csv(io.StringIO(csv_text))
+    table = pd.read_csv(io.StringIO(csv_text), low_memory=False)
     units = table.iloc[0]  # the raw page's second line gives each metric's unit
-    table = table.iloc[1:].assign(case=name)
+    table = table.iloc[1:].copy()  # one frame, not a fragmented one, before the column is added
+    table["case"] = name
     return table, units
 
 

@@ -6,7 +6,7 @@ import pandas as pd
 
 from helpers import load_script
 
-RAW = '''"ID","Kernel Name","gpu__time_duration.sum","dram__throughput.avg.pct_of_peak_sustained_elapsed","launch__registers_per_thread"
+RAW = '''"ID","Kernel Name","gpu__time_duration.sum","gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed","launch__registers_per_thread"
 "","","usecond","%","register/thread"
 "0","_kda_decode_kernel","146.2","88.5","168"
 '''

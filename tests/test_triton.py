@@ -11,6 +11,7 @@ import itertools
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -85,6 +86,8 @@ FORCED = [
     TileConfig(BV=32, heads=4, num_warps=4, num_stages=3),
     TileConfig(BV=64, heads=3, num_warps=2, num_stages=1),
     TileConfig(BV=256, num_warps=8),
+    TileConfig(BV=8, num_warps=1, subtiles=2),
+    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=8),
 ]
 
 
@@ -95,6 +98,27 @@ def test_forced_tile_configs(config):
                                   device=DEVICE, seed=13))
     verdict = verify(TritonKDA(config), inputs)
     assert verdict.ok, verdict
+
+
+# Sub-tiles: two per program (V split over several programs), and more than V holds (fitted to V).
+@pytest.mark.interpreter
+@pytest.mark.parametrize("config", [TileConfig(BV=8, num_warps=1, subtiles=2), TileConfig(BV=16, subtiles=64)],
+                         ids=str)
+@pytest.mark.parametrize("case", SMALL_CASES.values(), ids=SMALL_CASES.keys())
+def test_subtiles_match_reference(case, config):
+    inputs = runnable(make_inputs(**case, state_dtype=torch.float32, device=DEVICE, seed=22))
+    verdict = verify(TritonKDA(config), inputs)
+    assert verdict.ok, verdict
+
+
+def test_subtiles_are_fitted_to_v_and_shrink_the_grid():
+    config = TileConfig(BV=8, num_warps=1, subtiles=16)
+    assert config.fitted(4, 32).subtiles == 4 and config.fitted(4, 32, T=2).subtiles == 1
+    assert replace(config, programs_per_sm=2).fitted(4, 32).subtiles == 1
+    inputs = make_inputs(3, 2, 4, 32, 32, state_dtype=torch.bfloat16, seed=1)
+    out = torch.empty(3, 4, 32, dtype=inputs.v.dtype)
+    _, grid, _, meta = kernel_arguments(inputs, out, config.fitted(4, 32))
+    assert grid == (3 * 4,) and meta["SUBTILES"] == 4
 
 
 # The persistent form: one program walking every tile (each look-ahead crosses rows, heads and

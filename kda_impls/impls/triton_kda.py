@@ -75,9 +75,10 @@ def _kda_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, HV, GROUP, scale,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
-    L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    SUBTILES: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
-    V_TILES: tl.constexpr = V // BV
+    CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
+    V_TILES: tl.constexpr = V // CHUNK
     pid = tl.program_id(0)
     v_tile = pid % V_TILES
     head_groups = HV // HEADS
@@ -86,8 +87,7 @@ def _kda_decode_kernel(
     row = (pid // V_TILES // head_groups).to(tl.int64)
     H = HV // GROUP
     offs_k = tl.arange(0, K)
-    offs_v = v_tile * BV + tl.arange(0, BV)
-    tile = offs_v[:, None] * K + offs_k[None, :]  # [BV, K], K contiguous: 16-byte vector accesses
+    first_v = v_tile * CHUNK + tl.arange(0, BV)
 
     slot = tl.load(slots_ptr + row)
     # A -1 row masks every state access (no read, no write) and stores zeros. Straight-line code
@@ -103,21 +103,29 @@ def _kda_decode_kernel(
         hv = first_head + j
         h = hv // GROUP
         row_hv = row * HV + hv
+        head_state = slot_state + hv * (V * K) + offs_k[None, :]  # [BV, K] tiles: K contiguous, 16-byte accesses
+        ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
         q = tl.load(q_ptr + (row * H + h) * K + offs_k).to(tl.float32)
         k = tl.load(k_ptr + (row * H + h) * K + offs_k).to(tl.float32)
         a = tl.load(a_ptr + row_hv * K + offs_k).to(tl.float32)
         dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
         A_log = tl.load(A_log_ptr + hv)
         beta_logit = tl.load(b_ptr + row_hv).to(tl.float32)
-        v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
-        head_state = slot_state + hv * (V * K) + tile
-        S = tl.load(head_state, mask=live, other=0.0, eviction_policy="evict_first").to(tl.float32)
-
         q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
-        S, o = _delta_rule(S, q, k, v, decay, beta)
 
-        tl.store(head_state, S.to(state_ptr.dtype.element_ty), mask=live, eviction_policy="evict_first")
-        tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+        # The gate and norms above serve SUBTILES tiles of BV rows, walked in order (unrolled), the
+        # next tile's load issued before this one computes: one tile in flight behind the one in use.
+        for s in tl.static_range(SUBTILES):
+            offs_v = first_v + s * BV
+            S = ahead.to(tl.float32)
+            if s + 1 < SUBTILES:
+                ahead = tl.load(head_state + (offs_v + BV)[:, None] * K, mask=live, other=0.0,
+                                eviction_policy="evict_first")
+            v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
+            S, o = _delta_rule(S, q, k, v, decay, beta)
+            tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
+                     eviction_policy="evict_first")
+            tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -272,13 +280,16 @@ class TileConfig:
     loads are in flight at once (1: none ahead); ``num_warps``: warps per program;
     ``programs_per_sm``: 0 launches one program per tile, n > 0 the persistent form
     (:func:`_kda_decode_persistent_kernel`: n programs per SM, each walking tiles with the next
-    one's loads in flight; one-token steps only, single heads)."""
+    one's loads in flight; one-token steps only, single heads); ``subtiles``: consecutive
+    ``BV``-row tiles of each head one program walks, the gate computed once for them and the next
+    tile's load in flight (one-token steps, not the persistent form)."""
 
     BV: int
     heads: int = 1
     num_warps: int = 4
     num_stages: int = 1
     programs_per_sm: int = 0
+    subtiles: int = 1
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -315,15 +326,19 @@ class TileConfig:
             raise ValueError(f"{source}: num_stages must be in 1..8; got {self.num_stages}")
         if not 0 <= self.programs_per_sm <= 64:
             raise ValueError(f"{source}: programs_per_sm must be in 0..64; got {self.programs_per_sm}")
+        if not (power_of_two(self.subtiles) and self.subtiles <= 64):
+            raise ValueError(f"{source}: subtiles must be a power of two in 1..64; got {self.subtiles}")
 
     def fitted(self, HV: int, V: int, T: int = 1) -> "TileConfig":
-        """This config made legal for a shape: a tile no taller than V, a head group dividing HV; the
-        persistent form walks single heads and exists for one-token steps only (T > 1 drops it)."""
-        fitted = replace(self, BV=min(self.BV, V), heads=math.gcd(self.heads, HV))
+        """This config made legal for a shape: a tile no taller than V, a head group dividing HV, no
+        more sub-tiles than V holds; the persistent form walks single heads whole tiles, and both it
+        and sub-tiles exist for one-token steps only (T > 1 drops them)."""
+        BV = min(self.BV, V)
+        fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV))
         if T > 1:
-            return replace(fitted, programs_per_sm=0)
+            return replace(fitted, programs_per_sm=0, subtiles=1)
         if fitted.programs_per_sm:
-            return replace(fitted, heads=1, num_stages=1)
+            return replace(fitted, heads=1, num_stages=1, subtiles=1)
         return fitted
 
 
@@ -447,7 +462,7 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
     form where ``config.programs_per_sm`` > 0: that many programs per SM, at most one per tile);
     T > 1 the multi-token one, with num_accepted (all ones allocated here where None).
     """
-    grid = (inputs.B * (inputs.HV // config.heads) * (inputs.V // config.BV),)
+    grid = (inputs.B * (inputs.HV // config.heads) * (inputs.V // config.BV),)  # one program per tile
     pool = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots)
     scalars = (inputs.slot_stride, inputs.HV, inputs.HV // inputs.H, inputs.effective_scale)
     if inputs.T == 1 and config.programs_per_sm:
@@ -459,7 +474,8 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
     meta = dict(K=inputs.K, V=inputs.V, BV=config.BV, HEADS=config.heads, NUM_STAGES=config.num_stages,
                 L2_EPS=L2_EPS, SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
     if inputs.T == 1:
-        return _kda_decode_kernel, grid, (*pool, out, *scalars), meta
+        return (_kda_decode_kernel, (grid[0] // config.subtiles,), (*pool, out, *scalars),
+                meta | dict(SUBTILES=config.subtiles))
     return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
 
 
