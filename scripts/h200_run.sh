@@ -16,15 +16,16 @@
 #                                  # published comparison, CUPTI cross-check; GPU 1 meanwhile: the
 #                                  # asv-form gate validation (3 A/A runs + planted)
 #   scripts/h200_run.sh targets    # (carry .gpu/part2 on a box that has only part 1: it is installed
-#                                  # first) the targets preset on both GPUs, then on GPU 0 alone while
-#                                  # GPU 1 runs the fla and FlashInfer GPU tests and cross-checks the
-#                                  # two-GPU run with CUPTI
+#                                  # first) the targets preset on both GPUs, from a cold Triton cache
+#   scripts/h200_run.sh targets-one  # the same on GPU 0 alone (its own cold cache) while GPU 1 runs
+#                                  # the fla and FlashInfer GPU tests and cross-checks the two-GPU run
+#                                  # with CUPTI (the multi-GPU proof: wall times and per-row agreement)
 #
 # After a kernel change, on a fresh box (the steps of 2026-11-30, second session):
 #
 #   scripts/h200_run.sh check      # carry .gpu/part1: install part 1; GPU 0: our kernel's GPU tests and
 #                                  # the harness's; GPU 1: our kernel's share of the correctness grid
-#   scripts/h200_run.sh targets    # as above
+#   scripts/h200_run.sh targets    # as above, then targets-one
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
 #                                  # in its own benchmark's configuration (published preset, sorted slots)
 #   scripts/h200_run.sh profile    # (a bare one-GPU box will do: torch and Triton only) Nsight Compute
@@ -122,13 +123,20 @@ case ${1:-} in
   targets)
     if [ -d .gpu/part2 ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; tail -n 1 "$LOGS/install2.log"; fi
     source /root/gpu-site/env.sh
-    TAIL=2 step targets-2gpu 300 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets --devices cuda:0,cuda:1 --out "$RES/targets-2gpu"
+    # Each run compiles from nothing (its own Triton cache): the wall times compare like with like.
+    TAIL=2 step targets-2gpu 420 env TRITON_CACHE_DIR="$RES/triton-cache-2gpu" python3 scripts/sweep.py --no-charts \
+      --l2-entry "$(entry)" --preset targets --devices cuda:0,cuda:1 --out "$RES/targets-2gpu"
+    pack
+    ;;
+  targets-one)  # the same on GPU 0 alone, while GPU 1 runs the library GPU tests and CUPTI on the two-GPU run
+    source /root/gpu-site/env.sh
     ( export CUDA_VISIBLE_DEVICES=1
       step pytest-libraries 200 python3 -m pytest -q -m gpu tests/test_fla_multitoken.py tests/test_flashinfer_multitoken.py \
         tests/test_variants.py tests/test_flashinfer.py tests/test_fla.py
       step cupti-targets 300 python3 scripts/cupti_crosscheck.py "$RES/targets-2gpu" --unpadded-only \
         --out "$RES/cupti/targets" --calls 20 ) > "$LOGS/cupti-targets.summary" 2>&1 &
-    TAIL=2 step targets 420 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets --devices cuda:0 --out "$RES/targets"
+    TAIL=2 step targets 540 env TRITON_CACHE_DIR="$RES/triton-cache-1gpu" python3 scripts/sweep.py --no-charts \
+      --l2-entry "$(entry)" --preset targets --devices cuda:0 --out "$RES/targets"
     wait; cat "$LOGS/cupti-targets.summary"
     pack
     ;;
@@ -150,5 +158,5 @@ case ${1:-} in
     pack
     ;;
   *)
-    echo "usage: $0 sanity|go|published|targets|check|spec|profile" >&2; exit 2 ;;
+    echo "usage: $0 sanity|go|published|targets|targets-one|check|spec|profile" >&2; exit 2 ;;
 esac

@@ -189,3 +189,18 @@ def test_a_time_limits_sigterm_saves_like_ctrl_c(tmp_path):
     saved = len(list((out / "rows").glob("*.json")))
     assert len(pd.read_csv(out / "results.csv")) == saved
     assert json.loads((out / "meta.json").read_text())["runs"][-1]["rows_measured"] == saved
+
+
+def test_compile_groups_keep_an_implementations_shape_on_one_lane_in_order():
+    from kda_impls.bench.config import Config, PoolLayout
+    from kda_impls.bench.sweep import compile_groups
+
+    configs = [Config(impl, B, 32, 32, 128, 128, state_dtype=dtype, layout=PoolLayout(slot_pad=pad))
+               for dtype in ("bfloat16", "float32") for impl in ("triton", "fla") for B in (1, 64) for pad in (0, 64)]
+    configs.append(Config("triton", 8, 32, 32, 128, 128, T=2))
+    groups = compile_groups(configs)
+    assert [len(g) for g in groups] == [4, 4, 4, 4, 1]
+    assert [(g[0].impl, g[0].state_dtype, g[0].T) for g in groups] == [
+        ("triton", "bfloat16", 1), ("fla", "bfloat16", 1), ("triton", "float32", 1), ("fla", "float32", 1),
+        ("triton", "bfloat16", 2)]
+    assert sorted((c.key() for g in groups for c in g)) == sorted(c.key() for c in configs)

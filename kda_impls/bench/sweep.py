@@ -2,10 +2,13 @@
 isolated worker processes on one or several devices, resumable, with a progress bar, a summary
 table, the wall time and charts at the end.
 
-Each device is a *lane* that measures one row at a time; rows go to whichever lane is free, so each
-row is timed alone on its GPU. In a lane each implementation gets a worker process
-(multiprocessing "spawn": a fresh interpreter, no CUDA state inherited) that handles all its rows
-there, so imports, the CUDA context and JIT caches are paid once. A worker that dies (a segfault,
+Each device is a *lane* that measures one row at a time, so each row is timed alone on its GPU.
+Rows go to lanes in compile groups (:func:`compile_groups`: one implementation's rows of one shape
+and dtype), each group to whichever lane is free, so that a kernel an implementation compiles per
+shape in its own process (FlashInfer's CuTe DSL kernels) is compiled on one lane, not on each. In a
+lane each implementation gets a worker process (multiprocessing "spawn": a fresh interpreter, no
+CUDA state inherited) that handles all its rows there, so imports, the CUDA context and JIT caches
+are paid once. A worker that dies (a segfault,
 an illegal memory access, which poisons the CUDA context, a row past the timeout) makes its row
 ``crashed``; the next row gets a fresh worker. Each finished row is a file in ``DIR/rows/``:
 re-running the same command skips them. ``--shard i/n`` measures every n-th configuration so that
@@ -191,24 +194,31 @@ class Sweep:
     def _lane(self, device: str, copy_bw: float, todo: queue.Queue, bar: tqdm) -> None:
         while not self.stopping.is_set():
             try:
-                cfg = todo.get_nowait()
+                group = todo.get_nowait()
             except queue.Empty:
                 return
-            if self.cooldown_s:
-                time.sleep(self.cooldown_s)
-            try:
-                row = self._measure(cfg, device, copy_bw)
-            except Exception:
-                if self.stopping.is_set():  # its worker was stopped under it by the interrupt
+            for cfg in group:
+                if self.stopping.is_set() or not self._measure_and_write(cfg, device, copy_bw, bar):
                     return
-                raise
-            if self.stopping.is_set():  # killed by the interrupt: not a result
-                return
-            write_row(self.out_dir, row | {"device": row.get("device") or device, "host": platform.node()})
-            with self.lock:
-                self.measured += 1
-                bar.set_postfix_str(cfg.key(), refresh=False)
-                bar.update()
+
+    def _measure_and_write(self, cfg: Config, device: str, copy_bw: float, bar: tqdm) -> bool:
+        """One row measured on ``device`` and written; False where the interrupt stopped it."""
+        if self.cooldown_s:
+            time.sleep(self.cooldown_s)
+        try:
+            row = self._measure(cfg, device, copy_bw)
+        except Exception:
+            if self.stopping.is_set():  # its worker was stopped under it by the interrupt
+                return False
+            raise
+        if self.stopping.is_set():  # killed by the interrupt: not a result
+            return False
+        write_row(self.out_dir, row | {"device": row.get("device") or device, "host": platform.node()})
+        with self.lock:
+            self.measured += 1
+            bar.set_postfix_str(cfg.key(), refresh=False)
+            bar.update()
+        return True
 
     # -- the run
     def run(self) -> pd.DataFrame:
@@ -238,8 +248,8 @@ class Sweep:
             for device in self.devices[:len(pending)]:
                 self._worker(impl, device)
         todo: queue.Queue = queue.Queue()
-        for cfg in pending:
-            todo.put(cfg)
+        for group in compile_groups(pending):
+            todo.put(group)
         bar = tqdm(total=len(pending), unit="row", dynamic_ncols=True, smoothing=0.1)
         lanes = [threading.Thread(target=self._lane, args=(d, copy_bws[d], todo, bar), daemon=True)
                  for d in self.devices]
@@ -319,6 +329,19 @@ def _checkpoints(text: str) -> str:
     if text not in CHECKPOINTS:
         raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(CHECKPOINTS)}")
     return text
+
+
+def compile_groups(configs: list[Config]) -> list[list[Config]]:
+    """``configs`` in groups a lane measures together, in order of first appearance: one
+    implementation's rows of one shape, state dtype and tokens per row, which differ in batch size,
+    padding and pool layout. A kernel specialised on the shape is compiled once per worker, and a
+    compiler without a cache on disk compiles it again in every process: with rows dealt out one by
+    one, FlashInfer's first calls took 112 s in all on two lanes against 68 s on one
+    (``first_call_ms`` of results/h200/targets-2gpu and targets)."""
+    groups: dict[tuple, list[Config]] = {}
+    for cfg in configs:
+        groups.setdefault((cfg.impl, cfg.H, cfg.HV, cfg.K, cfg.V, cfg.state_dtype, cfg.T), []).append(cfg)
+    return list(groups.values())
 
 
 def _devices(text: str) -> list[str]:
