@@ -57,7 +57,9 @@ def crosscheck_row(row: dict, device: torch.device, calls: int, seed: int, befor
     torch.cuda.empty_cache()
     return {"cupti_busy_us": cupti["busy_us"], "cupti_span_us": cupti["span_us"],
             "cupti_charged_us": cupti["busy_us"] + charged, "kernels": cupti["kernels"],
-            "kernel_names": " | ".join(cupti["names"])[:300]}
+            "kernel_names": " | ".join(cupti["names"])[:300],
+            # each kernel's share, in launch order: a precompute launch apart from the main kernel
+            "kernel_us": " | ".join(f"{us:.3f}" for _, us in cupti["kernel_us"])}
 
 
 def main() -> int:
@@ -87,7 +89,7 @@ def main() -> int:
             except Exception as exc:  # a row that will not profile: recorded, not fatal
                 rows.append(base | {"error": f"{type(exc).__name__}: {exc}"[:300]})
     table = pd.DataFrame(rows).reindex(columns=[*rows[0], "cupti_busy_us", "cupti_span_us", "cupti_charged_us",
-                                                "kernels", "error"] if rows else [])
+                                                "kernels", "kernel_names", "kernel_us", "error"] if rows else [])
     table = table.loc[:, ~table.columns.duplicated()]
     table["ratio"] = table.kernel_us_median / table.cupti_busy_us
     table["ratio_to_span"] = table.kernel_us_median / table.cupti_span_us

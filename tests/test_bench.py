@@ -2,6 +2,7 @@
 (placements, L2 entry states, budgets), clocks, atomic files, and a sweep end to end (with a worker
 that segfaults and an implementation that is wrong or unsupported)."""
 
+import contextlib
 import itertools
 import json
 import math
@@ -439,6 +440,24 @@ def test_gpu_previous_step_rotates_over_sets_adding_up_to_three_l2s():
     assert row["status"] == "ok" and row["l2_entry"] == "previous-step"
     per_set = cfg.make_inputs("cuda").pool_span().nbytes
     assert 2 <= row["input_sets"] <= timing.MAX_INPUT_SETS and row["input_sets"] * per_set >= 2.5 * timing.l2_bytes("cuda")
+
+
+def test_cupti_trace_splits_into_steps_with_each_kernels_share(monkeypatch):
+    """A synthetic trace at large absolute times: three steps of a precompute and a main kernel,
+    each after one kernel of the op before it."""
+    from kda_impls.bench import cupti
+
+    trace, start = [], 1.7e9  # microseconds, as the profiler's clock gives them
+    for i in range(3):
+        trace += [(start, 5.0, "flush"), (start + 6.0, 1.0 + i, "gate"), (start + 8.0, 10.3, "main")]
+        start += 100.0
+    monkeypatch.setattr(cupti, "_kernels", lambda run, device: trace)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    steps = cupti.step_durations([lambda: None], "cpu", calls=3, before=lambda: None, before_kernels=1)
+    assert steps["kernels"] == 2 and steps["busy_samples_us"] == [1.0 + 10.3, 2.0 + 10.3, 3.0 + 10.3]
+    # exactly the gap plus the last kernel: (start + duration) - first start loses digits at 1.7e9
+    assert steps["span_us"] == 2.0 + 10.3 and steps["busy_us"] == 2.0 + 10.3 and steps["before_busy_us"] == 5.0
+    assert steps["kernel_us"] == [("gate", 2.0), ("main", 10.3)] and steps["names"] == ["gate", "main"]
 
 
 @pytest.mark.gpu

@@ -52,7 +52,9 @@ def step_durations(launchers: Sequence[Launcher], device, calls: int = 40,
     """Median (and all) per-step GPU time of ``calls`` eager steps cycling over ``launchers``, each
     after ``before`` (which launches ``before_kernels`` kernels: :func:`kernels_of`): ``busy_us``
     sums the step's kernel durations, ``span_us`` runs from its first kernel's start to its last
-    kernel's end. Raises RuntimeError when the trace does not split into equal steps."""
+    kernel's end, ``kernel_us`` is each of the step's kernels' median duration in launch order
+    (``names`` the same kernels' names, sorted). Raises RuntimeError when the trace does not split
+    into equal steps."""
     device = torch.device(device)
 
     def run() -> None:
@@ -70,16 +72,18 @@ def step_durations(launchers: Sequence[Launcher], device, calls: int = 40,
     if rest or per_step < 1:
         raise RuntimeError(f"{len(kernels)} kernels in the trace of {calls} steps, each after {before_kernels} "
                            f"kernels of the op before it: the steps do not launch equally many")
+    steps = [kernels[i * per_call + before_kernels:(i + 1) * per_call] for i in range(calls)]
     busy, span, before_busy = [], [], []
-    for i in range(calls):
-        step = kernels[i * per_call + before_kernels:(i + 1) * per_call]
+    for i, step in enumerate(steps):
         busy.append(sum(d for _, d, _ in step))
         # Starts subtracted first: they are large absolute times, and (start + d) - start need not
         # equal d in floating point (a one-kernel step's span came out 16 ps short of its busy time).
         span.append(step[-1][0] - step[0][0] + step[-1][1])
         if i:  # the op after a step (the first one follows nothing measured)
             before_busy.append(sum(d for _, d, _ in kernels[i * per_call:i * per_call + before_kernels]))
+    kernel_us = [(steps[0][j][2], float(np.median([step[j][1] for step in steps]))) for j in range(per_step)]
     return {"busy_us": float(np.median(busy)), "span_us": float(np.median(span)), "kernels": per_step,
+            "kernel_us": kernel_us,
             "names": sorted({name for _, _, name in kernels[before_kernels:per_call]}), "busy_samples_us": busy,
             "before_busy_us": float(np.median(before_busy)) if before_kernels else 0.0}
 
