@@ -26,10 +26,11 @@ from kda_impls import make_inputs, verify  # noqa: E402
 from kda_impls.impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
 
 # The table's choice, several V-tiles, a pipelined head group (cp.async into shared memory: the
-# case racecheck is for), and the persistent form (48 tiles over min(48, SMs) programs: the last
-# programs' look-ahead runs past the last tile, where nothing may be read).
+# case racecheck is for), the persistent form (48 tiles over min(48, SMs) programs: the last
+# programs' look-ahead runs past the last tile, where nothing may be read), and sub-tiles (two
+# programs per head, each walking four 16-row tiles).
 CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_warps=4, num_stages=2),
-           TileConfig(BV=16, num_warps=1, programs_per_sm=1)]
+           TileConfig(BV=16, num_warps=1, programs_per_sm=1), TileConfig(BV=16, num_warps=1, subtiles=4)]
 
 
 def main() -> int:
