@@ -100,6 +100,27 @@ def test_forced_tile_configs(config):
     assert verdict.ok, verdict
 
 
+# Reloads: the output from the reductions of the first read, the update from a second read; with
+# sub-tiles too, bf16 and fp32 state (the reload's widening is the state dtype's).
+@pytest.mark.interpreter
+@pytest.mark.parametrize("config", [TileConfig(BV=8, num_warps=1, reload=1),
+                                    TileConfig(BV=8, num_warps=1, subtiles=2, reload=1)], ids=str)
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("case", SMALL_CASES.values(), ids=SMALL_CASES.keys())
+def test_reload_matches_reference(case, state_dtype, config):
+    inputs = runnable(make_inputs(**case, state_dtype=state_dtype, device=DEVICE, seed=23))
+    verdict = verify(TritonKDA(config), inputs)
+    assert verdict.ok, verdict
+
+
+def test_reload_is_for_one_token_steps_per_tile():
+    config = TileConfig(BV=8, num_warps=1, reload=1)
+    assert config.fitted(4, 32).reload == 1 and config.fitted(4, 32, T=2).reload == 0
+    assert replace(config, programs_per_sm=2).fitted(4, 32).reload == 0
+    with pytest.raises(ValueError, match="reload must be 0 or 1"):
+        TileConfig(BV=8, reload=2).validate()
+
+
 # Sub-tiles: two per program (V split over several programs), and more than V holds (fitted to V).
 @pytest.mark.interpreter
 @pytest.mark.parametrize("config", [TileConfig(BV=8, num_warps=1, subtiles=2), TileConfig(BV=16, subtiles=64)],
@@ -355,3 +376,16 @@ def test_config_override_reaches_the_compiled_kernel(monkeypatch):
     assert compile_kernel(inputs, out, config).metadata.num_warps == 2
     verdict = verify(TritonKDA(), inputs)
     assert verdict.ok, verdict
+
+
+def test_register_script_compiles_for_sm90_without_a_gpu():
+    """scripts/triton_registers.py: the launcher's kernel and arguments compiled offline; a reload
+    tile holds fewer registers than the same tile without it (the reason the form exists)."""
+    done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs",
+                           "BV=32,num_warps=1;BV=32,num_warps=1,reload=1", "--state-dtypes", "bfloat16", "--B", "4"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    if done.returncode == 2 and "no ptxas here" in done.stdout:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stdout + done.stderr
+    regs = [int(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("bfloat16")]
+    assert len(regs) == 2 and regs[1] < regs[0], done.stdout

@@ -71,11 +71,21 @@ def _delta_rule(S, q, k, v, decay, beta):
 
 
 @triton.jit
+def _output_first(S, q, k, v, decay, beta):
+    """``(u, o)`` of one token on a ``[BV, K]`` tile with both reductions from the decayed tile in
+    one pass: with ``S' = S * decay`` and ``u = beta (v - S' k)``, the output ``S_new q`` equals
+    ``S' q + u (k . q)``; the update ``S' + u k^T`` is left to the caller."""
+    decayed = S * decay[None, :]
+    u = beta * (v - tl.sum(decayed * k[None, :], axis=1))
+    return u, tl.sum(decayed * q[None, :], axis=1) + u * tl.sum(k * q)
+
+
+@triton.jit
 def _kda_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, HV, GROUP, scale,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
-    SUBTILES: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    SUBTILES: tl.constexpr, RELOAD: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
     V_TILES: tl.constexpr = V // CHUNK
@@ -117,15 +127,27 @@ def _kda_decode_kernel(
         # next tile's load issued before this one computes: one tile in flight behind the one in use.
         for s in tl.static_range(SUBTILES):
             offs_v = first_v + s * BV
-            S = ahead.to(tl.float32)
+            stored = ahead
             if s + 1 < SUBTILES:
                 ahead = tl.load(head_state + (offs_v + BV)[:, None] * K, mask=live, other=0.0,
                                 eviction_policy="evict_first")
             v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
-            S, o = _delta_rule(S, q, k, v, decay, beta)
-            tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
-                     eviction_policy="evict_first")
-            tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+            if RELOAD:
+                # The update from a second read of the tile (from the caches), after the output is
+                # stored: no float32 tile lives across the reductions, so fewer registers and more
+                # warps resident. The output store between the reads (it may alias the pool, as far
+                # as the compiler can tell) keeps the two reads from being merged.
+                u, o = _output_first(stored.to(tl.float32), q, k, v, decay, beta)
+                tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+                stored = tl.load(head_state + offs_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
+                S = stored.to(tl.float32) * decay[None, :] + u[:, None] * k[None, :]
+                tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
+                         eviction_policy="evict_first")
+            else:
+                S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
+                tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
+                         eviction_policy="evict_first")
+                tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -282,7 +304,9 @@ class TileConfig:
     (:func:`_kda_decode_persistent_kernel`: n programs per SM, each walking tiles with the next
     one's loads in flight; one-token steps only, single heads); ``subtiles``: consecutive
     ``BV``-row tiles of each head one program walks, the gate computed once for them and the next
-    tile's load in flight (one-token steps, not the persistent form)."""
+    tile's load in flight (one-token steps, not the persistent form); ``reload``: 1 reads each tile
+    twice, the reductions from the first read and the update from the second (from the caches), so
+    that no float32 tile is held across the reductions (one-token steps, not the persistent form)."""
 
     BV: int
     heads: int = 1
@@ -290,6 +314,7 @@ class TileConfig:
     num_stages: int = 1
     programs_per_sm: int = 0
     subtiles: int = 1
+    reload: int = 0
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -328,17 +353,19 @@ class TileConfig:
             raise ValueError(f"{source}: programs_per_sm must be in 0..64; got {self.programs_per_sm}")
         if not (power_of_two(self.subtiles) and self.subtiles <= 64):
             raise ValueError(f"{source}: subtiles must be a power of two in 1..64; got {self.subtiles}")
+        if self.reload not in (0, 1):
+            raise ValueError(f"{source}: reload must be 0 or 1; got {self.reload}")
 
     def fitted(self, HV: int, V: int, T: int = 1) -> "TileConfig":
         """This config made legal for a shape: a tile no taller than V, a head group dividing HV, no
-        more sub-tiles than V holds; the persistent form walks single heads whole tiles, and both it
-        and sub-tiles exist for one-token steps only (T > 1 drops them)."""
+        more sub-tiles than V holds; the persistent form walks single heads whole tiles, and it,
+        sub-tiles and reloads exist for one-token steps only (T > 1 drops them)."""
         BV = min(self.BV, V)
         fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV))
         if T > 1:
-            return replace(fitted, programs_per_sm=0, subtiles=1)
+            return replace(fitted, programs_per_sm=0, subtiles=1, reload=0)
         if fitted.programs_per_sm:
-            return replace(fitted, heads=1, num_stages=1, subtiles=1)
+            return replace(fitted, heads=1, num_stages=1, subtiles=1, reload=0)
         return fitted
 
 
@@ -475,7 +502,7 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
                 L2_EPS=L2_EPS, SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
     if inputs.T == 1:
         return (_kda_decode_kernel, (grid[0] // config.subtiles,), (*pool, out, *scalars),
-                meta | dict(SUBTILES=config.subtiles))
+                meta | dict(SUBTILES=config.subtiles, RELOAD=config.reload))
     return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
 
 

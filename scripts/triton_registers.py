@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Registers and spills of the Triton KDA decode kernel per tile config, compiled for the H200
+(sm_90) on any machine: no GPU needed.
+
+    python3 scripts/triton_registers.py                          # CONFIGS at HV=32 K=V=128, bf16 and fp32
+    python3 scripts/triton_registers.py --configs "BV=32,num_warps=1;BV=32,num_warps=1,reload=1" --T 4
+
+Each config is fitted to the shape and compiled as the launcher would launch it
+(kda_impls.impls.triton_kda.kernel_arguments: the same kernel, constexprs and argument types, slot
+stride and pointers 16-divisible), to PTX by this machine's Triton, then assembled by ``ptxas -v``
+for sm_90a (the first of Triton's bundled assemblers and CUDA's that reads that PTX). Prints one
+line per config: registers per thread, spill bytes, and the warps per SM the registers allow
+(65536 registers per SM, at most 32 programs). The figures are this Triton's: the H200 image's
+may allocate differently (the tune's ``regs`` column is the H200's own count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile, not interpret
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_impls import make_inputs  # noqa: E402
+from kda_impls.impls.triton_kda import TileConfig, kernel_arguments  # noqa: E402
+
+CONFIGS = ("BV=8,num_warps=1", "BV=16,num_warps=1", "BV=32,num_warps=1", "BV=32,num_warps=2",
+           "BV=32,num_warps=1,reload=1", "BV=16,num_warps=1,reload=1", "BV=4,num_warps=1,subtiles=16",
+           "BV=8,num_warps=1,programs_per_sm=8")
+TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+                torch.int64: "i64"}
+REGISTERS_PER_SM, PROGRAMS_PER_SM, WARPS_PER_SM = 65536, 32, 64
+
+
+def assemblers() -> list[str]:
+    """Triton's bundled ptxas builds first (they read the PTX this Triton writes), then CUDA's."""
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    found = [str(bundled / name) for name in ("ptxas-blackwell", "ptxas") if (bundled / name).exists()]
+    for cuda in ("/usr/local/cuda/bin/ptxas", os.environ.get("TRITON_PTXAS_PATH", "")):
+        if cuda and Path(cuda).exists():
+            found.append(cuda)
+    return found
+
+
+def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
+    """Triton's (signature, constexprs, attributes) of a launch: tensors as typed pointers (16-byte
+    aligned, as the pool and inputs are), integers as i32 (16-divisible ones marked so, as Triton's
+    launcher specialises them), floats as fp32."""
+    names = [n for n in kernel.arg_names if n not in meta]
+    types, attrs = {}, {}
+    for i, (name, value) in enumerate(zip(names, args)):
+        if isinstance(value, torch.Tensor):
+            types[name] = "*" + TRITON_TYPES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            types[name] = "fp32"
+        else:
+            types[name] = "i32"
+            if value % 16 == 0 and value != 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    constexprs = {name: value for name, value in meta.items() if name != "num_warps"}
+    types |= {name: "constexpr" for name in constexprs}
+    return types, {(kernel.arg_names.index(n),): v for n, v in constexprs.items()}, attrs
+
+
+def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: int, T: int) -> dict:
+    inputs = make_inputs(B, HV, HV, D, D, T=T, state_dtype=state_dtype, seed=0)
+    config = config.fitted(HV, D, T)
+    out = torch.empty(inputs.out_shape, dtype=inputs.v.dtype)
+    kernel, _, args, meta = kernel_arguments(inputs, out, config)
+    types, constexprs, attrs = signature(kernel, args, meta)
+    compiled = triton.compile(ASTSource(kernel, types, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": meta["num_warps"]})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(compiled.asm["ptx"])
+    try:
+        for ptxas in assemblers():
+            done = subprocess.run([ptxas, "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
+                                  capture_output=True, text=True)
+            used = re.search(r"Used (\d+) registers", done.stderr)
+            if done.returncode == 0 and used:
+                spills = re.search(r"(\d+) bytes spill stores", done.stderr)
+                regs = int(used.group(1))
+                warps = min(WARPS_PER_SM, REGISTERS_PER_SM // (regs * 32) // config.num_warps * config.num_warps,
+                            PROGRAMS_PER_SM * config.num_warps)
+                return {"config": str(config), "kernel": kernel.fn.__name__, "regs": regs,
+                        "spill_bytes": int(spills.group(1)) if spills else 0, "warps_per_sm": warps}
+    finally:
+        os.unlink(f.name)
+    raise RuntimeError(f"no ptxas here reads this Triton's PTX (tried {', '.join(assemblers()) or 'none'})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--configs", default=";".join(CONFIGS), help="tile configs separated by ';'")
+    parser.add_argument("--state-dtypes", default="bfloat16,float32")
+    parser.add_argument("--HV", type=int, default=32)
+    parser.add_argument("--D", type=int, default=128, help="K = V")
+    parser.add_argument("--B", type=int, default=256)
+    parser.add_argument("--T", type=int, default=1)
+    args = parser.parse_args()
+    print(f"triton {triton.__version__}, sm_90a, HV={args.HV} K=V={args.D} B={args.B} T={args.T}")
+    print(f"{'state':9} {'config':78} {'kernel':32} {'regs':>4} {'spill B':>7} {'warps/SM':>8}")
+    for dtype in args.state_dtypes.split(","):
+        for text in args.configs.split(";"):
+            config = TileConfig.parse(text, TileConfig(BV=args.D), source="--configs")
+            try:
+                r = registers(config, getattr(torch, dtype), args.HV, args.D, args.B, args.T)
+            except RuntimeError as exc:
+                print(exc)
+                return 2
+            print(f"{dtype:9} {r['config']:78} {r['kernel']:32} {r['regs']:4} {r['spill_bytes']:7} "
+                  f"{r['warps_per_sm']:8}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
