@@ -31,6 +31,9 @@
 #   scripts/h200_run.sh profile    # (a bare one-GPU box will do: torch and Triton only) Nsight Compute
 #                                  # counters of our kernel beside a copy; memcheck of every tile form;
 #                                  # the CUPTI test
+#   scripts/h200_run.sh tune       # (a bare one-GPU box will do) every one-token candidate, every
+#                                  # shape (the reload form's first measurement), then the multi-token
+#                                  # shapes; regenerate the table with --write-table from both CSVs
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
@@ -157,6 +160,12 @@ case ${1:-} in
     cp "$LOGS"/memcheck.log "$RES/ncu/" 2>/dev/null
     pack
     ;;
+  tune)
+    TAIL=4 step tune 380 $GPU0 python3 scripts/triton_tune.py --out "$RES/triton-tune-v4/triton_tune.csv" --budget-s 320
+    TAIL=4 step tune-multitoken 120 $GPU0 python3 scripts/triton_tune.py --out "$RES/triton-tune-multitoken-v2/triton_tune.csv" \
+      --tokens 2,4,8 --value-heads 32 --head-dims 128x128 --batches 1,8,32,128 --budget-s 90
+    pack
+    ;;
   *)
-    echo "usage: $0 sanity|go|published|targets|targets-one|check|spec|profile" >&2; exit 2 ;;
+    echo "usage: $0 sanity|go|published|targets|targets-one|check|spec|profile|tune" >&2; exit 2 ;;
 esac

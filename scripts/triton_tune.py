@@ -53,8 +53,9 @@ BATCHES = (1, 16, 64, 256)
 STATE_DTYPES = (torch.bfloat16, torch.float32)
 PADDED_SLOT = 64  # elements of padding per slot for the padding-cost timing
 TABLE_PATH = Path(__file__).resolve().parents[1] / "kda_impls" / "impls" / "triton_tuning.py"
-# Per candidate: three placements sharing 0.12 s of sampling (many configs to time), no call time.
-METHOD = Method(kernel=Budget(min_samples=12, max_seconds=0.12, rel_ci=0.01), call=None)
+# Per candidate: three placements sharing 0.12 s of sampling (many configs to time), none added
+# (the candidates of a shape are compared within one run), no call time.
+METHOD = Method(kernel=Budget(min_samples=12, max_seconds=0.12, rel_ci=0.01), call=None, extra_placements=0)
 PLACEMENTS = 3
 PADDED_SOURCE = "best, padded pool"
 COLUMNS = ["state_dtype", "HV", "K", "V", "B", "T", "slot_pad", "config", "source", "status", "us", "us_placement_min",

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from helpers import REPO
+from kda_impls import make_inputs
 from kda_impls.bench import case, clocks, timing
 from kda_impls.bench.case import COLUMNS, Method, run_case
 from kda_impls.bench.config import Config, PoolLayout
@@ -293,7 +294,7 @@ def test_run_case_without_a_method_only_checks():
 def test_run_case_times_over_the_layouts_placements():
     cfg = Config("naive", B=3, H=1, HV=2, K=16, V=16, layout=PoolLayout(placements=2))
     row = run_case(cfg, "cpu", QUICK)
-    assert row["status"] == "ok" and len(row["kernel_placement_us"]) == 2
+    assert row["status"] == "ok" and len(row["kernel_placement_us"]) == 2 == row["placements_timed"]  # none added
     assert row["kernel_us_placement_min"] <= row["kernel_us_median"] <= row["kernel_us_placement_max"]
     assert row["retimed"] is False and row["throttled"] is None and row["l2_entry"] == "none"
     assert row["bytes"] == cfg.make_inputs("cpu").nbytes()
@@ -440,6 +441,26 @@ def test_gpu_previous_step_rotates_over_sets_adding_up_to_three_l2s():
     assert row["status"] == "ok" and row["l2_entry"] == "previous-step"
     per_set = cfg.make_inputs("cuda").pool_span().nbytes
     assert 2 <= row["input_sets"] <= timing.MAX_INPUT_SETS and row["input_sets"] * per_set >= 2.5 * timing.l2_bytes("cuda")
+
+
+@pytest.mark.parametrize("first, extra, timed", [
+    ([1.00, 1.019, 1.01], 6, 3),   # within 2%: the layout's three
+    ([1.00, 1.021, 1.01], 6, 9),   # wider: six more
+    ([1.00, 1.05, 1.00], 0, 3),    # none allowed
+])
+def test_placements_are_added_where_the_first_ones_spread_wide(monkeypatch, first, extra, timed):
+    medians = iter(first + [1.0] * extra)
+    monkeypatch.setattr(timing, "_time_placement",
+                        lambda launchers, device, share, made: Timing([next(medians)], "perf_counter"))
+    drawn = []
+
+    def make(placement):
+        drawn.append(placement)
+        return make_inputs(1, 1, 1, 16, 16, seed=placement)
+
+    result = kernel_time(make, lambda x: (lambda: None), "cpu", placements=3, extra_placements=extra)
+    assert len(result.placement_medians) == timed and drawn == list(range(timed))  # each a fresh placement
+    assert result.placement_medians[:3] == first
 
 
 def test_cupti_trace_splits_into_steps_with_each_kernels_share(monkeypatch):

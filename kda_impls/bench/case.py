@@ -28,7 +28,7 @@ IMPL_COLUMNS = ["library", "variant", "engine_call"]  # what the implementation 
 COLUMNS = [
     *CONFIG_COLUMNS, *IMPL_COLUMNS, "l2_entry", "device", "host", "key", "status", "reason", "err_out", "err_state",
     "kernel_us_median", "kernel_us_p25", "kernel_us_p75", "kernel_us_placement_min", "kernel_us_placement_max",
-    "n_samples", "kernel_method", "input_sets",
+    "placements_timed", "n_samples", "kernel_method", "input_sets",
     "call_us_median", "call_us_p25", "call_us_p75", "first_call_ms",
     "bytes", "gbps", "roofline_frac", "floor_us", "copy_gbps",
     *clocks.COLUMNS, "retimed",
@@ -40,19 +40,23 @@ MAX_REASON_CHARS = 2000
 @dataclass(frozen=True)
 class Method:
     """How a case is timed, besides its configuration: the L2 entry state (timing.ENTRY_STATES),
-    the budgets of the two timers (the kernel budget shared among the layout's placements), the
-    seed of the inputs and spacers, and whether a row timed while the GPU slowed itself down is
-    timed once more."""
+    the budgets of the two timers (the kernel budget shared among the layout's placements), how
+    many placements may be added to a row whose placements spread wide on a GPU
+    (timing.PLACEMENT_SPREAD_LIMIT), the seed of the inputs and spacers, and whether a row timed
+    while the GPU slowed itself down is timed once more."""
 
     entry: str = DEFAULT_ENTRY
     kernel: Budget = field(default_factory=Budget)
     call: Budget | None = field(default_factory=lambda: Budget(max_seconds=0.2))  # None: no call time
+    extra_placements: int = 6
     seed: int = 0
     retime_throttled: bool = True
 
     def __post_init__(self):
         if self.entry not in ENTRY_STATES:
             raise ValueError(f"unknown L2 entry state {self.entry!r}; one of {', '.join(ENTRY_STATES)}")
+        if self.extra_placements < 0:
+            raise ValueError(f"extra_placements must be >= 0; got {self.extra_placements}")
 
 
 class _TimedFirstLaunch:
@@ -134,8 +138,10 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
 
         def timed_kernel():
             with clocks.ClockMonitor(device) as monitor:
+                # none added on the CPU, whose rows are not ranked (and whose timings always spread)
+                extra = method.extra_placements if torch.device(device).type == "cuda" else 0
                 timing = kernel_time(make, impl.bind, device, method.kernel, placements=cfg.layout.placements,
-                                     entry=method.entry, seed=seed)
+                                     entry=method.entry, seed=seed, extra_placements=extra)
             return timing, monitor.summary()
 
         kernel, clock = timed_kernel()
@@ -157,6 +163,7 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
         "kernel_us_median": kernel.median * 1e6, "kernel_us_p25": kernel.p25 * 1e6,
         "kernel_us_p75": kernel.p75 * 1e6, "kernel_us_placement_min": kernel.placement_min * 1e6,
         "kernel_us_placement_max": kernel.placement_max * 1e6, "n_samples": kernel.n,
+        "placements_timed": len(kernel.placement_medians),
         "kernel_method": kernel.method, "input_sets": kernel.input_sets,
         "bytes": nbytes, "gbps": nbytes / kernel.median / 1e9, "roofline_frac": nbytes / kernel.median / copy_bw,
         "floor_us": nbytes / copy_bw * 1e6, "copy_gbps": copy_bw / 1e9,

@@ -46,7 +46,7 @@ from .config import CHECKPOINTS, SLOT_ORDERS, Config, PoolLayout
 from .presets import AXES, PRESETS, adhoc_configs
 from .results import assemble, environment, read_meta, read_rows, remove_stale_temporaries, write_meta, write_row
 from .roofline import copy_bandwidth
-from .timing import DEFAULT_ENTRY, ENTRY_STATES, Budget
+from .timing import DEFAULT_ENTRY, ENTRY_STATES, PLACEMENT_SPREAD_LIMIT, Budget
 from .worker import serve
 
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
@@ -401,6 +401,9 @@ def parser() -> Parser:
                         help="order the rows name their slots in (default %(default)s)")
     layout.add_argument("--placements", type=positive_int, default=PoolLayout.placements, metavar="N",
                         help="independent allocations each row is timed on (default %(default)s)")
+    layout.add_argument("--extra-placements", type=non_negative_int, default=Method.extra_placements, metavar="N",
+                        help="placements added, one at a time, to a row whose placements spread by more than "
+                             f"{PLACEMENT_SPREAD_LIMIT:.0%} (max / min), at most N (default %(default)s)")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
@@ -459,7 +462,8 @@ def main(argv: list[str] | None = None) -> None:
     kernel = Budget(min_samples=args.min_samples or preset.kernel.min_samples,
                     max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
                     max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
-    method = Method(entry=args.l2_entry, kernel=kernel, call=preset.call, retime_throttled=not args.no_retime)
+    method = Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
+                    retime_throttled=not args.no_retime)
     registry.interpret_triton_on(device_type)  # the workers inherit it
 
     sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),

@@ -5,7 +5,12 @@ Each program owns one batch row, a group of ``heads`` consecutive value heads an
 within the program. It reads its state tile once, decays it, applies the delta rule, writes it
 back through ``slots`` and writes the output tile: the state crosses memory exactly twice, which
 is the floor for a memory-bound step. A row whose slot is -1 writes zeros to its output, every
-state access masked off.
+state access masked off. Three other forms of the one-token step are tile config fields, chosen
+per shape by the tuning table: ``subtiles`` (a program walks several ``BV``-row tiles of a head,
+the gate computed once, the next tile's load in flight), ``reload`` (each tile read twice, so that
+no float32 tile is held across the reductions: fewer registers) and ``programs_per_sm`` (a
+persistent grid walking every tile with a one-tile register look-ahead). docs/perf-notes.md has
+what each was measured to do on the H200.
 
 Multi-token decode (T > 1 tokens per row, speculative verify) has its own kernel with the same
 program mapping: the state tile is read once, from the row's start slot
@@ -13,16 +18,16 @@ program mapping: the state tile is read once, from the row's start slot
 unrolled: registers do not grow with T, and one compiled kernel serves every T) and stored after
 token t only where ``slots[row, t] >= 0``; each token's inputs are loaded while the previous token
 computes. It moves one state read per live row and one write per stored slot, the floor of that
-step. A T = 1 step, in either spelling, runs the one-token kernel, which is compiled exactly as
-before multi-token decode existed (its math is shared through inlined helpers).
+step. A T = 1 step, in either spelling, runs the one-token kernel (the math is shared through
+inlined helpers).
 
-The tile shape (``BV``, ``heads``, ``num_warps``, ``num_stages``) comes from the committed table
+The tile config (:class:`TileConfig`) comes from the committed table
 in :mod:`kda_impls.impls.triton_tuning`, keyed by shape, state dtype and batch size; the environment
 variable ``KDA_TRITON_CONFIG`` (e.g. ``"BV=32,num_warps=4"``) overrides any of its fields for
 every shape. Both are resolved when the launcher is bound, never inside it. The table is keyed by
 tokens per row too: a multi-token step takes the entry tuned nearest its T and B (the grid is laid
 out as at T = 1, each program carrying T tokens), and the one-token entries where its shape has
-no multi-token ones. One-token entries may name the persistent form (``programs_per_sm``).
+no multi-token ones (the one-token forms dropped).
 """
 
 from __future__ import annotations
