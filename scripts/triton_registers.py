@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Registers and spills of the Triton KDA decode kernel per tile config, compiled for the H200
-(sm_90) on any machine: no GPU needed.
+"""Registers, spills and instruction counts of the Triton KDA decode kernel per tile config,
+compiled for the H200 (sm_90) on any machine: no GPU needed.
 
     python3 scripts/triton_registers.py                          # CONFIGS at HV=32 K=V=128, bf16 and fp32
     python3 scripts/triton_registers.py --configs "BV=32,num_warps=1;BV=32,num_warps=1,reload=1" --T 4
+    python3 scripts/triton_registers.py --table --HV 32 --D 128       # every tabled entry of a shape
 
 Each config is fitted to the shape and compiled as the launcher would launch it
 (kda_impls.impls.triton_kda.kernel_arguments: the same kernel, constexprs and argument types, slot
 stride and pointers 16-divisible), to PTX by this machine's Triton, then assembled by ``ptxas -v``
-for sm_90a (the first of Triton's bundled assemblers and CUDA's that reads that PTX). Prints one
-line per config: registers per thread, spill bytes, and the warps per SM the registers allow
-(65536 registers per SM, at most 32 programs). The figures are this Triton's: the H200 image's
+for sm_90a (the first of Triton's bundled assemblers and CUDA's that reads that PTX), and
+disassembled by Triton's bundled ``cuobjdump``. Prints one line per config: registers per thread,
+spill bytes, the warps per SM the registers allow (65536 registers per SM, at most 32 programs),
+the SASS instructions before the first global load (the latency a small step waits before its
+first DRAM access) and in all. The figures are this Triton's: the H200 image's
 may allocate differently (the tune's ``regs`` column is the H200's own count).
 """
 
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls import make_inputs  # noqa: E402
 from kda_impls.impls.triton_kda import TileConfig, kernel_arguments  # noqa: E402
+from kda_impls.impls.triton_tuning import TABLE  # noqa: E402
 
 CONFIGS = ("BV=8,num_warps=1", "BV=16,num_warps=1", "BV=32,num_warps=1", "BV=32,num_warps=2",
            "BV=32,num_warps=1,reload=1", "BV=16,num_warps=1,reload=1", "BV=4,num_warps=1,subtiles=16",
@@ -52,6 +56,17 @@ def assemblers() -> list[str]:
         if cuda and Path(cuda).exists():
             found.append(cuda)
     return found
+
+
+def sass_counts(cubin: Path) -> dict:
+    """SASS instructions before the first global load, and in all (None without cuobjdump)."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        return {"sass_before_load": None, "sass": None}
+    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
+    instructions = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    first_load = next((i for i, line in enumerate(instructions) if "LDG" in line), None)
+    return {"sass_before_load": first_load, "sass": len(instructions)}
 
 
 def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
@@ -83,12 +98,12 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
     types, constexprs, attrs = signature(kernel, args, meta)
     compiled = triton.compile(ASTSource(kernel, types, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": meta["num_warps"]})
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(compiled.asm["ptx"])
-    try:
+    with tempfile.TemporaryDirectory() as scratch:
+        ptx, cubin = Path(scratch) / "kernel.ptx", Path(scratch) / "kernel.cubin"
+        ptx.write_text(compiled.asm["ptx"])
         for ptxas in assemblers():
-            done = subprocess.run([ptxas, "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
-                                  capture_output=True, text=True)
+            done = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(ptx), "-o", str(cubin)], capture_output=True,
+                                  text=True)
             used = re.search(r"Used (\d+) registers", done.stderr)
             if done.returncode == 0 and used:
                 spills = re.search(r"(\d+) bytes spill stores", done.stderr)
@@ -96,10 +111,22 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
                 warps = min(WARPS_PER_SM, REGISTERS_PER_SM // (regs * 32) // config.num_warps * config.num_warps,
                             PROGRAMS_PER_SM * config.num_warps)
                 return {"config": str(config), "kernel": kernel.fn.__name__, "regs": regs,
-                        "spill_bytes": int(spills.group(1)) if spills else 0, "warps_per_sm": warps}
-    finally:
-        os.unlink(f.name)
+                        "spill_bytes": int(spills.group(1)) if spills else 0, "warps_per_sm": warps,
+                        **sass_counts(cubin)}
     raise RuntimeError(f"no ptxas here reads this Triton's PTX (tried {', '.join(assemblers()) or 'none'})")
+
+
+def print_table_entries(HV: int, D: int) -> int:
+    print(f"triton {triton.__version__}, sm_90a, the tuning table's entries for HV={HV} K=V={D}")
+    print(f"{'state':9} {'B':>4} {'T':>2} {'config':78} {'regs':>4} {'spill B':>7} {'warps/SM':>8} "
+          f"{'SASS to 1st load':>16} {'SASS':>5}")
+    for (dtype, hv, K, V, B, T), text in sorted(TABLE.items()):
+        if (hv, K, V) != (HV, D, D):
+            continue
+        r = registers(TileConfig.parse(text, TileConfig(BV=V)), getattr(torch, dtype), HV, D, B, T)
+        print(f"{dtype:9} {B:4} {T:2} {r['config']:78} {r['regs']:4} {r['spill_bytes']:7} {r['warps_per_sm']:8} "
+              f"{r['sass_before_load']!s:>16} {r['sass']!s:>5}")
+    return 0
 
 
 def main() -> int:
@@ -111,9 +138,14 @@ def main() -> int:
     parser.add_argument("--D", type=int, default=128, help="K = V")
     parser.add_argument("--B", type=int, default=256)
     parser.add_argument("--T", type=int, default=1)
+    parser.add_argument("--table", action="store_true",
+                        help="instead of --configs: every entry of the tuning table for HV and K = V = D")
     args = parser.parse_args()
+    if args.table:
+        return print_table_entries(args.HV, args.D)
     print(f"triton {triton.__version__}, sm_90a, HV={args.HV} K=V={args.D} B={args.B} T={args.T}")
-    print(f"{'state':9} {'config':78} {'kernel':32} {'regs':>4} {'spill B':>7} {'warps/SM':>8}")
+    print(f"{'state':9} {'config':78} {'kernel':32} {'regs':>4} {'spill B':>7} {'warps/SM':>8} "
+          f"{'SASS to 1st load':>16} {'SASS':>5}")
     for dtype in args.state_dtypes.split(","):
         for text in args.configs.split(";"):
             config = TileConfig.parse(text, TileConfig(BV=args.D), source="--configs")
@@ -123,7 +155,7 @@ def main() -> int:
                 print(exc)
                 return 2
             print(f"{dtype:9} {r['config']:78} {r['kernel']:32} {r['regs']:4} {r['spill_bytes']:7} "
-                  f"{r['warps_per_sm']:8}")
+                  f"{r['warps_per_sm']:8} {r['sass_before_load']!s:>16} {r['sass']!s:>5}")
     return 0
 
 

@@ -88,7 +88,7 @@ def _output_first(S, q, k, v, decay, beta):
 @triton.jit
 def _kda_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
-    slot_stride, HV, GROUP, scale,
+    slot_stride, scale, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
     SUBTILES: tl.constexpr, RELOAD: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
@@ -195,7 +195,7 @@ def _tile_slot(slots_ptr, tile, n_tiles, HV, V_TILES: tl.constexpr):
 @triton.jit
 def _kda_decode_persistent_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
-    slot_stride, HV, GROUP, scale, n_tiles,
+    slot_stride, scale, n_tiles, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
@@ -250,7 +250,7 @@ def _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, token, h, hv, H, H
 @triton.jit
 def _kda_multitoken_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr,
-    slot_stride, HV, GROUP, scale, T,
+    slot_stride, scale, T, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
     L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
@@ -496,15 +496,16 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
     """
     grid = (inputs.B * (inputs.HV // config.heads) * (inputs.V // config.BV),)  # one program per tile
     pool = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots)
-    scalars = (inputs.slot_stride, inputs.HV, inputs.HV // inputs.H, inputs.effective_scale)
+    scalars = (inputs.slot_stride, inputs.effective_scale)
+    # The head counts are compile-time constants: the program-to-tile mapping divides by them, and a
+    # division by a runtime value is a long instruction sequence on the path to the first load.
+    meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=config.BV, L2_EPS=L2_EPS,
+                SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
     if inputs.T == 1 and config.programs_per_sm:
         n_tiles = grid[0]
-        meta = dict(K=inputs.K, V=inputs.V, BV=config.BV, L2_EPS=L2_EPS, SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE,
-                    num_warps=config.num_warps)
         programs = min(n_tiles, config.programs_per_sm * multiprocessors(inputs.device))
         return _kda_decode_persistent_kernel, (programs,), (*pool, out, *scalars, n_tiles), meta
-    meta = dict(K=inputs.K, V=inputs.V, BV=config.BV, HEADS=config.heads, NUM_STAGES=config.num_stages,
-                L2_EPS=L2_EPS, SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
+    meta |= dict(HEADS=config.heads, NUM_STAGES=config.num_stages)
     if inputs.T == 1:
         return (_kda_decode_kernel, (grid[0] // config.subtiles,), (*pool, out, *scalars),
                 meta | dict(SUBTILES=config.subtiles, RELOAD=config.reload))
