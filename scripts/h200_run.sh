@@ -35,7 +35,9 @@
 #                                  # shape (the reload form's first measurement), then the multi-token
 #                                  # shapes; regenerate the table with --write-table from both CSVs
 #
-# ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs and every result directory go into a tarball in $OUT (default
+# ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default);
+# EXTRA_PLACEMENTS=<n> the placements the `published` runs add where a row spreads (default 6: the
+# runs that validate added placements before they become the default; 0 for the default method). Logs and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
 # Steps are bounded by `timeout` so that a slow one cannot take the rest down with it.
 set -uo pipefail
@@ -57,7 +59,8 @@ background() {  # background NAME GPU SECONDS COMMAND...: the same on GPU number
   local name=$1 gpu=$2 limit=$3; shift 3
   ( export CUDA_VISIBLE_DEVICES=$gpu; step "$name" "$limit" "$@" ) > "$LOGS/$name.summary" 2>&1 &
 }
-GPU0="env CUDA_VISIBLE_DEVICES=0"  # timeout runs programs, not shell functions
+GPU0="env CUDA_VISIBLE_DEVICES=0"
+EXTRA_PLACEMENTS=${EXTRA_PLACEMENTS:-6}  # timeout runs programs, not shell functions
 pack() {  # the results so far, without the per-row files a resume reads
   tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" --exclude=rows --exclude=html --exclude=scratch-repo \
     "$(basename "$RES")"
@@ -100,10 +103,12 @@ case ${1:-} in
     source /root/gpu-site/env.sh
     background asv-gate 1 560 python3 scripts/validate_gate.py asv "$RES/gate-asv" --max-runs 4
     for run in a1 a2 a3; do
-      TAIL=1 step "published-$run" 130 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --out "$RES/published/$run"
+      TAIL=1 step "published-$run" 180 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
+        --extra-placements "$EXTRA_PLACEMENTS" --out "$RES/published/$run"
     done
     PLANTED=$(python3 scripts/validate_gate.py planted 2>/dev/null)
     TAIL=1 step published-slow 60 env KDA_TRITON_CONFIG="$PLANTED" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --impls triton \
+      --extra-placements "$EXTRA_PLACEMENTS" \
       --out "$RES/published/slow"
     TAIL=3 step gate-sweep 60 python3 scripts/validate_gate.py sweep "$RES/gate-sweep" "$RES"/published/a{1,2,3} \
       "$RES/published/slow"

@@ -39,10 +39,10 @@ Launcher = Callable[[], object]
 
 # Bump when what the timers measure changes (entry state, placements, what a sample is, the event
 # placement): the asv suite versions its benchmarks by it, and results of two versions never compare.
-METHOD_VERSION = 3  # 3: placements added where their spread is wide (kernel_time's extra_placements)
+METHOD_VERSION = 2  # placements added on request (extra_placements) do not change it until they are the default
 
 # A row whose placements' medians spread by more than this (max / min - 1) gets more placements, up
-# to the method's extra_placements: on the H200 the large fla steps land anywhere in a 10% range by
+# to the method's extra_placements (0 unless asked for): on the H200 the large fla steps land anywhere in a 10% range by
 # placement, and three draws per run put two runs' medians, and their whole ranges, apart
 # (results/h200/gate-sweep/: fla-loggate bf16 HV=32 B=256 took 203-213 us in one run, 214-224 in the next).
 PLACEMENT_SPREAD_LIMIT = 0.02
