@@ -86,6 +86,16 @@ def _output_first(S, q, k, v, decay, beta):
 
 
 @triton.jit
+def _program_tile(HV: tl.constexpr, HEADS: tl.constexpr, V_TILES: tl.constexpr):
+    """This program's ``(row, first value head, V-tile)``: the V-tile fastest, then the head group,
+    then the row, so neighbouring programs stream neighbouring memory. The row is int64: row * HV * V
+    overflows int32 for very large batches."""
+    pid = tl.program_id(0)
+    head_groups: tl.constexpr = HV // HEADS
+    return (pid // V_TILES // head_groups).to(tl.int64), (pid // V_TILES) % head_groups * HEADS, pid % V_TILES
+
+
+@triton.jit
 def _kda_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, scale, HV: tl.constexpr, GROUP: tl.constexpr,
@@ -93,13 +103,7 @@ def _kda_decode_kernel(
     SUBTILES: tl.constexpr, RELOAD: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
-    V_TILES: tl.constexpr = V // CHUNK
-    pid = tl.program_id(0)
-    v_tile = pid % V_TILES
-    head_groups = HV // HEADS
-    first_head = (pid // V_TILES) % head_groups * HEADS
-    # int64 from here on: row * HV * V overflows int32 for very large batches
-    row = (pid // V_TILES // head_groups).to(tl.int64)
+    row, first_head, v_tile = _program_tile(HV, HEADS, V // CHUNK)
     H = HV // GROUP
     offs_k = tl.arange(0, K)
     first_v = v_tile * CHUNK + tl.arange(0, BV)
@@ -257,12 +261,7 @@ def _kda_multitoken_kernel(
     """T tokens per row (T > 1): the program mapping of :func:`_kda_decode_kernel`; each state tile
     is read once, from the row's start slot, carried through the T tokens in registers and
     stored after token t where ``slots[row, t] >= 0``."""
-    V_TILES: tl.constexpr = V // BV
-    pid = tl.program_id(0)
-    v_tile = pid % V_TILES
-    head_groups = HV // HEADS
-    first_head = (pid // V_TILES) % head_groups * HEADS
-    row = (pid // V_TILES // head_groups).to(tl.int64)
+    row, first_head, v_tile = _program_tile(HV, HEADS, V // BV)
     H = HV // GROUP
     offs_k = tl.arange(0, K)
     offs_v = v_tile * BV + tl.arange(0, BV)
