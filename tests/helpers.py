@@ -107,3 +107,15 @@ def assert_graph_replay_takes_eager_step(name: str, x: DecodeInputs) -> torch.Te
     assert torch.equal(captured, eager)
     assert torch.equal(y.pool_span().view(torch.int16), x.pool_span().view(torch.int16))
     return eager
+
+
+def assert_launch_allocates_nothing(name: str, x: DecodeInputs) -> None:
+    """A bound launcher of ``name`` allocates no GPU memory when it runs (after a first launch, so
+    that lazy workspaces are not counted): nothing is allocated per step."""
+    launch = get(name).bind(x)
+    launch()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    launch()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before

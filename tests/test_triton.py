@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import REPO, assert_graph_replay_takes_eager_step, load_script
+from helpers import REPO, assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing, load_script
 
 from kda_impls import get, make_inputs, reference, rel_err, verify
 from kda_impls.impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, _kda_decode_persistent_kernel,
@@ -100,52 +100,15 @@ def test_forced_tile_configs(config):
     assert verdict.ok, verdict
 
 
-# Reloads: the output from the reductions of the first read, the update from a second read; with
-# sub-tiles too, bf16 and fp32 state (the reload's widening is the state dtype's).
-@pytest.mark.interpreter
-@pytest.mark.parametrize("config", [TileConfig(BV=8, num_warps=1, reload=1),
-                                    TileConfig(BV=8, num_warps=1, subtiles=2, reload=1)], ids=str)
-@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-@pytest.mark.parametrize("case", SMALL_CASES.values(), ids=SMALL_CASES.keys())
-def test_reload_matches_reference(case, state_dtype, config):
-    inputs = runnable(make_inputs(**case, state_dtype=state_dtype, device=DEVICE, seed=23))
-    verdict = verify(TritonKDA(config), inputs)
-    assert verdict.ok, verdict
-
-
-def test_reload_is_for_one_token_steps_per_tile():
-    config = TileConfig(BV=8, num_warps=1, reload=1)
-    assert config.fitted(4, 32).reload == 1 and config.fitted(4, 32, T=2).reload == 0
-    assert replace(config, programs_per_sm=2).fitted(4, 32).reload == 0
-    with pytest.raises(ValueError, match="reload must be 0 or 1"):
-        TileConfig(BV=8, reload=2).validate()
-
-
-# Sub-tiles: two per program (V split over several programs), and more than V holds (fitted to V).
-@pytest.mark.interpreter
-@pytest.mark.parametrize("config", [TileConfig(BV=8, num_warps=1, subtiles=2), TileConfig(BV=16, subtiles=64)],
-                         ids=str)
-@pytest.mark.parametrize("case", SMALL_CASES.values(), ids=SMALL_CASES.keys())
-def test_subtiles_match_reference(case, config):
-    inputs = runnable(make_inputs(**case, state_dtype=torch.float32, device=DEVICE, seed=22))
-    verdict = verify(TritonKDA(config), inputs)
-    assert verdict.ok, verdict
-
-
-def test_subtiles_are_fitted_to_v_and_shrink_the_grid():
-    config = TileConfig(BV=8, num_warps=1, subtiles=16)
-    assert config.fitted(4, 32).subtiles == 4 and config.fitted(4, 32, T=2).subtiles == 1
-    assert replace(config, programs_per_sm=2).fitted(4, 32).subtiles == 1
-    inputs = make_inputs(3, 2, 4, 32, 32, state_dtype=torch.bfloat16, seed=1)
-    out = torch.empty(3, 4, 32, dtype=inputs.v.dtype)
-    _, grid, _, meta = kernel_arguments(inputs, out, config.fitted(4, 32))
-    assert grid == (3 * 4,) and meta["SUBTILES"] == 4
-
-
-# The persistent form: one program walking every tile (each look-ahead crosses rows, heads and
-# V-tiles), three programs (a tail: tile counts are not multiples of 3), and more programs than
-# tiles (the grid is capped); every small case, so -1 rows, padded slots, GVA and K != V too.
-PERSISTENT = [
+# Each form of the one-token step on every small case (-1 rows, padded slots, GVA, K != V), bf16 and
+# fp32 state: sub-tiles (two per program; more than V holds, fitted to V), each tile read twice
+# (alone and with sub-tiles), and the persistent grid (one program walking every tile, so each
+# look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs than tiles).
+FORMS = [
+    TileConfig(BV=8, num_warps=1, subtiles=2),
+    TileConfig(BV=16, subtiles=64),
+    TileConfig(BV=8, num_warps=1, reload=1),
+    TileConfig(BV=8, num_warps=1, subtiles=2, reload=1),
     TileConfig(BV=8, num_warps=1, programs_per_sm=1),
     TileConfig(BV=16, num_warps=2, programs_per_sm=3),
     TileConfig(BV=4, num_warps=1, programs_per_sm=64),
@@ -153,25 +116,40 @@ PERSISTENT = [
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("config", PERSISTENT, ids=str)
+@pytest.mark.parametrize("config", FORMS, ids=str)
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("case", SMALL_CASES.values(), ids=SMALL_CASES.keys())
-def test_persistent_form_matches_reference(case, config):
-    inputs = runnable(make_inputs(**case, state_dtype=torch.bfloat16, device=DEVICE, seed=21))
+def test_kernel_forms_match_reference(case, state_dtype, config):
+    inputs = runnable(make_inputs(**case, state_dtype=state_dtype, device=DEVICE, seed=21))
     verdict = verify(TritonKDA(config), inputs)
     assert verdict.ok, verdict
 
 
-def test_persistent_grid_is_capped_by_the_tiles_and_absent_at_t_above_1():
+def test_forms_are_fitted_to_the_shape():
+    subtiles = TileConfig(BV=8, num_warps=1, subtiles=16)
+    reload = TileConfig(BV=8, num_warps=1, reload=1)
+    persistent = TileConfig(BV=8, heads=2, num_warps=1, num_stages=2, programs_per_sm=4)
+    assert subtiles.fitted(4, 32).subtiles == 4 and reload.fitted(4, 32) == reload  # V = 32 holds four 8-row tiles
+    # one-token forms: a multi-token step drops them
+    assert subtiles.fitted(4, 32, T=2) == replace(subtiles, subtiles=1)
+    assert reload.fitted(4, 32, T=2) == replace(reload, reload=0)
+    assert persistent.fitted(4, 32, T=4) == replace(persistent, programs_per_sm=0)
+    # the persistent form walks whole tiles of single heads
+    assert persistent.fitted(4, 32) == TileConfig(BV=8, num_warps=1, programs_per_sm=4)
+    assert replace(subtiles, reload=1, programs_per_sm=2).fitted(4, 32) == TileConfig(BV=8, num_warps=1,
+                                                                                       programs_per_sm=2)
+
+
+def test_forms_shape_the_grid():
     inputs = make_inputs(3, 2, 4, 32, 32, state_dtype=torch.bfloat16, seed=1)
     out = torch.empty(3, 4, 32, dtype=inputs.v.dtype)
+    _, grid, _, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, subtiles=4, reload=1))
+    assert grid == (3 * 4,) and meta["SUBTILES"] == 4 and meta["RELOAD"] == 1  # a program per (row, head)
     kernel, grid, args, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5))
     assert kernel is _kda_decode_persistent_kernel and grid == (5 * multiprocessors(inputs.device),)
     assert args[-1] == 3 * 4 * 32 // 8  # n_tiles
-    kernel, grid, _, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=64))
-    assert grid == (3 * 4 * 32 // 8,)
-    persistent = TileConfig(BV=8, heads=2, num_warps=1, num_stages=2, programs_per_sm=4)
-    assert persistent.fitted(4, 32) == TileConfig(BV=8, num_warps=1, programs_per_sm=4)
-    assert persistent.fitted(4, 32, T=4) == TileConfig(BV=8, heads=2, num_warps=1, num_stages=2)
+    _, grid, _, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=64))
+    assert grid == (3 * 4 * 32 // 8,)  # never more programs than tiles
 
 
 @pytest.mark.interpreter
@@ -278,6 +256,9 @@ def test_config_override_from_the_environment(monkeypatch):
     ("BV=24", "BV must be a power of two"),
     ("num_warps=3", "num_warps must be a power of two"),
     ("num_stages=0", "num_stages must be in 1..8"),
+    ("subtiles=3", "subtiles must be a power of two"),
+    ("reload=2", "reload must be 0 or 1"),
+    ("programs_per_sm=65", "programs_per_sm must be in 0..64"),
     ("BV=thirty", "BV must be an integer"),
     ("tile=32", "is not NAME=VALUE"),
     ("BV", "is not NAME=VALUE"),
@@ -354,14 +335,7 @@ def test_cuda_graph_replay_equals_eager(state_dtype):
 
 @gpu
 def test_launcher_allocates_nothing():
-    inputs = make_inputs(64, 32, 32, 128, 128, device="cuda", seed=1)
-    launch = get("triton").bind(inputs)
-    launch()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    launch()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
+    assert_launch_allocates_nothing("triton", make_inputs(64, 32, 32, 128, 128, device="cuda", seed=1))
 
 
 @gpu
@@ -379,13 +353,18 @@ def test_config_override_reaches_the_compiled_kernel(monkeypatch):
 
 
 def test_register_script_compiles_for_sm90_without_a_gpu():
-    """scripts/triton_registers.py: the launcher's kernel and arguments compiled offline; a reload
-    tile holds fewer registers than the same tile without it (the reason the form exists)."""
+    """scripts/triton_registers.py: the launcher's kernel and arguments compiled offline. A reload
+    tile holds fewer registers than the same tile without it (the reason the form exists), and the
+    8-row tile B = 1 uses reaches its first load within 40 instructions (89 while the head counts
+    were runtime arguments, divided by on the way: results/offline-sm90/)."""
     done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs",
-                           "BV=32,num_warps=1;BV=32,num_warps=1,reload=1", "--state-dtypes", "bfloat16", "--B", "4"],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
+                           "BV=32,num_warps=1;BV=32,num_warps=1,reload=1;BV=8,num_warps=1", "--state-dtypes",
+                           "bfloat16", "--B", "1"], capture_output=True, text=True, cwd=REPO, timeout=600)
     if done.returncode == 2 and "no ptxas here" in done.stdout:
         pytest.skip(done.stdout.strip())
     assert done.returncode == 0, done.stdout + done.stderr
-    regs = [int(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("bfloat16")]
-    assert len(regs) == 2 and regs[1] < regs[0], done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("bfloat16")]
+    regs = [int(row[3]) for row in rows]
+    assert len(rows) == 3 and regs[1] < regs[0], done.stdout
+    if rows[2][6] != "None":  # cuobjdump is there
+        assert int(rows[2][6]) <= 40, done.stdout

@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from helpers import assert_graph_replay_takes_eager_step
+from helpers import assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing
 from test_multitoken import with_gaps
 from test_triton import DEVICE, no_config_override, runnable  # noqa: F401 (no_config_override: autouse)
 
@@ -157,10 +157,4 @@ def test_cuda_graph_replay_equals_eager(state_dtype):
 def test_launcher_allocates_nothing():
     x = make_inputs(64, 32, 32, 128, 128, T=4, device="cuda", seed=1)
     x.num_accepted = None  # the all-ones default is allocated at bind, not per launch
-    launch = get("triton").bind(x)
-    launch()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    launch()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
+    assert_launch_allocates_nothing("triton", x)
