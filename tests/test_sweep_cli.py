@@ -204,3 +204,21 @@ def test_compile_groups_keep_an_implementations_shape_on_one_lane_in_order():
         ("triton", "bfloat16", 1), ("fla", "bfloat16", 1), ("triton", "float32", 1), ("fla", "float32", 1),
         ("triton", "bfloat16", 2)]
     assert sorted((c.key() for g in groups for c in g)) == sorted(c.key() for c in configs)
+
+
+def test_a_worker_is_stopped_once():
+    """On Ctrl-C the driver and a lane may both stop one worker: the second stop does nothing
+    (closing its pipe twice from two threads raced into EBADF and a traceback)."""
+    from kda_impls.bench.case import Method
+    from kda_impls.bench.sweep import Worker
+
+    worker = Worker("naive", "cpu", Method())
+    worker.stop(now=True)
+    assert not worker.process.is_alive()
+
+    class ClosedPipe:
+        def close(self):
+            raise OSError(9, "Bad file descriptor")
+
+    worker.conn = ClosedPipe()
+    worker.stop(now=True)  # must not touch the pipe again

@@ -83,6 +83,10 @@ class Worker:
         self.process.start()
         child.close()  # so that the worker's death reads as end-of-file here
         self.hello: dict | None = None
+        # On Ctrl-C the driver stops every worker while a lane may stop the same one (its row died
+        # with it): one of them stops it, once (two closes of the pipe raced into EBADF).
+        self._stopping = threading.Lock()
+        self._stopped = False
 
     def _receive(self, timeout: float):
         ready = wait([self.conn, self.process.sentinel], timeout)
@@ -107,14 +111,18 @@ class Worker:
         return self._receive(timeout)
 
     def stop(self, now: bool = False) -> None:
-        if not now:
-            with suppress(OSError):
-                self.conn.send(None)
-            self.process.join(timeout=10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self.conn.close()
+        with self._stopping:
+            if self._stopped:
+                return
+            self._stopped = True
+            if not now:
+                with suppress(OSError):
+                    self.conn.send(None)
+                self.process.join(timeout=10)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+            self.conn.close()
 
 
 # ---- the driver ---------------------------------------------------------------------------------
