@@ -86,3 +86,27 @@ def test_asv_form_max_runs_stops_before_a_run_it_may_not_start(tmp_path):
     assert done.returncode == 3, done.stdout + done.stderr
     assert "--max-runs 0 reached before run a1" in done.stdout
     assert not (tmp_path / "out" / "a1.log").exists()
+
+
+def test_planted_slowdown_reads_each_point_from_its_last_tune_run(tmp_path):
+    """Two tune runs of the same points, as the committed table is written from: the config that
+    was 7% slower in the first run and 30% in the second is not planted; the last run decides."""
+    import torch
+
+    from kda_impls.impls.triton_kda import choose_config
+
+    shape = validate_gate.PLANTED_SHAPE
+    chosen = {B: str(choose_config(torch.bfloat16, B=B, **shape)) for B in (64, 256)}
+    other, planted = "BV=2,num_warps=1", "BV=1,num_warps=1"
+
+    def run(path, rows):
+        pd.DataFrame([dict(state_dtype="bfloat16", B=B, config=c, us=us, status="ok", slot_pad=0,
+                           source="candidate", **shape) for B, c, us in rows]).to_csv(path, index=False)
+        return path
+
+    first = run(tmp_path / "first.csv", [(B, c, us) for B in (64, 256)
+                                         for c, us in ((chosen[B], 10.0), (other, 10.7))])
+    last = run(tmp_path / "last.csv", [(B, c, us) for B, planted_us in ((64, 10.6), (256, 10.3))
+                                       for c, us in ((chosen[B], 10.0), (other, 13.0), (planted, planted_us))])
+    config, ratios = validate_gate.planted_config([first, last])
+    assert config.startswith("BV=1,") and list(ratios.ratio.round(2)) == [1.06, 1.03]
