@@ -13,8 +13,8 @@
 #                                  # spec-decode and kimi-linear-48b
 #   scripts/h200_run.sh published  # GPU 0: the published preset three times (separate processes) and
 #                                  # once with the planted Triton slowdown, the sweep-form gate, the
-#                                  # published comparison, CUPTI cross-check; GPU 1 meanwhile: the
-#                                  # asv-form gate validation (3 A/A runs + planted)
+#                                  # published comparison; GPU 1 meanwhile: the asv-form gate validation
+#                                  # (3 A/A runs + planted), then the CUPTI cross-check of the first run
 #   scripts/h200_run.sh targets    # (carry .gpu/part2 on a box that has only part 1: it is installed
 #                                  # first) the targets preset on both GPUs, from a cold Triton cache
 #   scripts/h200_run.sh targets-one  # the same on GPU 0 alone (its own cold cache) while GPU 1 runs
@@ -99,12 +99,18 @@ case ${1:-} in
     wait; cat "$LOGS/correctness.summary"
     pack
     ;;
-  published)
+  published)  # packed after every step: a call that runs out of time still returns what it finished
     source /root/gpu-site/env.sh
-    background asv-gate 1 560 python3 scripts/validate_gate.py asv "$RES/gate-asv" --max-runs 4
+    # GPU 1: the asv-form gate, then CUPTI on the first run (GPU 0 is busy with the sweeps meanwhile)
+    ( export CUDA_VISIBLE_DEVICES=1
+      step asv-gate 360 python3 scripts/validate_gate.py asv "$RES/gate-asv" --max-runs 4
+      while [ ! -f "$RES/published/a1/results.csv" ]; do sleep 5; done
+      step cupti-published 200 python3 scripts/cupti_crosscheck.py "$RES/published/a1" \
+        --out "$RES/cupti/published" --calls 20 ) > "$LOGS/gpu1.summary" 2>&1 &
     for run in a1 a2 a3; do
       TAIL=1 step "published-$run" 180 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
         --extra-placements "$EXTRA_PLACEMENTS" --out "$RES/published/$run"
+      pack
     done
     PLANTED=$(python3 scripts/validate_gate.py planted 2>/dev/null)
     TAIL=1 step published-slow 60 env KDA_TRITON_CONFIG="$PLANTED" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --impls triton \
@@ -114,9 +120,8 @@ case ${1:-} in
       "$RES/published/slow"
     TAIL=3 step compare 60 python3 scripts/compare_published.py results/published/triton-issue-h200.csv \
       "$RES"/published/a{1,2,3} --out "$RES/published"
-    TAIL=3 step cupti-published 200 $GPU0 python3 scripts/cupti_crosscheck.py "$RES/published/a1" \
-      --out "$RES/cupti/published" --calls 20
-    wait; cat "$LOGS/asv-gate.summary"
+    pack
+    wait; cat "$LOGS/gpu1.summary"
     pack
     ;;
   check)
@@ -133,7 +138,7 @@ case ${1:-} in
     source /root/gpu-site/env.sh
     # Each run compiles from nothing (its own Triton cache): the wall times compare like with like.
     TAIL=2 step targets-2gpu 420 env TRITON_CACHE_DIR="$RES/triton-cache-2gpu" python3 scripts/sweep.py --no-charts \
-      --l2-entry "$(entry)" --preset targets --devices cuda:0,cuda:1 --out "$RES/targets-2gpu"
+      --l2-entry "$(entry)" --preset targets --devices cuda:0,cuda:1 --extra-placements "$EXTRA_PLACEMENTS" --out "$RES/targets-2gpu"
     pack
     ;;
   targets-one)  # the same on GPU 0 alone, while GPU 1 runs the library GPU tests and CUPTI on the two-GPU run
@@ -144,7 +149,7 @@ case ${1:-} in
       step cupti-targets 300 python3 scripts/cupti_crosscheck.py "$RES/targets-2gpu" --unpadded-only \
         --out "$RES/cupti/targets" --calls 20 ) > "$LOGS/cupti-targets.summary" 2>&1 &
     TAIL=2 step targets 540 env TRITON_CACHE_DIR="$RES/triton-cache-1gpu" python3 scripts/sweep.py --no-charts \
-      --l2-entry "$(entry)" --preset targets --devices cuda:0 --out "$RES/targets"
+      --l2-entry "$(entry)" --preset targets --devices cuda:0 --extra-placements "$EXTRA_PLACEMENTS" --out "$RES/targets"
     wait; cat "$LOGS/cupti-targets.summary"
     pack
     ;;
