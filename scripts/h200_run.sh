@@ -62,7 +62,7 @@ background() {  # background NAME GPU SECONDS COMMAND...: the same on GPU number
 GPU0="env CUDA_VISIBLE_DEVICES=0"
 EXTRA_PLACEMENTS=${EXTRA_PLACEMENTS:-6}  # timeout runs programs, not shell functions
 pack() {  # the results so far, without the per-row files a resume reads
-  tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" --exclude=rows --exclude=html --exclude=scratch-repo \
+  tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" --exclude=rows --exclude=html --exclude=scratch-repo --exclude="triton-cache-*" \
     "$(basename "$RES")"
 }
 entry() {  # the L2 entry state of the sweeps: $ENTRY, else the harness's default
