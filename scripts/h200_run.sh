@@ -35,9 +35,8 @@
 #                                  # shape (the reload form's first measurement), then the multi-token
 #                                  # shapes; regenerate the table with --write-table from both CSVs
 #
-# ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default);
-# EXTRA_PLACEMENTS=<n> the placements the `published` runs add where a row spreads (default 6: the
-# runs that validate added placements before they become the default; 0 for the default method). Logs and every result directory go into a tarball in $OUT (default
+# ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
+# and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
 # Steps are bounded by `timeout` so that a slow one cannot take the rest down with it.
 set -uo pipefail
@@ -60,7 +59,6 @@ background() {  # background NAME GPU SECONDS COMMAND...: the same on GPU number
   ( export CUDA_VISIBLE_DEVICES=$gpu; step "$name" "$limit" "$@" ) > "$LOGS/$name.summary" 2>&1 &
 }
 GPU0="env CUDA_VISIBLE_DEVICES=0"
-EXTRA_PLACEMENTS=${EXTRA_PLACEMENTS:-6}  # timeout runs programs, not shell functions
 pack() {  # the results so far, without the per-row files a resume reads
   tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" --exclude=rows --exclude=html --exclude=scratch-repo --exclude="triton-cache-*" \
     "$(basename "$RES")"
@@ -109,12 +107,11 @@ case ${1:-} in
         --out "$RES/cupti/published" --calls 20 ) > "$LOGS/gpu1.summary" 2>&1 &
     for run in a1 a2 a3; do
       TAIL=1 step "published-$run" 180 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
-        --extra-placements "$EXTRA_PLACEMENTS" --out "$RES/published/$run"
+        --out "$RES/published/$run"
       pack
     done
     PLANTED=$(python3 scripts/validate_gate.py planted 2>/dev/null)
     TAIL=1 step published-slow 60 env KDA_TRITON_CONFIG="$PLANTED" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --impls triton \
-      --extra-placements "$EXTRA_PLACEMENTS" \
       --out "$RES/published/slow"
     TAIL=3 step gate-sweep 60 python3 scripts/validate_gate.py sweep "$RES/gate-sweep" "$RES"/published/a{1,2,3} \
       "$RES/published/slow"
@@ -138,7 +135,7 @@ case ${1:-} in
     source /root/gpu-site/env.sh
     # Each run compiles from nothing (its own Triton cache): the wall times compare like with like.
     TAIL=2 step targets-2gpu 420 env TRITON_CACHE_DIR="$RES/triton-cache-2gpu" python3 scripts/sweep.py --no-charts \
-      --l2-entry "$(entry)" --preset targets --devices cuda:0,cuda:1 --extra-placements "$EXTRA_PLACEMENTS" --out "$RES/targets-2gpu"
+      --l2-entry "$(entry)" --preset targets --devices cuda:0,cuda:1 --out "$RES/targets-2gpu"
     pack
     ;;
   targets-one)  # the same on GPU 0 alone, while GPU 1 runs the library GPU tests and CUPTI on the two-GPU run
@@ -149,7 +146,7 @@ case ${1:-} in
       step cupti-targets 300 python3 scripts/cupti_crosscheck.py "$RES/targets-2gpu" --unpadded-only \
         --out "$RES/cupti/targets" --calls 20 ) > "$LOGS/cupti-targets.summary" 2>&1 &
     TAIL=2 step targets 540 env TRITON_CACHE_DIR="$RES/triton-cache-1gpu" python3 scripts/sweep.py --no-charts \
-      --l2-entry "$(entry)" --preset targets --devices cuda:0 --extra-placements "$EXTRA_PLACEMENTS" --out "$RES/targets"
+      --l2-entry "$(entry)" --preset targets --devices cuda:0 --out "$RES/targets"
     wait; cat "$LOGS/cupti-targets.summary"
     pack
     ;;

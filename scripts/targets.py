@@ -107,9 +107,13 @@ def judge(ok: pd.DataFrame, impl: str) -> tuple[list[str], dict]:
     spread = mine[mine.B >= 16].assign(spread=lambda t: t.kernel_us_placement_max / t.kernel_us_placement_min - 1)
     spread = spread.assign(met=spread.spread <= PLACEMENT_SPREAD)
     summary["placements"] = verdict(spread.met)
-    sections.append(f"## Placement spread (max / min - 1 over {int(mine.placements.max())} placements) <= "
+    # placements_timed: the layout's placements and those added where they spread (older runs lack it)
+    timed = spread.placements_timed if "placements_timed" in spread else spread.placements
+    spread = spread.assign(placements_timed=timed.astype(int))
+    sections.append(f"## Placement spread (max / min - 1 over the placements timed) <= "
                     f"{PLACEMENT_SPREAD:.0%} at B >= 16: {summary['placements']}\n\n"
-                    + spread[[*POINT, "kernel_us_placement_min", "kernel_us_placement_max", "spread", "met"]]
+                    + spread[[*POINT, "placements_timed", "kernel_us_placement_min", "kernel_us_placement_max",
+                              "spread", "met"]]
                     .to_markdown(index=False, floatfmt=".3f"))
 
     padded = mine_all[mine_all.slot_pad > 0].merge(mine, on=POINT, suffixes=("", "_flat"))

@@ -85,6 +85,9 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
     assert meta["settings"]["device_type"] == "cpu" and meta["versions"]["torch"] == torch.__version__
     assert set(meta["impls"]) == set(SWEEP_IMPLS.split(",")) and "sha" in meta["git"]
     assert "--preset smoke" in meta["command"] and len(meta["runs"]) >= 1
+    # the KDA_* variables the run saw (KDA_TRITON_CONFIG would change every Triton row unseen)
+    assert meta["environment"]["KDA_EXTRA_IMPLS"] == "misbehaves=bench_impls:Misbehaves"
+    assert meta["runs"][-1]["environment"] == meta["environment"]
 
     for chart in ("latency", "bandwidth", "slot_padding"):  # speedup: no ok implementation beside naive
         for fmt in ("png", "svg"):

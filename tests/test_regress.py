@@ -116,13 +116,13 @@ def test_improvement_passes(tmp_path):
 def test_noisy_but_equal_is_unsure_and_passes_unless_strict(tmp_path):
     # 40% spread and few samples: the medians differ by more than the threshold by chance,
     # and the test sees that this is chance
-    a = asv_file(tmp_path / "a.json", {("'fla'", "1"): timings(3, n=8, cv=0.4)})
-    b = asv_file(tmp_path / "b.json", {("'fla'", "1"): timings(4, n=8, cv=0.4)})
+    a = asv_file(tmp_path / "a.json", {("'fla'", "16"): timings(3, n=8, cv=0.4)})
+    b = asv_file(tmp_path / "b.json", {("'fla'", "16"): timings(4, n=8, cv=0.4)})
     code, report, out = gate(tmp_path, a, b)
     (row,) = report["rows"]
     assert row["ratio"] > 1.05 and row["p"] > 0.01, row
     assert code == 0 and row["status"] == "unsure" and "not significant" in row["test"], out
-    assert report["unsure"] == [name("fla", 1)] and "pass, with 1 unsure" in out
+    assert report["unsure"] == [name("fla", 16)] and "pass, with 1 unsure" in out
     code, report, out = gate(tmp_path, a, b, "--strict")
     assert code == 1 and "1 unsure (--strict)" in out
 
@@ -130,8 +130,8 @@ def test_noisy_but_equal_is_unsure_and_passes_unless_strict(tmp_path):
 @pytest.mark.parametrize("threshold, regressed", [(None, False), ("0.01", True)])
 def test_a_significant_shift_regresses_only_beyond_the_threshold(tmp_path, threshold, regressed):
     """A 2% shift, highly significant: the same under the 5% default, slower under 1%."""
-    a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0, n=200, cv=0.002)})
-    b = asv_file(tmp_path / "b.json", {("'triton'", "1"): [1.02 * x for x in timings(1, n=200, cv=0.002)]})
+    a = asv_file(tmp_path / "a.json", {("'triton'", "16"): timings(0, n=200, cv=0.002)})
+    b = asv_file(tmp_path / "b.json", {("'triton'", "16"): [1.02 * x for x in timings(1, n=200, cv=0.002)]})
     code, report, _ = gate(tmp_path, a, b, *(["--threshold", threshold] if threshold else []))
     (row,) = report["rows"]
     assert row["p"] < 1e-10 and code == int(regressed)
@@ -151,16 +151,16 @@ def test_new_missing_skipped_and_failed(tmp_path):
 
 
 def test_without_samples_uses_confidence_intervals(tmp_path):
-    a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0), ("'naive'", "1"): timings(1, cv=0.3)},
+    a = asv_file(tmp_path / "a.json", {("'triton'", "16"): timings(0), ("'naive'", "16"): timings(1, cv=0.3)},
                  record_samples=False)
-    b = asv_file(tmp_path / "b.json", {("'triton'", "1"): [1.2 * x for x in timings(2)],
-                                       ("'naive'", "1"): [1.1 * x for x in timings(3, cv=0.3)]},
+    b = asv_file(tmp_path / "b.json", {("'triton'", "16"): [1.2 * x for x in timings(2)],
+                                       ("'naive'", "16"): [1.1 * x for x in timings(3, cv=0.3)]},
                  record_samples=False)
     code, report, _ = gate(tmp_path, a, b)
-    assert code == 1 and report["slower"] == [name("triton", 1)]
+    assert code == 1 and report["slower"] == [name("triton", 16)]
     tests = {row["benchmark"]: row["test"] for row in report["rows"]}
-    assert tests == {name("triton", 1): "ci99-overlap", name("naive", 1): "ci99-overlap: not significant"}
-    assert statuses(report)[name("naive", 1)] == "unsure"  # 10% off, but the wide intervals overlap
+    assert tests == {name("triton", 16): "ci99-overlap", name("naive", 16): "ci99-overlap: not significant"}
+    assert statuses(report)[name("naive", 16)] == "unsure"  # 10% off, but the wide intervals overlap
 
 
 def test_changed_timing_method_is_not_compared(tmp_path):
@@ -337,6 +337,23 @@ def measurement(median: float, n: int = 60, spread: float | None = 0.01, timer: 
 def test_verdict_by_ratio_beyond_the_threshold(ratio, status):
     a, b = measurement(10.0, seed=1), measurement(10.0 * ratio, seed=2)
     assert regress.verdict(a, b, 0.05, 0.01)[0] == status
+
+
+def test_one_row_steps_are_gated_at_ten_percent():
+    """B = 1 moves by up to 6% between two processes of one commit on the H200 (FlashInfer's dense
+    call, results/h200/gate-sweep/spread.csv): a 7% move there is the same, at B >= 16 slower; 12% is
+    slower at B = 1 too. Sweep keys and asv names alike; other batch sizes keep --threshold."""
+    one_row = [Config("flashinfer", 1, 32, 32, 128, 128).key(), name("triton", 1),
+               "decode.KernelTime.track_kernel('triton', 1, 'HV32-K128-V128', 0, 'bfloat16', 1)"]
+    more = [Config("flashinfer", 16, 32, 32, 128, 128).key(), Config("naive", 128, 32, 32, 128, 128).key(),
+            name("triton", 16), "decode.KernelTime.track_kernel('triton', 512, 'HV32-K128-V128', 0, 'bfloat16', 1)"]
+    a = regress.ResultSet("a", "sweep", "H200", {n: measurement(10.0, seed=i) for i, n in enumerate(one_row + more)})
+    for ratio, at_one_row in ((1.07, "same"), (1.12, "slower")):
+        b = regress.ResultSet("b", "sweep", "H200", {n: measurement(10.0 * ratio, seed=50 + i)
+                                                     for i, n in enumerate(one_row + more)})
+        table = regress.compare(a, b, threshold=0.05).set_index("benchmark")
+        assert (table.loc[one_row, "status"] == at_one_row).all() and (table.loc[one_row, "threshold"] == 0.10).all()
+        assert (table.loc[more, "status"] == "slower").all() and (table.loc[more, "threshold"] == 0.05).all()
 
 
 def test_too_few_samples_are_unsure_whatever_the_ratio():

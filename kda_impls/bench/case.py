@@ -16,7 +16,8 @@ from ..verify import verify
 from . import clocks
 from .config import Config
 from .roofline import copy_bandwidth
-from .timing import DEFAULT_ENTRY, ENTRY_STATES, Budget, as_device, call_time, kernel_time, synced_call
+from .timing import (DEFAULT_ENTRY, ENTRY_STATES, EXTRA_PLACEMENTS, Budget, as_device, call_time, kernel_time,
+                     synced_call)
 
 # ok: matches the reference; wrong: timed anyway, flagged; unsupported: cannot run here (reason);
 # error: ContractError or a runtime failure (message); crashed: the worker process died (sweeps only).
@@ -48,7 +49,7 @@ class Method:
     entry: str = DEFAULT_ENTRY
     kernel: Budget = field(default_factory=Budget)
     call: Budget | None = field(default_factory=lambda: Budget(max_seconds=0.2))  # None: no call time
-    extra_placements: int = 0  # opt-in until validated on the H200 (docs/timing.md, "Added placements")
+    extra_placements: int = EXTRA_PLACEMENTS
     seed: int = 0
     retime_throttled: bool = True
 

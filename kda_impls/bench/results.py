@@ -131,10 +131,12 @@ def device_info(device: torch.device) -> dict:
 
 def environment(device: torch.device, out_dir: Path, command: str) -> dict:
     """Where and from what a measurement came: device (and its power limit and clocks), host,
-    commit, command, UTC time."""
+    commit, command and the ``KDA_*`` variables it ran under (a forced Triton tile config changes
+    every Triton row without showing in the command), UTC time."""
     info = device_info(device)
     return {"gpu": info["name"], "device": info, "gpu_limits": clocks.gpu_limits(device), "host": platform.node(),
             "git": git_state(out_dir), "command": command,
+            "environment": {name: value for name, value in sorted(os.environ.items()) if name.startswith("KDA_")},
             "utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 

@@ -287,6 +287,7 @@ class Sweep:
             versions |= hello["versions"]
         meta |= {"impls": self.impls_meta, "versions": versions,
                  "runs": meta.get("runs", []) + [{"utc": meta["utc"], "command": self.command, "git": meta["git"],
+                                                  "environment": meta["environment"],
                                                   "host": meta["host"], "devices": self.devices,
                                                   "rows_measured": self.measured,
                                                   "wall_s": round(time.perf_counter() - started, 2)}]}
