@@ -2,17 +2,24 @@
 
 A result set is either an asv result file (``<results_dir>/<machine>/<commit>-<env>.json``, run
 with ``--record-samples`` so the samples are there; the suite's samples are one median per
-placement) or a sweep directory (``results.csv`` with the placement spread of each row, and
-``samples.json`` with the raw samples). Each benchmark (each parameter combination) gets one verdict:
+placement) or a sweep directory (``results.csv`` with the placement spread of each row,
+``samples.json`` with the raw samples, ``placements.json`` with the per-placement medians). Each
+benchmark (each parameter combination) gets one verdict:
 
 * **same**: the median moved by no more than the threshold (B/A within [1/(1+t), 1+t]), with
   enough samples on both sides to have told a difference;
 * **slower** / **faster**: it moved by more than the threshold, a two-sided Mann-Whitney U test on
-  the samples gives ``p < alpha``, and the two sides' placement spreads (min..max of the
-  per-placement medians) overlap by no more than the threshold (as a share of A's median);
+  the samples gives ``p < alpha``, and the placements do not explain the move: where each side has
+  enough per-placement medians for a test (more than three against three; a row that spread gets
+  nine), the same test on them gives ``p < alpha``; else the two sides' placement spreads (min..max
+  of the per-placement medians) overlap by no more than the threshold (as a share of A's median);
 * **unsure**: the samples cannot support the test (too few for any ``p < alpha``: a one- or
   two-sample CPU row, say), or the move is beyond the threshold but not significant, or the
-  placement spreads overlap by more than the threshold: where a pool lands could explain the move.
+  placements could explain it (per-placement medians not apart, or, with too few of them, placement
+  spreads that overlap by more than the threshold). One outlier placement widens a range but barely
+  moves a rank test: a planted 5.3% slowdown whose pool, on both sides, put one placement in nine
+  about 10% slow was unsure by the ranges (results/h200/gate-planted, slow-y; those runs predate
+  placements.json).
   A sweep row timed on the CPU is always unsure: CPU times move with the machine's load, and the
   harness times the CPU to smoke-test itself, not to rank kernels.
 
@@ -82,6 +89,7 @@ class Measurement:
     ci99: tuple[float, float] | None = None  # asv's 99% confidence interval of the median
     version: str | None = None  # asv's benchmark version: results of different versions never compare
     timer: str | None = None  # a sweep row's kernel_method; "perf_counter" on the CPU
+    placements: tuple[float, ...] | None = None  # the per-placement medians (asv: the samples)
 
 
 @dataclass(frozen=True)
@@ -137,14 +145,15 @@ def load_asv(path: Path) -> ResultSet:
             # a single sample's "interval" is a posterior guess, not a measurement of spread
             ci = (a, b) if _finite(a) and _finite(b) and (n or 0) > 1 else None
             spread = (min(kept), max(kept)) if len(kept) > 1 else None
-            measurements[name] = Measurement(float(median), kept or None, spread, ci, field["version"])
+            measurements[name] = Measurement(float(median), kept or None, spread, ci, field["version"],
+                                             placements=kept or None)
     return ResultSet(str(path), "asv", data.get("params", {}).get("machine"), measurements)
 
 
 def load_sweep(directory: Path) -> ResultSet:
     """Read a sweep directory (:func:`kda_impls.bench.results.load`): per ok row its key, kernel
-    time and placement spread, with the raw kernel samples in microseconds. A wrong or failed row
-    has no timing worth comparing."""
+    time and placement spread, with the raw kernel samples and the per-placement medians (older
+    directories have none) in microseconds. A wrong or failed row has no timing worth comparing.""" 
     try:
         sweep = load_sweep_dir(directory)
     except SweepDirError as exc:
@@ -154,8 +163,9 @@ def load_sweep(directory: Path) -> ResultSet:
         kept = tuple(x for x in sweep.samples.get(row.key, ()) if _finite(x))
         spread = (row.kernel_us_placement_min, row.kernel_us_placement_max) \
             if _finite(getattr(row, "kernel_us_placement_min", None)) else None
+        placed = tuple(x for x in sweep.placements.get(row.key, ()) if _finite(x))
         measurements[row.key] = Measurement(float(row.kernel_us_median), kept or None, spread,
-                                            timer=getattr(row, "kernel_method", None))
+                                            timer=getattr(row, "kernel_method", None), placements=placed or None)
     return ResultSet(str(directory), "sweep", sweep.meta.get("gpu"), measurements,
                      sweep.meta.get("settings", {}).get("method"))
 
@@ -195,6 +205,17 @@ def spread_overlap(a: Measurement, b: Measurement) -> float:
     return max(0.0, min(a.spread[1], b.spread[1]) - max(a.spread[0], b.spread[0])) / a.median
 
 
+def placement_p(a: Measurement, b: Measurement, alpha: float) -> float | None:
+    """p of a two-sided Mann-Whitney U test on the two sides' per-placement medians, or None where
+    either side has none or they are too few for any p < alpha (three against three)."""
+    if not (a.placements and b.placements):
+        return None
+    n, m = len(a.placements), len(b.placements)
+    if 2 / comb(n + m, min(n, m)) >= alpha:
+        return None
+    return float(mannwhitneyu(a.placements, b.placements, alternative="two-sided").pvalue)
+
+
 def verdict(a: Measurement, b: Measurement, threshold: float, alpha: float) -> tuple[str, float | None, str]:
     """(same | slower | faster | unsure, p, how it was decided) for B against A: see the module."""
     ratio = b.median / a.median
@@ -207,6 +228,16 @@ def verdict(a: Measurement, b: Measurement, threshold: float, alpha: float) -> t
         return "same", p, test
     if not significant:
         return "unsure", p, f"{test}: not significant"
+    # Could where the pools landed explain the move? The placements themselves say so where there
+    # are enough of them (placements added where a row spread: one outlier placement must not widen
+    # the range over the move); else their ranges' overlap.
+    if a.placements and (a.placements, b.placements) == (a.samples, b.samples):
+        return ("slower" if ratio > 1 else "faster"), p, test  # asv: the test above was on the placements
+    p_placed = placement_p(a, b, alpha)
+    if p_placed is not None:
+        if p_placed >= alpha:
+            return "unsure", p, f"{test}; per-placement medians not apart (p = {p_placed:.2g})"
+        return ("slower" if ratio > 1 else "faster"), p, f"{test}; per-placement medians apart (p = {p_placed:.2g})"
     overlap = spread_overlap(a, b)
     if overlap > threshold:
         return "unsure", p, f"{test}; placement spreads overlap by {overlap:.1%}"
@@ -295,11 +326,12 @@ def _threshold_rule(text: str) -> tuple[str, float | None]:
 HELP = """\
 Verdict per benchmark (B against A; t = its threshold):
   same     median ratio B/A within [1/(1+t), 1+t], with samples enough for the test
-  slower   ratio > 1+t, Mann-Whitney U (two-sided) p < alpha, and the placement spreads
-           (min..max of per-placement medians) overlap by <= t of A's median
+  slower   ratio > 1+t, Mann-Whitney U (two-sided) p < alpha, and the placements apart:
+           the same test on the per-placement medians p < alpha where both sides have more
+           than three, else their spreads (min..max) overlap by <= t of A's median
   faster   the same with ratio < 1/(1+t)
   unsure   too few samples for any p < alpha; or beyond t but not significant; or the
-           placement spreads overlap by more than t (placement could explain the move);
+           placements not apart by that rule (placement could explain the move);
            or a sweep row timed on the CPU (the harness smoke-tests the CPU, never ranks it)
   informational  benchmarks whose threshold is 'none' (call latency by default)
   new / missing / incomparable  in one set only, or timed by another method version
@@ -343,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     unsure = table.loc[table["status"] == "unsure", "benchmark"].tolist()
 
     print(f"A: {a.source}\nB: {b.source}\nslower: median B/A > 1 + threshold (default {args.threshold}, per benchmark "
-          f"in the threshold column), p < {args.alpha} (two-sided Mann-Whitney U) and placement spreads apart\n")
+          f"in the threshold column), p < {args.alpha} (two-sided Mann-Whitney U) and placements apart\n")
     print(format_table(table) if len(table) else "(no benchmarks)")
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()))
     if args.json:

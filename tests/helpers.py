@@ -67,11 +67,14 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
-def write_sweep_dir(path: Path, rows: dict[Config, list[float] | str], meta: dict) -> Path:
+def write_sweep_dir(path: Path, rows: dict[Config, list[float] | str], meta: dict,
+                    placements: dict[Config, list[float]] | None = None) -> Path:
     """``rows`` maps a config to its kernel samples in microseconds (status "ok"), or to the status
-    of a row without measurements ("unsupported", "wrong", ...)."""
+    of a row without measurements ("unsupported", "wrong", ...); ``placements`` a config to its
+    per-placement medians."""
     for cfg, measured in rows.items():
-        row = dict.fromkeys(COLUMNS) | cfg.columns() | {"key": cfg.key(), "kernel_samples_us": [], "call_samples_us": []}
+        row = dict.fromkeys(COLUMNS) | cfg.columns() | {"key": cfg.key(), "kernel_samples_us": [], "call_samples_us": [],
+                                                        "kernel_placement_us": (placements or {}).get(cfg, [])}
         if isinstance(measured, str):
             row |= {"status": measured, "reason": "a test's row"}
         else:

@@ -78,6 +78,8 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
     assert set(samples) == set(table.key)
     assert all(len(samples[r.key]) == r.n_samples for r in naive.itertuples())
     assert set(json.loads((out / "call_samples.json").read_text())) == set(table.key)
+    placements = json.loads((out / "placements.json").read_text())  # what the gate's placement test reads
+    assert all(len(placements[r.key]) == r.placements_timed for r in naive.itertuples())
 
     meta = json.loads((out / "meta.json").read_text())
     assert meta["device"]["type"] == "cpu" and meta["copy_bandwidth_Bps"] > 0

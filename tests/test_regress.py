@@ -383,14 +383,15 @@ def test_rows_timed_on_the_cpu_are_never_judged():
         assert (status, test) == ("unsure", "timed on the CPU, which the harness smoke-tests, not ranks")
 
 
-def sweep_dir_with_placements(path: Path, rows: dict[Config, list[float]], **meta) -> Path:
-    """Sweep rows whose three placements are the thirds of their samples."""
-    out = write_sweep_dir(path, rows, {"gpu": "NVIDIA H200"} | meta)  # meta may name another gpu
+def sweep_dir_with_placements(path: Path, rows: dict[Config, list[float]], placements: int = 3, **meta) -> Path:
+    """Sweep rows whose ``placements`` placements are equal parts of their samples, in order."""
+    medians = {cfg: [float(np.median(part)) for part in np.array_split(np.asarray(samples), placements)]
+               for cfg, samples in rows.items()}
+    out = write_sweep_dir(path, rows, {"gpu": "NVIDIA H200"} | meta, medians)  # meta may name another gpu
     table = pd.read_csv(out / "results.csv")
-    for cfg, samples in rows.items():
-        medians = [float(np.median(third)) for third in np.array_split(np.asarray(samples), 3)]
+    for cfg, placed in medians.items():
         table.loc[table.key == cfg.key(), ["kernel_us_placement_min", "kernel_us_placement_max"]] = \
-            [min(medians), max(medians)]
+            [min(placed), max(placed)]
     table.to_csv(out / "results.csv", index=False)
     return out
 
@@ -408,6 +409,36 @@ def test_sweep_directories_carry_their_placement_spread(tmp_path):
     d = sweep_dir_with_placements(tmp_path / "d", {TRITON: [1.08 * x for x in narrow]})
     code, report, _ = gate(tmp_path, c, d)
     assert code == 1 and report["slower"] == [TRITON.key()]
+
+
+def test_one_outlier_placement_does_not_hide_a_move_the_placements_show(tmp_path):
+    """Nine placements a side, the last about 12% slow on both (a large pool on the H200 puts one of
+    nine about 10% slow): a 6% move, and the min..max ranges overlap by more than 5% of A. The
+    per-placement medians (placements.json, written from each row's) are apart: slower. Where the
+    nine spread evenly over +-10%, they are not: unsure. Three a side are too few for the test: the
+    ranges decide."""
+    steady = [x for i in range(8) for x in microseconds(i)[:10]]
+    outlier = steady + [1.12 * x for x in microseconds(9)[:10]]
+    a = sweep_dir_with_placements(tmp_path / "a", {TRITON: outlier}, placements=9)
+    b = sweep_dir_with_placements(tmp_path / "b", {TRITON: [1.06 * x for x in outlier]}, placements=9)
+    ma, mb = (regress.load(d).measurements[TRITON.key()] for d in (a, b))
+    assert len(ma.placements) == 9 and regress.spread_overlap(ma, mb) > 0.05
+    code, report, _ = gate(tmp_path, a, b)
+    (row,) = report["rows"]
+    assert code == 1 and row["status"] == "slower" and "per-placement medians apart" in row["test"], row
+
+    even = [x * (0.9 + 0.2 * i / 8) for i in range(9) for x in microseconds(i)[:10]]
+    c = sweep_dir_with_placements(tmp_path / "c", {TRITON: even}, placements=9)
+    d = sweep_dir_with_placements(tmp_path / "d", {TRITON: [1.08 * x for x in even]}, placements=9)
+    code, report, _ = gate(tmp_path, c, d)
+    (row,) = report["rows"]
+    assert code == 0 and row["status"] == "unsure" and "per-placement medians not apart" in row["test"], row
+
+    e = sweep_dir_with_placements(tmp_path / "e", {TRITON: outlier}, placements=3)
+    f = sweep_dir_with_placements(tmp_path / "f", {TRITON: [1.06 * x for x in outlier]}, placements=3)
+    assert regress.placement_p(*(regress.load(x).measurements[TRITON.key()] for x in (e, f)), 0.01) is None
+    code, report, _ = gate(tmp_path, e, f)
+    assert report["rows"][0]["test"] == "mann-whitney"  # decided by the ranges, which are apart here
 
 
 def test_refuses_sweeps_timed_from_different_l2_entry_states(tmp_path):

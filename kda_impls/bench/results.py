@@ -13,7 +13,7 @@ import os
 import platform
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -23,7 +23,8 @@ import torch
 from . import clocks
 from .case import COLUMNS, CONFIG_COLUMNS
 
-SAMPLE_FILES = {"samples.json": "kernel_samples_us", "call_samples.json": "call_samples_us"}
+SAMPLE_FILES = {"samples.json": "kernel_samples_us", "call_samples.json": "call_samples_us",
+                "placements.json": "kernel_placement_us"}
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -71,10 +72,11 @@ def read_rows(out_dir: Path) -> list[dict]:
 def assemble(out_dir: Path) -> pd.DataFrame:
     """Write results.csv (one row per implementation x configuration, :data:`COLUMNS`) from rows/,
     and the raw samples in microseconds keyed by the row's key: samples.json (kernel time, what the
-    regression gate tests) and call_samples.json (one eager call)."""
+    regression gate tests), call_samples.json (one eager call) and placements.json (the kernel time's
+    per-placement medians, what the gate's placement test reads; absent from rows of older runs)."""
     rows = read_rows(out_dir)
     for name, column in SAMPLE_FILES.items():
-        atomic_write(out_dir / name, json.dumps({row["key"]: row[column] for row in rows}))
+        atomic_write(out_dir / name, json.dumps({row["key"]: row.get(column) or [] for row in rows}))
     table = pd.DataFrame(rows, columns=COLUMNS)
     table = table.sort_values(["impl", "H", "HV", "K", "V", "state_dtype", "T", "checkpoints", "slot_pad",
                                "slots_per_row", "slot_order", "placements", "pad_rows", "B"], ignore_index=True)
@@ -156,12 +158,13 @@ class SweepDirError(ValueError):
 @dataclass
 class Sweep:
     """A sweep directory as read back: the results table, meta.json, and the raw kernel-time samples
-    (microseconds) by row key."""
+    and per-placement medians (microseconds) by row key."""
 
     path: Path
     table: pd.DataFrame
     meta: dict
     samples: dict[str, list[float]]
+    placements: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -188,7 +191,7 @@ def _read_json(path: Path, default):
 
 
 def load(path: str | Path) -> Sweep:
-    """Read the sweep directory ``path`` (results.csv, meta.json, samples.json)."""
+    """Read the sweep directory ``path`` (results.csv, meta.json, samples.json, placements.json)."""
     path = Path(path)
     if not path.is_dir():
         raise SweepDirError(f"{path}: no such directory (a sweep directory holds results.csv and meta.json)")
@@ -203,4 +206,5 @@ def load(path: str | Path) -> Sweep:
     missing = [c for c in ("impl", "key", "status", "kernel_us_median") if c not in table.columns]
     if missing:
         raise SweepDirError(f"{csv}: not a sweep's results (no column {', '.join(missing)})")
-    return Sweep(path, table, _read_json(path / "meta.json", {}), _read_json(path / "samples.json", {}))
+    return Sweep(path, table, _read_json(path / "meta.json", {}), _read_json(path / "samples.json", {}),
+                 _read_json(path / "placements.json", {}))
