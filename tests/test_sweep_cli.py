@@ -222,3 +222,12 @@ def test_a_worker_is_stopped_once():
 
     worker.conn = ClosedPipe()
     worker.stop(now=True)  # must not touch the pipe again
+
+
+def test_lane_summary_adds_up_each_devices_rows():
+    """The line a sweep over several GPUs prints: rows, seconds busy and first-call seconds per lane."""
+    from kda_impls.bench.sweep import lane_summary
+
+    table = pd.DataFrame({"key": list("abcde"), "device": ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:1"],
+                          "row_s": [1.0, 2.0, 3.5, 0.25, 0.25], "first_call_ms": [500.0, 0.0, 250.0, 1000.0, None]})
+    assert lane_summary(table) == "cuda:0 2, 4.5 s, 0.8 s; cuda:1 3, 2.5 s, 1.0 s"

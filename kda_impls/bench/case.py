@@ -27,7 +27,10 @@ CONFIG_COLUMNS = ["impl", "B", "H", "HV", "K", "V", "state_dtype", "pad_rows", "
                   "slot_pad", "slots_per_row", "slot_order", "placements"]
 IMPL_COLUMNS = ["library", "variant", "engine_call"]  # what the implementation says of itself
 COLUMNS = [
-    *CONFIG_COLUMNS, *IMPL_COLUMNS, "l2_entry", "device", "host", "key", "status", "reason", "err_out", "err_state",
+    # started_utc, row_s: when a sweep began the row and how long it took there, first call and
+    # compilation included (a lane's timeline: what two GPUs did in parallel and what they did not)
+    *CONFIG_COLUMNS, *IMPL_COLUMNS, "l2_entry", "device", "host", "started_utc", "row_s", "key", "status", "reason",
+    "err_out", "err_state",
     "kernel_us_median", "kernel_us_p25", "kernel_us_p75", "kernel_us_placement_min", "kernel_us_placement_max",
     "placements_timed", "n_samples", "kernel_method", "input_sets",
     "call_us_median", "call_us_p25", "call_us_p75", "first_call_ms",

@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from contextlib import suppress
 from dataclasses import asdict
+from datetime import datetime, timezone
 from multiprocessing.connection import wait
 from pathlib import Path
 
@@ -213,6 +214,7 @@ class Sweep:
         """One row measured on ``device`` and written; False where the interrupt stopped it."""
         if self.cooldown_s:
             time.sleep(self.cooldown_s)
+        started, clock = datetime.now(timezone.utc), time.perf_counter()
         try:
             row = self._measure(cfg, device, copy_bw)
         except Exception:
@@ -221,7 +223,9 @@ class Sweep:
             raise
         if self.stopping.is_set():  # killed by the interrupt: not a result
             return False
-        write_row(self.out_dir, row | {"device": row.get("device") or device, "host": platform.node()})
+        write_row(self.out_dir, row | {"device": row.get("device") or device, "host": platform.node(),
+                                       "started_utc": started.isoformat(timespec="milliseconds"),
+                                       "row_s": round(time.perf_counter() - clock, 3)})
         with self.lock:
             self.measured += 1
             bar.set_postfix_str(cfg.key(), refresh=False)
@@ -292,6 +296,14 @@ class Sweep:
                                                   "rows_measured": self.measured,
                                                   "wall_s": round(time.perf_counter() - started, 2)}]}
         write_meta(self.out_dir, meta)
+
+
+def lane_summary(table: pd.DataFrame) -> str:
+    """Per device: rows, the seconds its rows took, and the seconds of their first calls (the
+    compilation a library leaves to them): where a sweep over several GPUs did not divide."""
+    lanes = table.groupby("device").agg(rows=("key", "size"), busy=("row_s", "sum"),
+                                        first=("first_call_ms", lambda ms: ms.sum() / 1e3))
+    return "; ".join(f"{r.Index} {r.rows}, {r.busy:.1f} s, {r.first:.1f} s" for r in lanes.itertuples())
 
 
 def summary_table(table: pd.DataFrame) -> str:
@@ -497,6 +509,8 @@ def main(argv: list[str] | None = None) -> None:
     counts = Counter(ours.status)
     print(f"\nrows: {', '.join(f'{counts[s]} {s}' for s in STATUSES if counts[s])}; "
           f"wall time {time.perf_counter() - started:.1f} s; results in {out_dir}/results.csv")
+    if ours.device.nunique() > 1:
+        print(f"lanes (rows, seconds busy, of which first calls): {lane_summary(ours)}")
     if not args.no_charts:
         from .plots import plot_dir  # matplotlib only once the measuring is over
 
