@@ -13,8 +13,11 @@ for sm_90a (the first of Triton's bundled assemblers and CUDA's that reads that 
 disassembled by Triton's bundled ``cuobjdump``. Prints one line per config: registers per thread,
 spill bytes, the warps per SM the registers allow (65536 registers per SM, at most 32 programs),
 the SASS instructions before the first global load (the latency a small step waits before its
-first DRAM access) and in all. The figures are this Triton's: the H200 image's
-may allocate differently (the tune's ``regs`` column is the H200's own count).
+first DRAM access) and in all. The figures are this Triton's, and they move with its version: run it
+under the H200 image's (Triton 3.6, ``pip install triton==3.6.0`` in a virtual environment), whose
+counts matched the box's own (the tune's ``regs`` column) where Triton 3.9's did not: the bf16
+K=V=64 ``BV=32`` tile takes 125 registers under 3.6 and on the H200, 96 under 3.9
+(docs/perf-notes.md, "A regression at K = V = 64").
 """
 
 from __future__ import annotations
