@@ -74,21 +74,23 @@ def sass_counts(cubin: Path) -> dict:
 
 def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
     """Triton's (signature, constexprs, attributes) of a launch: tensors as typed pointers (16-byte
-    aligned, as the pool and inputs are), integers as i32 (16-divisible ones marked so, as Triton's
-    launcher specialises them), floats as fp32."""
+    aligned, as the pool and inputs are), integers as Triton's launcher specialises them (1 a
+    constant, 16-divisible ones marked so, the rest i32), floats as fp32."""
     names = [n for n in kernel.arg_names if n not in meta]
-    types, attrs = {}, {}
+    types, attrs, ones = {}, {}, {}
     for i, (name, value) in enumerate(zip(names, args)):
         if isinstance(value, torch.Tensor):
             types[name] = "*" + TRITON_TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             types[name] = "fp32"
+        elif value == 1:
+            ones[name] = 1
         else:
             types[name] = "i32"
             if value % 16 == 0 and value != 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    constexprs = {name: value for name, value in meta.items() if name != "num_warps"}
+    constexprs = ones | {name: value for name, value in meta.items() if name != "num_warps"}
     types |= {name: "constexpr" for name in constexprs}
     return types, {(kernel.arg_names.index(n),): v for n, v in constexprs.items()}, attrs
 
