@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -276,8 +277,11 @@ class Sweep:
             raise
         finally:
             bar.close()
-            for worker in filter(None, self.workers.values()):
-                worker.stop(now=self.stopping.is_set())
+            # all at once: a library's worker can take seconds to exit (its CUDA context, its JIT's
+            # threads), and stopped in turn 13 implementations x 2 GPUs would add those seconds up
+            workers = list(filter(None, self.workers.values()))
+            with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
+                list(pool.map(lambda worker: worker.stop(now=self.stopping.is_set()), workers))
             for lane in lanes:
                 lane.join(timeout=5)
             table = assemble(self.out_dir)
