@@ -101,10 +101,13 @@ def test_forced_tile_configs(config):
 
 
 # Each form of the one-token step on every small case (-1 rows, padded slots, GVA, K != V), bf16 and
-# fp32 state: sub-tiles (two per program; more than V holds, fitted to V), each tile read twice
+# fp32 state: the head counts compiled in (alone and with sub-tiles; every other config passes them at
+# run time), sub-tiles (two per program; more than V holds, fitted to V), each tile read twice
 # (alone and with sub-tiles), and the persistent grid (one program walking every tile, so each
 # look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs than tiles).
 FORMS = [
+    TileConfig(BV=8, num_warps=1, const_heads=1),
+    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, const_heads=1),
     TileConfig(BV=8, num_warps=1, subtiles=2),
     TileConfig(BV=16, subtiles=64),
     TileConfig(BV=8, num_warps=1, reload=1),
@@ -130,21 +133,26 @@ def test_forms_are_fitted_to_the_shape():
     reload = TileConfig(BV=8, num_warps=1, reload=1)
     persistent = TileConfig(BV=8, heads=2, num_warps=1, num_stages=2, programs_per_sm=4)
     assert subtiles.fitted(4, 32).subtiles == 4 and reload.fitted(4, 32) == reload  # V = 32 holds four 8-row tiles
-    # one-token forms: a multi-token step drops them
-    assert subtiles.fitted(4, 32, T=2) == replace(subtiles, subtiles=1)
-    assert reload.fitted(4, 32, T=2) == replace(reload, reload=0)
-    assert persistent.fitted(4, 32, T=4) == replace(persistent, programs_per_sm=0)
-    # the persistent form walks whole tiles of single heads
-    assert persistent.fitted(4, 32) == TileConfig(BV=8, num_warps=1, programs_per_sm=4)
+    # one-token forms: a multi-token step drops them, and its kernel compiles the head counts in
+    assert subtiles.fitted(4, 32, T=2) == replace(subtiles, subtiles=1, const_heads=1)
+    assert reload.fitted(4, 32, T=2) == replace(reload, reload=0, const_heads=1)
+    assert persistent.fitted(4, 32, T=4) == replace(persistent, programs_per_sm=0, const_heads=1)
+    # the persistent form walks whole tiles of single heads, its head counts compiled in
+    assert persistent.fitted(4, 32) == TileConfig(BV=8, num_warps=1, programs_per_sm=4, const_heads=1)
     assert replace(subtiles, reload=1, programs_per_sm=2).fitted(4, 32) == TileConfig(BV=8, num_warps=1,
-                                                                                       programs_per_sm=2)
+                                                                                       programs_per_sm=2,
+                                                                                       const_heads=1)
+    assert replace(reload, const_heads=1).fitted(4, 32).const_heads == 1 and reload.fitted(4, 32).const_heads == 0
 
 
 def test_forms_shape_the_grid():
     inputs = make_inputs(3, 2, 4, 32, 32, state_dtype=torch.bfloat16, seed=1)
     out = torch.empty(3, 4, 32, dtype=inputs.v.dtype)
-    _, grid, _, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, subtiles=4, reload=1))
+    _, grid, args, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, subtiles=4, reload=1))
     assert grid == (3 * 4,) and meta["SUBTILES"] == 4 and meta["RELOAD"] == 1  # a program per (row, head)
+    assert args[-2:] == (4, 2) and (meta["HV_CONST"], meta["GROUP_CONST"]) == (0, 0)  # head counts at run time
+    _, _, args, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, const_heads=1))
+    assert args[-2:] == (4, 2) and (meta["HV_CONST"], meta["GROUP_CONST"]) == (4, 2)  # compiled in
     kernel, grid, args, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5))
     assert kernel is _kda_decode_persistent_kernel and grid == (5 * multiprocessors(inputs.device),)
     assert args[-1] == 3 * 4 * 32 // 8  # n_tiles
@@ -258,6 +266,7 @@ def test_config_override_from_the_environment(monkeypatch):
     ("num_stages=0", "num_stages must be in 1..8"),
     ("subtiles=3", "subtiles must be a power of two"),
     ("reload=2", "reload must be 0 or 1"),
+    ("const_heads=2", "const_heads must be 0 or 1"),
     ("programs_per_sm=65", "programs_per_sm must be in 0..64"),
     ("BV=thirty", "BV must be an integer"),
     ("tile=32", "is not NAME=VALUE"),
@@ -293,10 +302,13 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     assert triton_tune.write_table([csv_path, multi_path], table_path) == 0
     namespace = {}
     exec(table_path.read_text(), namespace)
-    assert namespace["TABLE"] == {("bfloat16", 32, 128, 128, 64, 1): "BV=32,heads=1,num_warps=4,num_stages=1",
-                                  ("bfloat16", 32, 128, 128, 1, 1): "BV=16,heads=2,num_warps=2,num_stages=2",
-                                  ("bfloat16", 32, 128, 128, 64, 4):
-                                      "BV=8,heads=1,num_warps=1,num_stages=1,programs_per_sm=0"}
+    # every field named, as the kernel runs the entry: a run from before const_heads measured the head
+    # counts at run time (the default), and the multi-token kernel compiles them in
+    tail = "programs_per_sm=0,subtiles=1,reload=0"
+    assert namespace["TABLE"] == {
+        ("bfloat16", 32, 128, 128, 64, 1): f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0",
+        ("bfloat16", 32, 128, 128, 1, 1): f"BV=16,heads=2,num_warps=2,num_stages=2,{tail},const_heads=0",
+        ("bfloat16", 32, 128, 128, 64, 4): f"BV=8,heads=1,num_warps=1,num_stages=1,{tail},const_heads=1"}
     assert "measured" in namespace["PROVENANCE"]
 
 
@@ -376,16 +388,18 @@ assert attrs == {(0,): [["tt.divisibility", 16]], (3,): [["tt.divisibility", 16]
 def test_register_script_compiles_for_sm90_without_a_gpu():
     """scripts/triton_registers.py: the launcher's kernel and arguments compiled offline. A reload
     tile holds fewer registers than the same tile without it (the reason the form exists), and the
-    8-row tile B = 1 uses reaches its first load within 40 instructions (43 under Triton 3.6 while the
-    head counts were runtime arguments, divided by on the way: results/offline-sm90/triton36/)."""
+    8-row tile B = 1 uses reaches its first load within 40 instructions with the head counts compiled
+    in, sooner than with them passed at run time and divided by on the way (21 against 43 under
+    Triton 3.6: results/offline-sm90/triton36/)."""
     done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs",
-                           "BV=32,num_warps=1;BV=32,num_warps=1,reload=1;BV=8,num_warps=1", "--state-dtypes",
-                           "bfloat16", "--B", "1"], capture_output=True, text=True, cwd=REPO, timeout=600)
+                           "BV=32,num_warps=1;BV=32,num_warps=1,reload=1;BV=8,num_warps=1,const_heads=1;"
+                           "BV=8,num_warps=1", "--state-dtypes", "bfloat16", "--B", "1"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
     if done.returncode == 2 and "no ptxas here" in done.stdout:
         pytest.skip(done.stdout.strip())
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("bfloat16")]
     regs = [int(row[3]) for row in rows]
-    assert len(rows) == 3 and regs[1] < regs[0], done.stdout
+    assert len(rows) == 4 and regs[1] < regs[0], done.stdout
     if rows[2][6] != "None":  # cuobjdump is there
-        assert int(rows[2][6]) <= 40, done.stdout
+        assert int(rows[2][6]) <= 40 and int(rows[2][6]) < int(rows[3][6]), done.stdout

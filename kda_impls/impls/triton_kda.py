@@ -86,23 +86,32 @@ def _output_first(S, q, k, v, decay, beta):
 
 
 @triton.jit
-def _program_tile(HV: tl.constexpr, HEADS: tl.constexpr, V_TILES: tl.constexpr):
+def _program_tile(HV, HEADS: tl.constexpr, V_TILES: tl.constexpr):
     """This program's ``(row, first value head, V-tile)``: the V-tile fastest, then the head group,
     then the row, so neighbouring programs stream neighbouring memory. The row is int64: row * HV * V
-    overflows int32 for very large batches."""
+    overflows int32 for very large batches. ``HV`` a constexpr: no runtime division."""
     pid = tl.program_id(0)
-    head_groups: tl.constexpr = HV // HEADS
+    head_groups = HV // HEADS
     return (pid // V_TILES // head_groups).to(tl.int64), (pid // V_TILES) % head_groups * HEADS, pid % V_TILES
 
 
 @triton.jit
 def _kda_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
-    slot_stride, scale, HV: tl.constexpr, GROUP: tl.constexpr,
+    slot_stride, scale, value_heads, group, HV_CONST: tl.constexpr, GROUP_CONST: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
     SUBTILES: tl.constexpr, RELOAD: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
+    # The head counts: compile-time constants where HV_CONST > 0 (no division on the way to the first
+    # load), else the runtime arguments (Triton's launcher still makes a group of 1 a constant).
+    # Which is faster depends on the tile: the constants cost the bf16 K=V=64 32-row tile 29 registers.
+    if HV_CONST > 0:
+        HV = HV_CONST
+        GROUP = GROUP_CONST
+    else:
+        HV = value_heads
+        GROUP = group
     row, first_head, v_tile = _program_tile(HV, HEADS, V // CHUNK)
     H = HV // GROUP
     offs_k = tl.arange(0, K)
@@ -310,7 +319,11 @@ class TileConfig:
     ``BV``-row tiles of each head one program walks, the gate computed once for them and the next
     tile's load in flight (one-token steps, not the persistent form); ``reload``: 1 reads each tile
     twice, the reductions from the first read and the update from the second (from the caches), so
-    that no float32 tile is held across the reductions (one-token steps, not the persistent form)."""
+    that no float32 tile is held across the reductions (one-token steps, not the persistent form);
+    ``const_heads``: 1 compiles the head counts into the one-token kernel (a shorter path to the
+    first load), 0 passes them at run time (fewer registers for some tiles; the code every tabled
+    one-token entry was tuned on); the persistent form and the multi-token kernel always compile
+    them in (``fitted`` sets 1 there)."""
 
     BV: int
     heads: int = 1
@@ -319,6 +332,7 @@ class TileConfig:
     programs_per_sm: int = 0
     subtiles: int = 1
     reload: int = 0
+    const_heads: int = 0
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -359,17 +373,20 @@ class TileConfig:
             raise ValueError(f"{source}: subtiles must be a power of two in 1..64; got {self.subtiles}")
         if self.reload not in (0, 1):
             raise ValueError(f"{source}: reload must be 0 or 1; got {self.reload}")
+        if self.const_heads not in (0, 1):
+            raise ValueError(f"{source}: const_heads must be 0 or 1; got {self.const_heads}")
 
     def fitted(self, HV: int, V: int, T: int = 1) -> "TileConfig":
         """This config made legal for a shape: a tile no taller than V, a head group dividing HV, no
         more sub-tiles than V holds; the persistent form walks single heads whole tiles, and it,
-        sub-tiles and reloads exist for one-token steps only (T > 1 drops them)."""
+        sub-tiles, reloads and runtime head counts exist for one-token steps only (T > 1 drops them;
+        the persistent form compiles the head counts in)."""
         BV = min(self.BV, V)
         fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV))
         if T > 1:
-            return replace(fitted, programs_per_sm=0, subtiles=1, reload=0)
+            return replace(fitted, programs_per_sm=0, subtiles=1, reload=0, const_heads=1)
         if fitted.programs_per_sm:
-            return replace(fitted, heads=1, num_stages=1, subtiles=1, reload=0)
+            return replace(fitted, heads=1, num_stages=1, subtiles=1, reload=0, const_heads=1)
         return fitted
 
 
@@ -496,8 +513,9 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
     grid = (inputs.B * (inputs.HV // config.heads) * (inputs.V // config.BV),)  # one program per tile
     pool = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots)
     scalars = (inputs.slot_stride, inputs.effective_scale)
-    # The head counts are compile-time constants: the program-to-tile mapping divides by them, and a
-    # division by a runtime value is a long instruction sequence on the path to the first load.
+    # The head counts are compile-time constants (the one-token kernel's unless config.const_heads is
+    # 0): the program-to-tile mapping divides by them, and a division by a runtime value is a long
+    # instruction sequence on the path to the first load.
     meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=config.BV, L2_EPS=L2_EPS,
                 SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
     if inputs.T == 1 and config.programs_per_sm:
@@ -506,8 +524,11 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
         return _kda_decode_persistent_kernel, (programs,), (*pool, out, *scalars, n_tiles), meta
     meta |= dict(HEADS=config.heads, NUM_STAGES=config.num_stages)
     if inputs.T == 1:
-        return (_kda_decode_kernel, (grid[0] // config.subtiles,), (*pool, out, *scalars),
-                meta | dict(SUBTILES=config.subtiles, RELOAD=config.reload))
+        heads = (meta.pop("HV"), meta.pop("GROUP"))
+        constants = heads if config.const_heads else (0, 0)
+        return (_kda_decode_kernel, (grid[0] // config.subtiles,), (*pool, out, *scalars, *heads),
+                meta | dict(HV_CONST=constants[0], GROUP_CONST=constants[1], SUBTILES=config.subtiles,
+                            RELOAD=config.reload))
     return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
 
 
