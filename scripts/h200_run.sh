@@ -32,8 +32,9 @@
 #                                  # counters of our kernel beside a copy; memcheck of every tile form;
 #                                  # the CUPTI test
 #   scripts/h200_run.sh tune       # (a bare one-GPU box will do) every one-token candidate, every
-#                                  # shape (the reload form's first measurement), then the multi-token
-#                                  # shapes; regenerate the table with --write-table from both CSVs
+#                                  # shape, with and without the head counts compiled in (~8 min);
+#   scripts/h200_run.sh tune-multitoken  # then the multi-token shapes; regenerate the table with
+#                                  # --write-table from the CSVs
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -167,12 +168,15 @@ case ${1:-} in
     cp "$LOGS"/memcheck.log "$RES/ncu/" 2>/dev/null
     pack
     ;;
-  tune)
-    TAIL=4 step tune 380 $GPU0 python3 scripts/triton_tune.py --out "$RES/triton-tune-v4/triton_tune.csv" --budget-s 320
-    TAIL=4 step tune-multitoken 120 $GPU0 python3 scripts/triton_tune.py --out "$RES/triton-tune-multitoken-v2/triton_tune.csv" \
-      --tokens 2,4,8 --value-heads 32 --head-dims 128x128 --batches 1,8,32,128 --budget-s 90
+  tune)  # every one-token candidate (with and without the head counts compiled in), every shape
+    TAIL=4 step tune 540 $GPU0 python3 scripts/triton_tune.py --out "$RES/triton-tune-v4/triton_tune.csv" --budget-s 460
+    pack
+    ;;
+  tune-multitoken)
+    TAIL=4 step tune-multitoken 200 $GPU0 python3 scripts/triton_tune.py --out "$RES/triton-tune-multitoken-v2/triton_tune.csv" \
+      --tokens 2,4,8 --value-heads 32 --head-dims 128x128 --batches 1,8,32,128 --budget-s 150
     pack
     ;;
   *)
-    echo "usage: $0 sanity|go|published|targets|targets-one|check|spec|profile|tune" >&2; exit 2 ;;
+    echo "usage: $0 sanity|go|published|targets|targets-one|check|spec|profile|tune|tune-multitoken" >&2; exit 2 ;;
 esac
