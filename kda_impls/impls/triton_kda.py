@@ -9,8 +9,10 @@ state access masked off. Three other forms of the one-token step are tile config
 per shape by the tuning table: ``subtiles`` (a program walks several ``BV``-row tiles of a head,
 the gate computed once, the next tile's load in flight), ``reload`` (each tile read twice, so that
 no float32 tile is held across the reductions: fewer registers) and ``programs_per_sm`` (a
-persistent grid walking every tile with a one-tile register look-ahead). docs/perf-notes.md has
-what each was measured to do on the H200.
+persistent grid walking every tile with a one-tile register look-ahead); ``const_heads`` says
+whether the head counts are compiled into the one-token kernel (a shorter path to the first load)
+or passed at run time (fewer registers for some tiles). docs/perf-notes.md has what each was
+measured to do on the H200.
 
 Multi-token decode (T > 1 tokens per row, speculative verify) has its own kernel with the same
 program mapping: the state tile is read once, from the row's start slot
@@ -89,7 +91,8 @@ def _output_first(S, q, k, v, decay, beta):
 def _program_tile(HV, HEADS: tl.constexpr, V_TILES: tl.constexpr):
     """This program's ``(row, first value head, V-tile)``: the V-tile fastest, then the head group,
     then the row, so neighbouring programs stream neighbouring memory. The row is int64: row * HV * V
-    overflows int32 for very large batches. ``HV`` a constexpr: no runtime division."""
+    overflows int32 for very large batches. ``HV`` a constexpr or a runtime value (a constexpr: no
+    runtime division on the way to the first load)."""
     pid = tl.program_id(0)
     head_groups = HV // HEADS
     return (pid // V_TILES // head_groups).to(tl.int64), (pid // V_TILES) % head_groups * HEADS, pid % V_TILES
