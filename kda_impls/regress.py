@@ -153,7 +153,7 @@ def load_asv(path: Path) -> ResultSet:
 def load_sweep(directory: Path) -> ResultSet:
     """Read a sweep directory (:func:`kda_impls.bench.results.load`): per ok row its key, kernel
     time and placement spread, with the raw kernel samples and the per-placement medians (older
-    directories have none) in microseconds. A wrong or failed row has no timing worth comparing.""" 
+    directories have none) in microseconds. A wrong or failed row has no timing worth comparing."""
     try:
         sweep = load_sweep_dir(directory)
     except SweepDirError as exc:
@@ -181,15 +181,21 @@ def load(path: str | Path) -> ResultSet:
 
 # ---- comparing -----------------------------------------------------------------------------------
 
+def _mann_whitney(x: tuple[float, ...] | None, y: tuple[float, ...] | None, alpha: float) -> float | None:
+    """Two-sided Mann-Whitney U p of ``x`` against ``y``; None where either is empty or they are too
+    few for any ranking to give p < alpha (the smallest p is 2 / C(n + m, n): 5 against 5 can decide,
+    4 against 4 cannot)."""
+    if not (x and y) or 2 / comb(len(x) + len(y), min(len(x), len(y))) >= alpha:
+        return None
+    return float(mannwhitneyu(x, y, alternative="two-sided").pvalue)
+
+
 def _significance(a: Measurement, b: Measurement, alpha: float) -> tuple[bool | None, float | None, str]:
     """(significant, p, test used) for the difference between ``a`` and ``b``; significant is None
     when nothing available can support a test."""
-    if a.samples and b.samples:
-        n, m = len(a.samples), len(b.samples)
-        # the smallest two-sided p any ranking can give; at or above alpha the test can never fire
-        if 2 / comb(n + m, min(n, m)) < alpha:
-            p = float(mannwhitneyu(a.samples, b.samples, alternative="two-sided").pvalue)
-            return p < alpha, p, "mann-whitney"
+    p = _mann_whitney(a.samples, b.samples, alpha)
+    if p is not None:
+        return p < alpha, p, "mann-whitney"
     if a.ci99 and b.ci99:
         overlap = a.ci99[1] >= b.ci99[0] and a.ci99[0] <= b.ci99[1]
         return not overlap, None, "ci99-overlap"
@@ -203,17 +209,6 @@ def spread_overlap(a: Measurement, b: Measurement) -> float:
     if not (a.spread and b.spread):
         return 0.0
     return max(0.0, min(a.spread[1], b.spread[1]) - max(a.spread[0], b.spread[0])) / a.median
-
-
-def placement_p(a: Measurement, b: Measurement, alpha: float) -> float | None:
-    """p of a two-sided Mann-Whitney U test on the two sides' per-placement medians, or None where
-    either side has none or they are too few for any p < alpha (three against three)."""
-    if not (a.placements and b.placements):
-        return None
-    n, m = len(a.placements), len(b.placements)
-    if 2 / comb(n + m, min(n, m)) >= alpha:
-        return None
-    return float(mannwhitneyu(a.placements, b.placements, alternative="two-sided").pvalue)
 
 
 def verdict(a: Measurement, b: Measurement, threshold: float, alpha: float) -> tuple[str, float | None, str]:
@@ -231,13 +226,11 @@ def verdict(a: Measurement, b: Measurement, threshold: float, alpha: float) -> t
     # Could where the pools landed explain the move? The placements themselves say so where there
     # are enough of them (placements added where a row spread: one outlier placement must not widen
     # the range over the move); else their ranges' overlap.
-    if a.placements and (a.placements, b.placements) == (a.samples, b.samples):
-        return ("slower" if ratio > 1 else "faster"), p, test  # asv: the test above was on the placements
-    p_placed = placement_p(a, b, alpha)
+    p_placed = _mann_whitney(a.placements, b.placements, alpha)  # asv's: the test above again
     if p_placed is not None:
         if p_placed >= alpha:
             return "unsure", p, f"{test}; per-placement medians not apart (p = {p_placed:.2g})"
-        return ("slower" if ratio > 1 else "faster"), p, f"{test}; per-placement medians apart (p = {p_placed:.2g})"
+        return ("slower" if ratio > 1 else "faster"), p, test
     overlap = spread_overlap(a, b)
     if overlap > threshold:
         return "unsure", p, f"{test}; placement spreads overlap by {overlap:.1%}"
