@@ -360,9 +360,11 @@ def compile_groups(configs: list[Config]) -> list[list[Config]]:
     """``configs`` in groups a lane measures together, in order of first appearance: one
     implementation's rows of one shape, state dtype and tokens per row, which differ in batch size,
     padding and pool layout. A kernel specialised on the shape is compiled once per worker, and a
-    compiler without a cache on disk compiles it again in every process: with rows dealt out one by
-    one, FlashInfer's first calls took 112 s in all on two lanes against 68 s on one
-    (``first_call_ms`` of results/h200/targets-2gpu and targets)."""
+    compiler without a cache on disk compiles it again in every process. (It did not remove the
+    two-lane excess it was written for: FlashInfer's first calls took 113 s in all on two lanes
+    against 69 s on one with rows dealt out one by one, and 102 s against 58 s in groups;
+    ``scripts/compare_sweeps.py`` on results/h200/targets-2gpu and targets, and their
+    ``git show 240bc7e:`` versions.)"""
     groups: dict[tuple, list[Config]] = {}
     for cfg in configs:
         groups.setdefault((cfg.impl, cfg.H, cfg.HV, cfg.K, cfg.V, cfg.state_dtype, cfg.T), []).append(cfg)
@@ -427,8 +429,8 @@ def parser() -> Parser:
     layout.add_argument("--placements", type=positive_int, default=PoolLayout.placements, metavar="N",
                         help="independent allocations each row is timed on (default %(default)s)")
     layout.add_argument("--extra-placements", type=non_negative_int, default=Method.extra_placements, metavar="N",
-                        help="placements added, one at a time, to a row whose placements spread by more than "
-                             f"{PLACEMENT_SPREAD_LIMIT:.0%} (max / min), at most N (default %(default)s)")
+                        help="placements added to a row whose first placements spread by more than "
+                             f"{PLACEMENT_SPREAD_LIMIT:.0%} (max / min - 1) on a GPU (default %(default)s)")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")

@@ -1,0 +1,46 @@
+"""scripts/compare_sweeps.py: two sweep directories row by row."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+
+from helpers import REPO, load_script, write_sweep_dir
+from kda_impls.bench.config import Config
+
+compare_sweeps = load_script("compare_sweeps")
+ROWS = [Config(impl, B, 32, 32, 128, 128) for impl in ("triton", "fla") for B in (1, 64, 256)]
+
+
+def sweep(path, scale: dict, first_call_ms: float, device: str):
+    """A directory of ROWS: kernel time 10 us times ``scale`` of the row (1 unless named)."""
+    out = write_sweep_dir(path, {c: list(10.0 * scale.get(c, 1.0) * np.ones(5)) for c in ROWS}, {"gpu": "H200"})
+    table = pd.read_csv(out / "results.csv").assign(first_call_ms=first_call_ms, device=device)
+    table.to_csv(out / "results.csv", index=False)
+    return out
+
+
+def test_rows_paired_summarised_and_listed(tmp_path):
+    a = sweep(tmp_path / "a", {}, 1000.0, "cuda:0")
+    b = sweep(tmp_path / "b", {ROWS[2]: 1.10, ROWS[4]: 0.99}, 500.0, "cuda:1")
+    text = compare_sweeps.report(*(compare_sweeps.load(d) for d in (a, b)), "one", "two", min_b=16, flag=0.03)
+    both = compare_sweeps.paired(compare_sweeps.load(a).table, compare_sweeps.load(b).table)
+    assert len(both) == 6 and both.set_index("impl").ratio.max() == 1.10
+    # four rows at B >= 16: median of 1, 1, 1.10, 0.99; only the 10% one beyond 3%
+    assert "the 4 rows at B >= 16" in text and "|   1.0000 |" in text
+    moved = text.split("moved by more than 3%")[1].split("## First calls")[0]
+    assert "triton" in moved and "1.100" in moved and "fla" not in moved
+    # first calls: three rows a library of 1 s on one side, 0.5 s on the other, per library and in all
+    assert compare_sweeps.library_first_calls(compare_sweeps.load(a).table).to_dict() == \
+        {"fla": 3.0, "triton": 3.0, "all": 6.0}
+    assert compare_sweeps.library_first_calls(compare_sweeps.load(b).table)["all"] == 3.0
+    assert "one, cuda:0" in text and "two, cuda:1" in text
+
+
+def test_a_missing_directory_is_one_line_and_status_2(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_sweeps.py"), str(tmp_path / "none"),
+                           str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no such directory" in done.stderr
