@@ -62,6 +62,7 @@ from kda_impls.impls.triton_kda import CONFIG_ENV, TileConfig, choose_config  # 
 TUNE_CSVS = [REPO / "results" / "h200" / run / "triton_tune.csv" for run in ("triton-tune-v3", "triton-tune-subtiles")]
 PLANTED_SHAPE = dict(HV=32, K=128, V=128)  # Kimi-Linear's layer, what the gate profile times
 PLANTED_RANGE = (1.05, 1.10)
+RUN_TO_RUN_LIMIT, RUN_TO_RUN_MIN_B = 0.02, 16  # every kernel time at B >= 16 within 2% over the A runs
 SLOWDOWN_FLAGGED_FROM = 1.05
 A_RUNS = ("a1", "a2", "a3")
 
@@ -172,6 +173,21 @@ def impl_of(benchmark: str) -> str:
     return found.group(1) if found else benchmark.split("_B")[0]
 
 
+def batch_of(benchmark: str) -> int:
+    """The batch size: an asv benchmark's second parameter, a sweep key's ``_B<n>_`` field."""
+    found = re.search(r"\('[^']*', (\d+)", benchmark) or re.search(r"_B(\d+)_", benchmark)
+    return int(found.group(1))
+
+
+def run_to_run(table: pd.DataFrame, limit: float = RUN_TO_RUN_LIMIT, min_batch: int = RUN_TO_RUN_MIN_B) -> dict:
+    """The kernel-time criterion of the A runs: at B >= ``min_batch``, how many benchmarks moved by
+    <= ``limit`` (max / min - 1 over the runs), and the largest move per implementation."""
+    large = table[[is_kernel_time(b) and batch_of(b) >= min_batch for b in table.index]]
+    moved = large["max_over_min"] - 1
+    return dict(min_batch=min_batch, limit=limit, benchmarks=len(large), within=int((moved <= limit).sum()),
+                largest_per_impl=moved.groupby([impl_of(b) for b in large.index]).max().round(4).to_dict())
+
+
 def is_kernel_time(benchmark: str) -> bool:
     return "CallTime" not in benchmark
 
@@ -197,7 +213,8 @@ def evaluate(out: Path, runs: dict[str, Path], form: str, extra: dict) -> dict:
     table["max_over_min"] = table.max(axis=1) / table.min(axis=1)
     table.rename_axis("benchmark").to_csv(out / "spread.csv")
     summary = dict(form=form, runs={k: str(v) for k, v in runs.items()}, aa=pairs, slow=slow,
-                   max_aa_spread=float(table["max_over_min"].max()), planted_flagged=len(must_flag) - len(slow["missed"]),
+                   max_aa_spread=float(table["max_over_min"].max()), run_to_run=run_to_run(table),
+                   planted_flagged=len(must_flag) - len(slow["missed"]),
                    planted_must_flag=len(must_flag), **extra)
     summary["ok"] = (all(p["exit"] == 0 and not p["slower"] for p in pairs.values())
                      and not slow["missed"] and not slow["flagged_not_triton"] and bool(must_flag))

@@ -57,6 +57,10 @@ def test_sweep_form_passes_a_caught_slowdown(tmp_path):
     assert all(pair["exit"] == 0 and not pair["slower"] for pair in summary["aa"].values())
     assert summary["planted_must_flag"] == 1 and summary["slow"]["missed"] == []
     assert summary["slow"]["triton_ratios"][TRITON[1].key()][1] == "same"  # 3%: under the threshold
+    # the runs' own spread, the criterion of three runs of one commit (B >= 16: every benchmark here)
+    spread = pd.read_csv(tmp_path / "gate" / "spread.csv", index_col="benchmark").max_over_min - 1
+    assert summary["run_to_run"]["benchmarks"] == 3 and summary["run_to_run"]["within"] == (spread <= 0.02).sum()
+    assert summary["run_to_run"]["largest_per_impl"]["fla"] == round(spread[FLA.key()], 4)
 
 
 def test_sweep_form_fails_when_the_gate_misses_a_slowdown(tmp_path, monkeypatch):
@@ -110,3 +114,14 @@ def test_planted_slowdown_reads_each_point_from_its_last_tune_run(tmp_path):
                                        for c, us in ((chosen[B], 10.0), (other, 13.0), (planted, planted_us))])
     config, ratios = validate_gate.planted_config([first, last])
     assert config.startswith("BV=1,") and list(ratios.ratio.round(2)) == [1.06, 1.03]
+
+
+def test_run_to_run_counts_kernel_times_at_b16_and_up():
+    """Three runs' criterion: B = 1 (which may move more) and call time are left out; asv names and
+    sweep keys alike."""
+    one_row, big = Config("triton", 1, 32, 32, 128, 128).key(), Config("fla", 256, 32, 32, 128, 128).key()
+    asv = "decode.KernelTime.track_kernel('fla', 64, 'HV32-K128-V128', 0, 'bfloat16', 1)"
+    call = "decode.CallTime.track_call('fla', 64)"
+    table = pd.DataFrame({"max_over_min": [1.06, 1.01, 1.03, 1.5]}, index=[one_row, big, asv, call])
+    result = validate_gate.run_to_run(table)
+    assert result["benchmarks"] == 2 and result["within"] == 1 and result["largest_per_impl"] == {"fla": 0.03}
