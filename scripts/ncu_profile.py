@@ -43,7 +43,6 @@ CASES = {
     "bf16-B256-BV8": ("bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1"),
     "bf16-B256-persistent": ("bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1,programs_per_sm=8"),
     "bf16-B256-subtiles": ("bfloat16", 32, 128, 256, 1, "BV=4,num_warps=1,subtiles=16"),
-    "bf16-B256-reload": ("bfloat16", 32, 128, 256, 1, "BV=32,num_warps=1,reload=1"),
     "fp32-B256-table": ("float32", 32, 128, 256, 1, None),
     "bf16-B1-table": ("bfloat16", 32, 128, 1, 1, None),
     "bf16-B128-T8-table": ("bfloat16", 32, 128, 128, 8, None),

@@ -3,7 +3,7 @@
 compiled for the H200 (sm_90) on any machine: no GPU needed.
 
     python3 scripts/triton_registers.py                          # CONFIGS at HV=32 K=V=128, bf16 and fp32
-    python3 scripts/triton_registers.py --configs "BV=32,num_warps=1;BV=32,num_warps=1,reload=1" --T 4
+    python3 scripts/triton_registers.py --configs "BV=32,num_warps=1;BV=32,num_warps=1,const_heads=1" --T 4
     python3 scripts/triton_registers.py --table --HV 32 --D 128       # every tabled entry of a shape
 
 Each config is fitted to the shape and compiled as the launcher would launch it
@@ -44,7 +44,7 @@ from kda_impls.impls.triton_kda import TileConfig, kernel_arguments  # noqa: E40
 from kda_impls.impls.triton_tuning import TABLE  # noqa: E402
 
 CONFIGS = ("BV=8,num_warps=1", "BV=16,num_warps=1", "BV=32,num_warps=1", "BV=32,num_warps=2",
-           "BV=32,num_warps=1,reload=1", "BV=16,num_warps=1,reload=1", "BV=4,num_warps=1,subtiles=16",
+           "BV=32,num_warps=1,const_heads=1", "BV=4,num_warps=1,subtiles=16",
            "BV=8,num_warps=1,programs_per_sm=8")
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
                 torch.int64: "i64"}

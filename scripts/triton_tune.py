@@ -70,9 +70,8 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
     flight per register), and one head group whose loads are pipelined (``heads`` = 2). One-token
     steps also try the persistent form on 1-4 KiB tiles at 64 bytes per thread (the next tile's
     loads in flight: twice the state in registers, so small tiles only) with 4 to 16 programs per
-    SM, sub-tiles (1-4 KiB tiles, 2 to 16 of them per program: the gate and norms once per
-    program, the next tile's load in flight), and reloads of 2-8 KiB tiles (each tile read twice:
-    fewer registers per byte in flight); the plain tiles of one-token steps also with the head counts
+    SM, and sub-tiles (1-4 KiB tiles, 2 to 16 of them per program: the gate and norms once per
+    program, the next tile's load in flight); the plain tiles of one-token steps also with the head counts
     compiled in (``const_heads``). Multi-token steps carry the tile through T tokens, so their set
     leans to small tiles."""
     per_thread = (32, 64, 128) if B <= 16 or T > 1 else (64, 128, 256)
@@ -94,10 +93,6 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
         for tile in (1024, 2048, 4096):  # sub-tiles: 1-4 KiB tiles, the gate once per 2-16 of them
             BV, num_warps = tile_shape(K, V, element_size, tile)
             configs += [TileConfig(BV=BV, num_warps=num_warps, subtiles=n) for n in (2, 4, 8, 16)]
-        for tile in (2048, 4096, 8192):  # reloads: the larger tiles, which the registers limit
-            for bytes_per_thread in (64, 128, 256):
-                BV, num_warps = tile_shape(K, V, element_size, tile, bytes_per_thread)
-                configs.append(TileConfig(BV=BV, num_warps=num_warps, reload=1))
     return list(dict.fromkeys(configs))
 
 

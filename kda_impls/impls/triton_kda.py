@@ -5,14 +5,13 @@ Each program owns one batch row, a group of ``heads`` consecutive value heads an
 within the program. It reads its state tile once, decays it, applies the delta rule, writes it
 back through ``slots`` and writes the output tile: the state crosses memory exactly twice, which
 is the floor for a memory-bound step. A row whose slot is -1 writes zeros to its output, every
-state access masked off. Three other forms of the one-token step are tile config fields, chosen
+state access masked off. Two other forms of the one-token step are tile config fields, chosen
 per shape by the tuning table: ``subtiles`` (a program walks several ``BV``-row tiles of a head,
-the gate computed once, the next tile's load in flight), ``reload`` (each tile read twice, so that
-no float32 tile is held across the reductions: fewer registers) and ``programs_per_sm`` (a
-persistent grid walking every tile with a one-tile register look-ahead); ``const_heads`` says
+the gate computed once, the next tile's load in flight) and ``programs_per_sm`` (a persistent
+grid walking every tile with a one-tile register look-ahead); ``const_heads`` says
 whether the head counts are compiled into the one-token kernel (a shorter path to the first load)
 or passed at run time (fewer registers for some tiles). docs/perf-notes.md has what each was
-measured to do on the H200.
+measured to do on the H200, and what the forms tried and dropped did (each tile read twice).
 
 Multi-token decode (T > 1 tokens per row, speculative verify) has its own kernel with the same
 program mapping: the state tile is read once, from the row's start slot
@@ -78,16 +77,6 @@ def _delta_rule(S, q, k, v, decay, beta):
 
 
 @triton.jit
-def _output_first(S, q, k, v, decay, beta):
-    """``(u, o)`` of one token on a ``[BV, K]`` tile with both reductions from the decayed tile in
-    one pass: with ``S' = S * decay`` and ``u = beta (v - S' k)``, the output ``S_new q`` equals
-    ``S' q + u (k . q)``; the update ``S' + u k^T`` is left to the caller."""
-    decayed = S * decay[None, :]
-    u = beta * (v - tl.sum(decayed * k[None, :], axis=1))
-    return u, tl.sum(decayed * q[None, :], axis=1) + u * tl.sum(k * q)
-
-
-@triton.jit
 def _program_tile(HV, HEADS: tl.constexpr, V_TILES: tl.constexpr):
     """This program's ``(row, first value head, V-tile)``: the V-tile fastest, then the head group,
     then the row, so neighbouring programs stream neighbouring memory. The row is int64: row * HV * V
@@ -103,7 +92,7 @@ def _kda_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, scale, value_heads, group, HV_CONST: tl.constexpr, GROUP_CONST: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
-    SUBTILES: tl.constexpr, RELOAD: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    SUBTILES: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
     # The head counts: compile-time constants where HV_CONST > 0 (no division on the way to the first
@@ -153,22 +142,10 @@ def _kda_decode_kernel(
                 ahead = tl.load(head_state + (offs_v + BV)[:, None] * K, mask=live, other=0.0,
                                 eviction_policy="evict_first")
             v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
-            if RELOAD:
-                # The update from a second read of the tile (from the caches), after the output is
-                # stored: no float32 tile lives across the reductions, so fewer registers and more
-                # warps resident. The output store between the reads (it may alias the pool, as far
-                # as the compiler can tell) keeps the two reads from being merged.
-                u, o = _output_first(stored.to(tl.float32), q, k, v, decay, beta)
-                tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
-                stored = tl.load(head_state + offs_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
-                S = stored.to(tl.float32) * decay[None, :] + u[:, None] * k[None, :]
-                tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
-                         eviction_policy="evict_first")
-            else:
-                S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
-                tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
-                         eviction_policy="evict_first")
-                tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+            S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
+            tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
+                     eviction_policy="evict_first")
+            tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -320,10 +297,7 @@ class TileConfig:
     (:func:`_kda_decode_persistent_kernel`: n programs per SM, each walking tiles with the next
     one's loads in flight; one-token steps only, single heads); ``subtiles``: consecutive
     ``BV``-row tiles of each head one program walks, the gate computed once for them and the next
-    tile's load in flight (one-token steps, not the persistent form); ``reload``: 1 reads each tile
-    twice, the reductions from the first read and the update from the second (from the caches), so
-    that no float32 tile is held across the reductions (one-token steps, not the persistent form);
-    ``const_heads``: 1 compiles the head counts into the one-token kernel (a shorter path to the
+    tile's load in flight (one-token steps, not the persistent form); ``const_heads``: 1 compiles the head counts into the one-token kernel (a shorter path to the
     first load), 0 passes them at run time (fewer registers for some tiles; the code every tabled
     one-token entry was tuned on); the persistent form and the multi-token kernel always compile
     them in (``fitted`` sets 1 there)."""
@@ -334,7 +308,6 @@ class TileConfig:
     num_stages: int = 1
     programs_per_sm: int = 0
     subtiles: int = 1
-    reload: int = 0
     const_heads: int = 0
 
     def __str__(self) -> str:
@@ -374,22 +347,20 @@ class TileConfig:
             raise ValueError(f"{source}: programs_per_sm must be in 0..64; got {self.programs_per_sm}")
         if not (power_of_two(self.subtiles) and self.subtiles <= 64):
             raise ValueError(f"{source}: subtiles must be a power of two in 1..64; got {self.subtiles}")
-        if self.reload not in (0, 1):
-            raise ValueError(f"{source}: reload must be 0 or 1; got {self.reload}")
         if self.const_heads not in (0, 1):
             raise ValueError(f"{source}: const_heads must be 0 or 1; got {self.const_heads}")
 
     def fitted(self, HV: int, V: int, T: int = 1) -> "TileConfig":
         """This config made legal for a shape: a tile no taller than V, a head group dividing HV, no
         more sub-tiles than V holds; the persistent form walks single heads whole tiles, and it,
-        sub-tiles, reloads and runtime head counts exist for one-token steps only (T > 1 drops them;
+        sub-tiles and runtime head counts exist for one-token steps only (T > 1 drops them;
         the persistent form compiles the head counts in)."""
         BV = min(self.BV, V)
         fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV))
         if T > 1:
-            return replace(fitted, programs_per_sm=0, subtiles=1, reload=0, const_heads=1)
+            return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1)
         if fitted.programs_per_sm:
-            return replace(fitted, heads=1, num_stages=1, subtiles=1, reload=0, const_heads=1)
+            return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1)
         return fitted
 
 
@@ -530,8 +501,7 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
         heads = (meta.pop("HV"), meta.pop("GROUP"))
         constants = heads if config.const_heads else (0, 0)
         return (_kda_decode_kernel, (grid[0] // config.subtiles,), (*pool, out, *scalars, *heads),
-                meta | dict(HV_CONST=constants[0], GROUP_CONST=constants[1], SUBTILES=config.subtiles,
-                            RELOAD=config.reload))
+                meta | dict(HV_CONST=constants[0], GROUP_CONST=constants[1], SUBTILES=config.subtiles))
     return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
 
 
