@@ -26,6 +26,8 @@
 #   scripts/h200_run.sh check      # carry .gpu/part1: install part 1; GPU 0: our kernel's GPU tests and
 #                                  # the harness's; GPU 1: our kernel's share of the correctness grid
 #   scripts/h200_run.sh targets    # as above, then targets-one
+#   scripts/h200_run.sh placements # (after targets) fla's and our rows that moved between processes, three
+#                                  # sweeps with placements freed in turn (GPU 0) and three disjoint (GPU 1)
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
 #                                  # in its own benchmark's configuration (published preset, sorted slots)
 #   scripts/h200_run.sh profile    # (a bare one-GPU box will do: torch and Triton only) Nsight Compute
@@ -151,6 +153,25 @@ case ${1:-} in
     wait; cat "$LOGS/cupti-targets.summary"
     pack
     ;;
+  placements)  # the rows whose medians moved between processes (published/a1..a3), three sweeps each
+    # way, each its own process: placements freed in turn (GPU 0) against disjoint ones (GPU 1)
+    if [ -d .gpu/part2 ] && [ ! -f /root/gpu-site/env.sh ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; fi
+    source /root/gpu-site/env.sh
+    ROWS="--no-charts --l2-entry $(entry) --preset published --impls fla,fla-loggate,fla-batched,triton --HV 32 --K 128 --V 128
+      --state-dtype bf16 --B 64,256 --slot-pad 0 --devices cuda:0"
+    for run in 1 2 3; do
+      background "placements-freed-$run" 0 150 python3 scripts/sweep.py $ROWS --no-disjoint-placements \
+        --out "$RES/placements/freed-$run"
+      TAIL=1 step "placements-disjoint-$run" 150 env CUDA_VISIBLE_DEVICES=1 python3 scripts/sweep.py $ROWS \
+        --disjoint-placements --out "$RES/placements/disjoint-$run"
+      wait; tail -n 1 "$LOGS/placements-freed-$run.summary"
+    done
+    for way in freed disjoint; do
+      TAIL=12 step "placements-$way" 30 python3 scripts/run_to_run.py "$RES/placements/$way"-{1,2,3} --min-B 64 \
+        --out "$RES/placements/$way.md"
+    done
+    pack
+    ;;
   spec)
     source /root/gpu-site/env.sh
     background correctness-triton 1 420 python3 scripts/gpu_correctness.py --impls triton --out "$RES/correctness-triton"
@@ -178,5 +199,5 @@ case ${1:-} in
     pack
     ;;
   *)
-    echo "usage: $0 sanity|go|published|targets|targets-one|check|spec|profile|tune|tune-multitoken" >&2; exit 2 ;;
+    echo "usage: $0 sanity|go|published|targets|targets-one|placements|check|spec|profile|tune|tune-multitoken" >&2; exit 2 ;;
 esac

@@ -40,6 +40,13 @@ def one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
         assert fragment in lines[0], lines[0]
 
 
+@pytest.mark.parametrize("tool", ["sweep", "merge", "plot", "regress", "survey"])
+def test_every_command_prints_its_help(tool):
+    """argparse formats help strings with %: a literal one (a "2%" in a help text) broke kda-sweep --help."""
+    done = run(tool, "--help")
+    assert done.returncode == 0 and "usage:" in done.stdout and not done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("args, fragments", [
     (["--row-timeout", "0"], ["--row-timeout", "must be a number > 0"]),
     (["--row-timeout", "-5"], ["--row-timeout"]),
@@ -204,6 +211,30 @@ def test_compile_groups_keep_an_implementations_shape_on_one_lane_in_order():
         ("triton", "bfloat16", 1), ("fla", "bfloat16", 1), ("triton", "float32", 1), ("fla", "float32", 1),
         ("triton", "bfloat16", 2)]
     assert sorted((c.key() for g in groups for c in g)) == sorted(c.key() for c in configs)
+
+
+def test_a_lane_keeps_to_the_implementations_it_started():
+    """Two lanes: each takes a whole implementation, the one with most rows first, and takes groups
+    of the other lane's implementation only when no implementation is left unstarted, from its end."""
+    from kda_impls.bench.config import Config
+    from kda_impls.bench.sweep import GroupScheduler, compile_groups
+
+    configs = [Config(impl, B, HV, HV, 64, 64) for impl, heads in (("naive", (16,)), ("triton", (16, 32, 64)),
+                                                                    ("fla", (16, 32))) for HV in heads for B in (1, 64)]
+    todo = GroupScheduler(compile_groups(configs))
+    taken = [(lane, todo.next(lane)) for lane in ("a", "b", "a", "b", "a", "b", "b")]
+    assert [(lane, g[0].impl, g[0].HV) for lane, g in taken[:6]] == [
+        ("a", "triton", 16), ("b", "fla", 16), ("a", "triton", 32), ("b", "fla", 32), ("a", "triton", 64),
+        ("b", "naive", 16)]
+    assert taken[6][1] is None and todo.next("a") is None
+    assert sorted(c.key() for _, g in taken[:6] for c in g) == sorted(c.key() for c in configs)
+
+    todo = GroupScheduler(compile_groups(configs))
+    assert todo.next("a")[0].HV == 16 and todo.next("b")[0].impl == "fla" and todo.next("b")[0].impl == "fla"
+    assert todo.next("b")[0].impl == "naive"
+    stolen = todo.next("b")  # nothing unstarted is left: the end of lane a's implementation
+    assert (stolen[0].impl, stolen[0].HV) == ("triton", 64)
+    assert todo.next("a")[0].HV == 32 and todo.next("a") is None and todo.next("b") is None
 
 
 def test_a_worker_is_stopped_once():

@@ -46,13 +46,15 @@ class Method:
     """How a case is timed, besides its configuration: the L2 entry state (timing.ENTRY_STATES),
     the budgets of the two timers (the kernel budget shared among the layout's placements), how
     many placements may be added to a row whose placements spread wide on a GPU
-    (timing.PLACEMENT_SPREAD_LIMIT), the seed of the inputs and spacers, and whether a row timed
+    (timing.PLACEMENT_SPREAD_LIMIT) and whether each keeps its memory until the row ends, so that
+    the next lands on other pages (timing.kernel_time's ``disjoint``), the seed of the inputs and spacers, and whether a row timed
     while the GPU slowed itself down is timed once more."""
 
     entry: str = DEFAULT_ENTRY
     kernel: Budget = field(default_factory=Budget)
     call: Budget | None = field(default_factory=lambda: Budget(max_seconds=0.2))  # None: no call time
     extra_placements: int = EXTRA_PLACEMENTS
+    disjoint_placements: bool = False
     seed: int = 0
     retime_throttled: bool = True
 
@@ -145,7 +147,8 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
                 # none added on the CPU, whose rows are not ranked (and whose timings always spread)
                 extra = method.extra_placements if torch.device(device).type == "cuda" else 0
                 timing = kernel_time(make, impl.bind, device, method.kernel, placements=cfg.layout.placements,
-                                     entry=method.entry, seed=seed, extra_placements=extra)
+                                     entry=method.entry, seed=seed, extra_placements=extra,
+                                     disjoint=method.disjoint_placements)
             return timing, monitor.summary()
 
         kernel, clock = timed_kernel()

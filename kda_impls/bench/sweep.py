@@ -4,8 +4,9 @@ table, the wall time and charts at the end.
 
 Each device is a *lane* that measures one row at a time, so each row is timed alone on its GPU.
 Rows go to lanes in compile groups (:func:`compile_groups`: one implementation's rows of one shape
-and dtype), each group to whichever lane is free, so that a kernel an implementation compiles per
-shape in its own process (FlashInfer's CuTe DSL kernels) is compiled on one lane, not on each. In a
+and dtype), and a lane keeps to the implementations it has started (:class:`GroupScheduler`), so
+that what an implementation compiles in its own process (FlashInfer's CuTe DSL kernels) is compiled
+on one lane, not on each. In a
 lane each implementation gets a worker process (multiprocessing "spawn": a fresh interpreter, no
 CUDA state inherited) that handles all its rows there, so imports, the CUDA context and JIT caches
 are paid once. A worker that dies (a segfault,
@@ -21,13 +22,12 @@ import argparse
 import json
 import multiprocessing as mp
 import platform
-import queue
 import shlex
 import signal
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import asdict
@@ -201,12 +201,8 @@ class Sweep:
             self.workers[(cfg.impl, device)] = None
         return row
 
-    def _lane(self, device: str, copy_bw: float, todo: queue.Queue, bar: tqdm) -> None:
-        while not self.stopping.is_set():
-            try:
-                group = todo.get_nowait()
-            except queue.Empty:
-                return
+    def _lane(self, device: str, copy_bw: float, todo: GroupScheduler, bar: tqdm) -> None:
+        while not self.stopping.is_set() and (group := todo.next(device)) is not None:
             for cfg in group:
                 if self.stopping.is_set() or not self._measure_and_write(cfg, device, copy_bw, bar):
                     return
@@ -260,9 +256,7 @@ class Sweep:
         for impl in dict.fromkeys(c.impl for c in pending):  # every worker imports while the first measures
             for device in self.devices[:len(pending)]:
                 self._worker(impl, device)
-        todo: queue.Queue = queue.Queue()
-        for group in compile_groups(pending):
-            todo.put(group)
+        todo = GroupScheduler(compile_groups(pending))
         bar = tqdm(total=len(pending), unit="row", dynamic_ncols=True, smoothing=0.1)
         lanes = [threading.Thread(target=self._lane, args=(d, copy_bws[d], todo, bar), daemon=True)
                  for d in self.devices]
@@ -360,15 +354,49 @@ def compile_groups(configs: list[Config]) -> list[list[Config]]:
     """``configs`` in groups a lane measures together, in order of first appearance: one
     implementation's rows of one shape, state dtype and tokens per row, which differ in batch size,
     padding and pool layout. A kernel specialised on the shape is compiled once per worker, and a
-    compiler without a cache on disk compiles it again in every process. (It did not remove the
-    two-lane excess it was written for: FlashInfer's first calls took 113 s in all on two lanes
-    against 69 s on one with rows dealt out one by one, and 102 s against 58 s in groups;
-    ``scripts/compare_sweeps.py`` on results/h200/targets-2gpu and targets, and their
-    ``git show 240bc7e:`` versions.)"""
+    compiler without a cache on disk compiles it again in every process. (Groups alone did not
+    remove the two-lane excess: FlashInfer's first calls took 113 s in all on two lanes against 69 s
+    on one with rows dealt out one by one, and 102 s against 58 s in groups dealt out to whichever
+    lane was free, ``scripts/compare_sweeps.py`` on results/h200/targets-2gpu and targets and their
+    ``git show 240bc7e:`` versions: most of a variant's first-call cost is per process, not per
+    shape, hence :class:`GroupScheduler`.)"""
     groups: dict[tuple, list[Config]] = {}
     for cfg in configs:
         groups.setdefault((cfg.impl, cfg.H, cfg.HV, cfg.K, cfg.V, cfg.state_dtype, cfg.T), []).append(cfg)
     return list(groups.values())
+
+
+class GroupScheduler:
+    """Which compile group a free lane measures next: the next group of an implementation the lane
+    has started; else, of the implementations no lane has started, the one with the most rows left
+    (the longest first, so that the last ones even the lanes out); else the last group of the
+    implementation with the most rows left on another lane. A library's first call in a process
+    costs seconds whatever the shape (FlashInfer's CuTe DSL variants: 8-14 s each on the H200,
+    results/h200/targets-2gpu/compare-1gpu.md), so a lane takes another lane's implementation only
+    when nothing else is left. Thread-safe: lanes call :meth:`next` from their threads."""
+
+    def __init__(self, groups: list[list[Config]]):
+        self._left: dict[str, deque[list[Config]]] = {}
+        for group in groups:
+            self._left.setdefault(group[0].impl, deque()).append(group)
+        self._lanes: dict[str, set[str]] = {}  # implementation -> the lanes that have started it
+        self._lock = threading.Lock()
+
+    def _rows_left(self, impl: str) -> int:
+        return sum(len(group) for group in self._left[impl])
+
+    def next(self, lane: str) -> list[Config] | None:
+        with self._lock:
+            waiting = [impl for impl, groups in self._left.items() if groups]
+            own = [impl for impl in waiting if lane in self._lanes.get(impl, ())]
+            if own:
+                return self._left[own[0]].popleft()
+            if not waiting:
+                return None
+            fresh = [impl for impl in waiting if impl not in self._lanes]
+            impl = max(fresh or waiting, key=self._rows_left)  # max keeps the first of equals
+            self._lanes.setdefault(impl, set()).add(lane)
+            return self._left[impl].popleft() if fresh else self._left[impl].pop()
 
 
 def _devices(text: str) -> list[str]:
@@ -430,7 +458,11 @@ def parser() -> Parser:
                         help="independent allocations each row is timed on (default %(default)s)")
     layout.add_argument("--extra-placements", type=non_negative_int, default=Method.extra_placements, metavar="N",
                         help="placements added to a row whose first placements spread by more than "
-                             f"{PLACEMENT_SPREAD_LIMIT:.0%} (max / min - 1) on a GPU (default %(default)s)")
+                             f"{PLACEMENT_SPREAD_LIMIT * 100:g}%% (max / min - 1) on a GPU (default %(default)s)")
+    layout.add_argument("--disjoint-placements", action=argparse.BooleanOptionalAction,
+                        default=Method.disjoint_placements,
+                        help="keep each placement's memory until its row ends, so that the next lands on pages "
+                             "no earlier one used (the driver may hand freed pages out again; default %(default)s)")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
@@ -490,7 +522,7 @@ def main(argv: list[str] | None = None) -> None:
                     max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
                     max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
     method = Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
-                    retime_throttled=not args.no_retime)
+                    disjoint_placements=args.disjoint_placements, retime_throttled=not args.no_retime)
     registry.interpret_triton_on(device_type)  # the workers inherit it
 
     sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),

@@ -77,6 +77,9 @@ TARGET_PASS_S = 5e-4
 MAX_CALLS_PER_PASS = 1000
 BATCH = 8  # samples taken between checks of the stopping rule
 CONFIDENCE = 0.95
+# Disjoint placements keep each earlier placement's memory until the row ends, as long as this
+# fraction of the device stays free after the next one (other workers and processes share it).
+HOLD_HEADROOM = 0.25
 SPACER_PAGES = 64  # a placement's spacer is 1..SPACER_PAGES pages of 2 MiB (the allocator's segment unit)
 PAGE_BYTES = 2 << 20
 
@@ -327,34 +330,56 @@ def _release(device: torch.device) -> None:
 
 def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInputs], Launcher], device,
                 budget: Budget = Budget(), *, placements: int = 1, entry: str = DEFAULT_ENTRY, seed: int = 0,
-                extra_placements: int = 0) -> Timing:
+                extra_placements: int = 0, disjoint: bool = False) -> Timing:
     """Kernel time over ``placements`` placements, ``budget`` shared among them, and
     ``extra_placements`` more, each with the same share, where the first ones' medians spread by
     more than PLACEMENT_SPREAD_LIMIT (max / min - 1).
 
     Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (1 to 64 pages
-    of 2 MiB, from ``seed``) is allocated, and everything is freed before the next placement, so
-    that each lands elsewhere. It rotates over the input sets :func:`rotation_plan` asks for (copies
-    of the first), each bound with ``bind``; every call runs after the entry op of the state the
-    plan makes; the first pass is a warm-up.
+    of 2 MiB, from ``seed``) is allocated. Each placement's memory is freed before the next, which
+    the driver may then hand out again; with ``disjoint`` it is held until the row ends (while the
+    device has room: :data:`HOLD_HEADROOM`), so that each placement lands on pages no earlier one
+    used. It rotates over the input sets :func:`rotation_plan` asks for (copies of the first), each
+    bound with ``bind``; every call runs after the entry op of the state the plan makes; the first
+    pass is a warm-up.
     """
     device = as_device(device)
     rng = np.random.default_rng(seed)
     share = budget.share(placements)
     measured: list[Timing] = []
+    held: list[tuple] = []
     made, sets = entry, 1
     for placement in range(placements + extra_placements):
         if placement == placements and _spread([t.placement_medians[0] for t in measured]) <= PLACEMENT_SPREAD_LIMIT:
             break
+        before = _reserved(device)
         spacer = torch.empty(int(rng.integers(1, SPACER_PAGES + 1)) * PAGE_BYTES, dtype=torch.uint8, device=device)
         first = make(placement)
         made, sets = rotation_plan(entry, first, device)
         launchers = [bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
         measured.append(_time_placement(launchers, device, share, made))
+        if disjoint and _room_for_another(device, _reserved(device) - before):
+            held.append((first, launchers, spacer))
+        else:
+            held.clear()
         del first, launchers, spacer
         _release(device)
+    del held
+    _release(device)
     return Timing([s for t in measured for s in t.samples], measured[0].method,
                   [t.placement_medians[0] for t in measured], entry=made, input_sets=sets)
+
+
+def _reserved(device: torch.device) -> int:
+    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
+
+
+def _room_for_another(device: torch.device, placement_bytes: int) -> bool:
+    """Whether a placement of ``placement_bytes`` more still leaves HOLD_HEADROOM of the device free."""
+    if device.type != "cuda":
+        return False  # the CPU's timings model no placement
+    free, total = torch.cuda.mem_get_info(device)
+    return free - placement_bytes > HOLD_HEADROOM * total
 
 
 def _spread(medians: list[float]) -> float:

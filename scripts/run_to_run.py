@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Several sweep directories of the same configurations, each from its own process: how far each
+row's kernel time moves between the runs (max / min - 1), beside how far its placements spread
+within each run.
+
+    python3 scripts/run_to_run.py results/h200/published/a1 results/h200/published/a2 results/h200/published/a3
+    python3 scripts/run_to_run.py DIR... --min-B 64 --limit 0.02 --out FILE.md
+
+Where placements within a run spread less than the runs move, the placements of a run are not
+independent draws of what a process can get: the run's median is then the process's, not the
+row's. That is the question of results/h200/placements/ (freed placements against disjoint ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_impls.bench.case import CONFIG_COLUMNS  # noqa: E402
+from kda_impls.bench.results import SweepDirError, load  # noqa: E402
+from kda_impls.cli import fail  # noqa: E402
+
+SHOWN = ["impl", "state_dtype", "HV", "K", "V", "B", "slot_pad"]
+
+
+def moves(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """One line per configuration ok in every run: each run's kernel time, ``between`` (max / min -
+    1 of those) and ``within`` (the largest placement spread, max / min - 1, of any run)."""
+    runs = []
+    for i, table in enumerate(tables):
+        ok = table[table.status == "ok"].set_index(CONFIG_COLUMNS)
+        runs.append(pd.DataFrame({f"run{i + 1}": ok.kernel_us_median,
+                                  f"within{i + 1}": ok.kernel_us_placement_max / ok.kernel_us_placement_min - 1}))
+    both = pd.concat(runs, axis=1, join="inner")
+    times = both[[f"run{i + 1}" for i in range(len(tables))]]
+    spreads = both[[f"within{i + 1}" for i in range(len(tables))]]
+    return times.assign(between=times.max(axis=1) / times.min(axis=1) - 1, within=spreads.max(axis=1)).reset_index()
+
+
+def report(table: pd.DataFrame, names: list[str], min_b: int, limit: float) -> str:
+    large = table[table.B >= min_b]
+    per_impl = large.groupby("impl").agg(rows=("between", "size"), within_limit=("between", lambda m: int((m <= limit).sum())),
+                                         largest_between=("between", "max"), median_within=("within", "median"),
+                                         largest_within=("within", "max"))
+    shown = large[[*SHOWN, *[c for c in table.columns if c.startswith("run")], "between", "within"]]
+    return "\n\n".join([
+        f"# Run to run: {len(names)} runs, {len(large)} configurations at B >= {min_b} ok in all",
+        "Runs: " + ", ".join(f"run{i + 1} = `{name}`" for i, name in enumerate(names)) + ".",
+        f"{int((large.between <= limit).sum())} of {len(large)} moved by <= {limit:.0%} between runs "
+        f"(max / min - 1 of the kernel times); `within` is the largest placement spread of a run.",
+        "## Per implementation\n\n" + per_impl.round(4).astype(object).to_markdown(),
+        "## Every configuration\n\n" + shown.sort_values("between", ascending=False).to_markdown(index=False, floatfmt=".4f"),
+    ]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", type=Path, nargs="+", help="sweep directories of the same configurations (two or more)")
+    parser.add_argument("--min-B", type=int, default=16, help="the batch sizes judged (default %(default)s)")
+    parser.add_argument("--limit", type=float, default=0.02, help="the run-to-run criterion (default %(default)s)")
+    parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
+    args = parser.parse_args(argv)
+    if len(args.runs) < 2:
+        fail("run_to_run.py", f"name two or more sweep directories; got {len(args.runs)}")
+    try:
+        tables = [load(run).table for run in args.runs]
+    except SweepDirError as exc:
+        fail("run_to_run.py", str(exc))
+    text = report(moves(tables), [str(run) for run in args.runs], args.min_B, args.limit)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""scripts/run_to_run.py: several runs of the same configurations, between-run moves against
+within-run placement spreads."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from helpers import load_script, write_sweep_dir
+from kda_impls.bench.config import Config
+
+run_to_run = load_script("run_to_run")
+ROWS = [Config(impl, B, 32, 32, 128, 128) for impl in ("triton", "fla") for B in (1, 64, 256)]
+
+
+def sweep(path, scale: dict):
+    """ROWS at 10 us times ``scale`` of the row, each on placements 1.00 and 1.01 of that."""
+    times = {c: 10.0 * scale.get(c, 1.0) for c in ROWS}
+    out = write_sweep_dir(path, {c: [t] * 5 for c, t in times.items()}, {"gpu": "H200"})
+    table = pd.read_csv(out / "results.csv")
+    table = table.assign(kernel_us_placement_min=table.kernel_us_median, kernel_us_placement_max=table.kernel_us_median * 1.01)
+    table.to_csv(out / "results.csv", index=False)
+    return out
+
+
+def test_rows_move_between_runs_beyond_their_placement_spread(tmp_path):
+    runs = [sweep(tmp_path / "a", {}), sweep(tmp_path / "b", {ROWS[5]: 1.05}), sweep(tmp_path / "c", {ROWS[5]: 0.99})]
+    table = run_to_run.moves([run_to_run.load(r).table for r in runs])
+    fla = table.set_index(["impl", "B"]).loc[("fla", 256)]
+    assert len(table) == 6 and round(fla["between"], 6) == round(1.05 / 0.99 - 1, 6) and round(fla["within"], 6) == 0.01
+    text = run_to_run.report(table, ["a", "b", "c"], min_b=16, limit=0.02)
+    assert "3 of 4 moved by <= 2%" in text  # fla B=256 moved 6% between runs, 1% within each
+    per_impl = text.split("## Per implementation")[1].split("## Every")[0]
+    assert "| fla    |      2 |              1 |" in per_impl and "| triton |      2 |              2 |" in per_impl
+
+
+def test_one_run_is_refused_in_one_line(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as stopped:
+        run_to_run.main([str(sweep(tmp_path / "a", {}))])
+    assert stopped.value.code == 2 and "two or more" in capsys.readouterr().err
