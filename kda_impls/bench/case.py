@@ -54,10 +54,7 @@ class Method:
     kernel: Budget = field(default_factory=Budget)
     call: Budget | None = field(default_factory=lambda: Budget(max_seconds=0.2))  # None: no call time
     extra_placements: int = EXTRA_PLACEMENTS
-    # Freed in turn, a row's placements got the same addresses again and moved together: fla's bf16
-    # B=256 rows spread 7-9% within a run and their medians 3.2-4.4% between three processes; held,
-    # 10-13% within and 1.3-3.1% between (results/h200/placements/, docs/timing.md).
-    disjoint_placements: bool = True
+    disjoint_placements: bool = False
     seed: int = 0
     retime_throttled: bool = True
 

@@ -39,7 +39,7 @@ Launcher = Callable[[], object]
 
 # Bump when what the timers measure changes (entry state, placements, what a sample is, the event
 # placement): the asv suite versions its benchmarks by it, and results of two versions never compare.
-METHOD_VERSION = 4  # 3: placements added where the first ones spread (EXTRA_PLACEMENTS); 4: disjoint placements
+METHOD_VERSION = 3  # 3: placements added where the first ones spread (EXTRA_PLACEMENTS)
 
 # A row whose placements' medians spread by more than this (max / min - 1) gets more placements, up
 # to the method's extra_placements: on the H200 the large fla steps land anywhere in a 10% range by
