@@ -4,10 +4,11 @@ moved (B / A kernel time), and what each side's first calls (compilation include
 
     python3 scripts/compare_sweeps.py results/h200/targets results/h200/targets-2gpu --min-B 16
     python3 scripts/compare_sweeps.py OLD NEW --name-a "921cd9e" --name-b "3a266b0" --out FILE.md
+    python3 scripts/compare_sweeps.py ONE_GPU TWO_GPUS --run-to-run ANOTHER_ONE_GPU_RUN
 
 For the multi-GPU proof (a sweep over two GPUs against one GPU's run of the same preset: do the
-rows agree within the run-to-run spread?) and for what moved between two commits' runs (every row
-beyond ``--flag`` is listed, with each implementation's median ratio beside it, so that a whole
+rows agree within the run-to-run spread? ``--run-to-run`` names another one-GPU run to judge by)
+and for what moved between two commits' runs (every row beyond ``--flag`` is listed, with each implementation's median ratio beside it, so that a whole
 machine running faster is told from one implementation getting slower). Not a gate: ``kda-regress``
 decides what is slower; this prints how the two runs compare.
 """
@@ -51,7 +52,17 @@ def wall_s(meta: dict) -> float:
     return sum(run.get("wall_s") or 0.0 for run in meta.get("runs", []))
 
 
-def report(a, b, name_a: str, name_b: str, min_b: int, flag: float) -> str:
+def against_run_to_run(a, b, c, name_b: str, name_c: str, min_b: int) -> pd.DataFrame:
+    """Per implementation at B >= ``min_b``: the range of B / A beside the range of C / A, where C
+    is another run like A (the run-to-run spread B's moves are to be judged against)."""
+    ranges = {}
+    for name, other in ((name_b, b), (name_c, c)):
+        ratio = paired(a.table, other.table).query("B >= @min_b").groupby("impl").ratio
+        ranges |= {f"{name} / A, min": ratio.min(), f"{name} / A, max": ratio.max()}
+    return pd.DataFrame(ranges)
+
+
+def report(a, b, name_a: str, name_b: str, min_b: int, flag: float, c=None, name_c: str = "") -> str:
     both = paired(a.table, b.table)
     large = both[both.B >= min_b]
     ratio = large.ratio
@@ -78,7 +89,10 @@ def report(a, b, name_a: str, name_b: str, min_b: int, flag: float) -> str:
                                                         if len(moved) else "(none)"),
         "## First calls (s), per implementation and device\n\n" + calls.to_markdown(floatfmt=".1f")
         + "\n\nPer library, every device (s):\n\n" + totals.to_markdown(floatfmt=".1f"),
-    ]) + "\n"
+    ] + ([f"## Against the run-to-run spread, rows at B >= {min_b}\n\nEach implementation's range of B / A beside that of "
+          f"another run like A (`{name_c}`) against A.\n\n"
+          + against_run_to_run(a, b, c, "B", "C", min_b).to_markdown(floatfmt=".3f")] if c is not None else [])
+    ) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,13 +103,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name-b", help="B's name in the report (default: its path)")
     parser.add_argument("--min-B", type=int, default=16, help="the batch sizes summarised (default %(default)s)")
     parser.add_argument("--flag", type=float, default=0.03, help="list rows moved by more (default %(default)s)")
+    parser.add_argument("--run-to-run", type=Path, metavar="C",
+                        help="another run like A: each implementation's range of B / A is set beside C / A")
+    parser.add_argument("--name-c", help="C's name in the report (default: its path)")
     parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
     args = parser.parse_args(argv)
     try:
         a, b = load(args.a), load(args.b)
+        c = load(args.run_to_run) if args.run_to_run else None
     except SweepDirError as exc:
         fail("compare_sweeps.py", str(exc))
-    text = report(a, b, args.name_a or str(args.a), args.name_b or str(args.b), args.min_B, args.flag)
+    text = report(a, b, args.name_a or str(args.a), args.name_b or str(args.b), args.min_B, args.flag,
+                  c, args.name_c or str(args.run_to_run))
     print(text)
     if args.out:
         args.out.write_text(text)

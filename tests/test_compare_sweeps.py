@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -44,3 +45,16 @@ def test_a_missing_directory_is_one_line_and_status_2(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_sweeps.py"), str(tmp_path / "none"),
                            str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no such directory" in done.stderr
+
+
+def test_moves_are_set_beside_another_runs(tmp_path):
+    """--run-to-run: each implementation's B / A range beside C / A's, C another run like A."""
+    a = sweep(tmp_path / "a", {}, 1000.0, "cuda:0")
+    b = sweep(tmp_path / "b", {ROWS[2]: 1.04, ROWS[5]: 0.97}, 500.0, "cuda:0")
+    c = sweep(tmp_path / "c", {ROWS[1]: 1.06, ROWS[4]: 0.99}, 1000.0, "cuda:0")
+    sides = [compare_sweeps.load(d) for d in (a, b, c)]
+    ranges = compare_sweeps.against_run_to_run(*sides, "B", "C", min_b=16)
+    assert ranges.loc["triton"].round(4).tolist() == [1.0, 1.04, 1.0, 1.06]
+    assert ranges.loc["fla"].round(4).tolist() == [0.97, 1.0, 0.99, 1.0]
+    text = compare_sweeps.report(sides[0], sides[1], "one", "two", 16, 0.03, sides[2], "three")
+    assert "another run like A (`three`)" in text and re.search(r"\|\s+C / A, max\s+\|", text)
