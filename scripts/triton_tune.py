@@ -22,6 +22,14 @@ Regenerate the committed table from measurements (no GPU needed; several CSVs, e
 and a multi-token run, make one table):
 
     python3 scripts/triton_tune.py --write-table results/h200/triton-tune/triton_tune.csv [more.csv ...]
+
+A CSV's rows name the fields of the kernel they measured; a field added to the kernel since then
+takes its default, unless the path says what that run's kernel did instead (``PATH:FIELD=VALUE``),
+e.g. ``results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1``: a run on a kernel that
+loaded the state first, before the field existed. The committed table:
+
+    python3 scripts/triton_tune.py --write-table results/h200/triton-tune-v3/triton_tune.csv \
+        results/h200/triton-tune-multitoken/triton_tune.csv results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1
 """
 
 from __future__ import annotations
@@ -72,7 +80,8 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
     loads in flight: twice the state in registers, so small tiles only) with 4 to 16 programs per
     SM, and sub-tiles (1-4 KiB tiles, 2 to 16 of them per program: the gate and norms once per
     program, the next tile's load in flight); the plain tiles of one-token steps also with the head counts
-    compiled in (``const_heads``). Multi-token steps carry the tile through T tokens, so their set
+    compiled in (``const_heads``), and with the state loaded before the small inputs
+    (``state_first=1``, the order sub-tiles brought). Multi-token steps carry the tile through T tokens, so their set
     leans to small tiles."""
     per_thread = (32, 64, 128) if B <= 16 or T > 1 else (64, 128, 256)
     tiles = (1024, 2048, 4096, 8192) if T > 1 else (2048, 4096, 8192, 16384)
@@ -87,6 +96,9 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
         # the same tiles with the head counts compiled in: a shorter path to the first load, more
         # registers on some tiles (bf16 K=V=64, 32 rows: 96 -> 125)
         configs += [replace(config, const_heads=1) for config in configs]
+        # the state loaded first: faster for the 16-row bf16 tiles at K=V=128, slower for the 32-row
+        # ones at K=V=64 (7-11%, the same registers; docs/perf-notes.md)
+        configs += [replace(config, state_first=1) for config in configs if config.heads == 1 and not config.const_heads]
         for tile in (1024, 2048, 4096):
             BV, num_warps = tile_shape(K, V, element_size, tile)
             configs += [TileConfig(BV=BV, num_warps=num_warps, programs_per_sm=n) for n in (4, 8, 16)]
@@ -222,14 +234,17 @@ def provenance_of(meta: dict | None) -> str:
         return "measured by scripts/triton_tune.py (no metadata file beside the CSV)"
     # "utc" in the environment record; runs before it had "started"
     started = meta.get("utc", meta.get("started"))
+    kernel = f" (its kernel: {meta['measured_with']})" if meta.get("measured_with") else ""
     return (f"measured on {meta['gpu']} (torch {meta['torch']}, triton {meta['triton']}) by "
-            f"scripts/triton_tune.py, started {started}; in-run copy {float(meta['copy_GBps']):.0f} GB/s")
+            f"scripts/triton_tune.py, started {started}{kernel}; in-run copy {float(meta['copy_GBps']):.0f} GB/s")
 
 
-def fitted_config(row: dict) -> TileConfig:
-    """The config of a CSV row as the kernel runs it on the row's shape."""
+def fitted_config(row: dict, measured_with: str = "") -> TileConfig:
+    """The config of a CSV row as the kernel runs it on the row's shape; ``measured_with``: the
+    fields (``"state_first=1"``) of the kernel the run measured that its rows do not name."""
     HV, V, T = int(row["HV"]), int(row["V"]), int(row.get("T") or 1)  # rows from before the T column: T = 1
-    return TileConfig.parse(row["config"], TileConfig(BV=V)).fitted(HV, V, T)
+    base = TileConfig.parse(measured_with, TileConfig(BV=V), source="--write-table")
+    return TileConfig.parse(row["config"], base).fitted(HV, V, T)
 
 
 def render_table(rows: list[dict], meta: dict | list | None) -> str:
@@ -239,8 +254,8 @@ def render_table(rows: list[dict], meta: dict | list | None) -> str:
     provenance = "; ".join(dict.fromkeys(provenance_of(m) for m in metas))
     best = {key_of(r): r for r in rows if r.get("best") in (True, "True")}
     # Each entry as it runs: every field named, fitted to its shape (a field a run's CSV predates
-    # takes the default, which is what that run measured: the head counts at run time)
-    entries = {table_key(getattr(torch, k[0]), *k[1:]): (str(fitted_config(best[k])),
+    # takes the default, or what the run's path says its kernel did: ``measured_with``)
+    entries = {table_key(getattr(torch, k[0]), *k[1:]): (str(fitted_config(best[k], best[k].get("measured_with", ""))),
                f"{float(best[k]['us']):.2f} us, {float(best[k]['pct_copy']):.0f}% of copy") for k in best}
     return table_source(provenance, entries)
 
@@ -266,13 +281,17 @@ def table_source(provenance: str, entries: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(csv_paths: list[Path], into: Path) -> int:
+def write_table(csv_paths: list[Path | str], into: Path) -> int:
+    """The table from the CSVs (``PATH`` or ``PATH:FIELD=VALUE,...``, the fields of the kernel that
+    run measured where its rows do not name them), the best row of a later CSV replacing an earlier's."""
     rows, metas = [], []
-    for csv_path in csv_paths:
+    for spec in map(str, csv_paths):
+        path, _, measured_with = spec.partition(":")
+        csv_path = Path(path)
         with open(csv_path, newline="") as f:
-            rows += list(csv.DictReader(f))
+            rows += [row | {"measured_with": measured_with} for row in csv.DictReader(f)]
         meta_path = csv_path.with_suffix(".json")
-        metas.append(json.loads(meta_path.read_text()) if meta_path.exists() else None)
+        metas.append(json.loads(meta_path.read_text()) | {"measured_with": measured_with} if meta_path.exists() else None)
     if not any(r.get("best") == "True" for r in rows):
         print(f"{', '.join(map(str, csv_paths))}: no measured best config in it; table left as it was")
         return 1
@@ -308,8 +327,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int_list, default=(1,), help="T values, tokens per row (default 1)")
     parser.add_argument("--state-dtypes", type=state_dtypes, default=STATE_DTYPES,
                         help="state dtypes (default bfloat16,float32)")
-    parser.add_argument("--write-table", type=Path, nargs="+", metavar="CSV",
-                        help="regenerate kda_impls/impls/triton_tuning.py from measured CSVs and exit")
+    parser.add_argument("--write-table", nargs="+", metavar="CSV[:FIELD=VALUE,...]",
+                        help="regenerate kda_impls/impls/triton_tuning.py from measured CSVs and exit (FIELD=VALUE: "
+                             "what the run's kernel did where its rows name no such field)")
     args = parser.parse_args()
     if args.write_table:
         return write_table(args.write_table, TABLE_PATH)

@@ -102,11 +102,14 @@ def test_forced_tile_configs(config):
 
 # Each form of the one-token step on every small case (-1 rows, padded slots, GVA, K != V), bf16 and
 # fp32 state: the head counts compiled in (alone and with sub-tiles; every other config passes them at
-# run time), sub-tiles (two per program; more than V holds, fitted to V), each tile read twice
-# (alone and with sub-tiles), and the persistent grid (one program walking every tile, so each
+# run time), the state loaded before the small inputs (alone and with a pipelined head group; every
+# other one-tile config loads it after them),
+# sub-tiles (two per program; more than V holds, fitted to V), and the persistent grid (one program walking every tile, so each
 # look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs than tiles).
 FORMS = [
     TileConfig(BV=8, num_warps=1, const_heads=1),
+    TileConfig(BV=8, num_warps=1, state_first=1),
+    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, state_first=1),
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, const_heads=1),
     TileConfig(BV=8, num_warps=1, subtiles=2),
     TileConfig(BV=16, subtiles=64),
@@ -132,15 +135,21 @@ def test_forms_are_fitted_to_the_shape():
     persistent = TileConfig(BV=8, heads=2, num_warps=1, num_stages=2, programs_per_sm=4)
     assert subtiles.fitted(4, 32).subtiles == 4 and runtime_heads.fitted(4, 32) == runtime_heads  # V = 32: four tiles
     # one-token forms: a multi-token step drops them, and its kernel compiles the head counts in
-    assert subtiles.fitted(4, 32, T=2) == replace(subtiles, subtiles=1, const_heads=1)
-    assert runtime_heads.fitted(4, 32, T=2) == replace(runtime_heads, const_heads=1)
-    assert persistent.fitted(4, 32, T=4) == replace(persistent, programs_per_sm=0, const_heads=1)
+    assert subtiles.fitted(4, 32, T=2) == replace(subtiles, subtiles=1, const_heads=1, state_first=1)
+    assert runtime_heads.fitted(4, 32, T=2) == replace(runtime_heads, const_heads=1, state_first=1)
+    assert persistent.fitted(4, 32, T=4) == replace(persistent, programs_per_sm=0, const_heads=1, state_first=1)
     # the persistent form walks whole tiles of single heads, its head counts compiled in
-    assert persistent.fitted(4, 32) == TileConfig(BV=8, num_warps=1, programs_per_sm=4, const_heads=1)
-    assert replace(subtiles, programs_per_sm=2).fitted(4, 32) == TileConfig(BV=8, num_warps=1,
-                                                                                       programs_per_sm=2,
-                                                                                       const_heads=1)
+    assert persistent.fitted(4, 32) == TileConfig(BV=8, num_warps=1, programs_per_sm=4, const_heads=1, state_first=1)
+    assert replace(subtiles, programs_per_sm=2).fitted(4, 32) == TileConfig(BV=8, num_warps=1, programs_per_sm=2,
+                                                                           const_heads=1, state_first=1)
     assert replace(runtime_heads, const_heads=1).fitted(4, 32).const_heads == 1
+    # the state load's place is a one-tile, one-token choice: sub-tiles, the persistent form and
+    # the multi-token kernel load the state first
+    state_first = replace(runtime_heads, state_first=1)
+    assert runtime_heads.state_first == 0 and state_first.fitted(4, 32) == state_first
+    assert runtime_heads.fitted(4, 32, T=2).state_first == 1
+    assert replace(runtime_heads, subtiles=2).fitted(4, 32).state_first == 1
+    assert replace(runtime_heads, programs_per_sm=2).fitted(4, 32).state_first == 1
 
 
 def test_forms_shape_the_grid():
@@ -151,6 +160,8 @@ def test_forms_shape_the_grid():
     assert args[-2:] == (4, 2) and (meta["HV_CONST"], meta["GROUP_CONST"]) == (0, 0)  # head counts at run time
     _, _, args, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, const_heads=1))
     assert args[-2:] == (4, 2) and (meta["HV_CONST"], meta["GROUP_CONST"]) == (4, 2)  # compiled in
+    assert meta["STATE_FIRST"] == 0
+    assert kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, state_first=1))[3]["STATE_FIRST"] == 1
     kernel, grid, args, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5))
     assert kernel is _kda_decode_persistent_kernel and grid == (5 * multiprocessors(inputs.device),)
     assert args[-1] == 3 * 4 * 32 // 8  # n_tiles
@@ -253,7 +264,7 @@ def test_config_override_from_the_environment(monkeypatch):
     monkeypatch.setenv(CONFIG_ENV, "BV=16, num_warps=2")
     config = TritonKDA().config_for(inputs)
     tabled = choose_config(torch.bfloat16, 32, 128, 128, 1)
-    assert config == TileConfig(BV=16, heads=tabled.heads, num_warps=2, num_stages=tabled.num_stages)
+    assert config == replace(tabled, BV=16, num_warps=2)  # the fields it names, on the table's entry
     monkeypatch.setenv(CONFIG_ENV, "BV=256,heads=5")  # fitted to the shape: BV <= V, heads | HV
     assert TritonKDA().config_for(inputs).BV == 128 and TritonKDA().config_for(inputs).heads == 1
 
@@ -264,6 +275,7 @@ def test_config_override_from_the_environment(monkeypatch):
     ("num_stages=0", "num_stages must be in 1..8"),
     ("subtiles=3", "subtiles must be a power of two"),
     ("const_heads=2", "const_heads must be 0 or 1"),
+    ("state_first=-1", "state_first must be 0 or 1"),
     ("programs_per_sm=65", "programs_per_sm must be in 0..64"),
     ("BV=thirty", "BV must be an integer"),
     ("tile=32", "is not NAME=VALUE"),
@@ -303,10 +315,17 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     # counts at run time (the default), and the multi-token kernel compiles them in
     tail = "programs_per_sm=0,subtiles=1"
     assert namespace["TABLE"] == {
-        ("bfloat16", 32, 128, 128, 64, 1): f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0",
-        ("bfloat16", 32, 128, 128, 1, 1): f"BV=16,heads=2,num_warps=2,num_stages=2,{tail},const_heads=0",
-        ("bfloat16", 32, 128, 128, 64, 4): f"BV=8,heads=1,num_warps=1,num_stages=1,{tail},const_heads=1"}
+        ("bfloat16", 32, 128, 128, 64, 1): f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0,state_first=0",
+        ("bfloat16", 32, 128, 128, 1, 1): f"BV=16,heads=2,num_warps=2,num_stages=2,{tail},const_heads=0,state_first=0",
+        ("bfloat16", 32, 128, 128, 64, 4): f"BV=8,heads=1,num_warps=1,num_stages=1,{tail},const_heads=1,state_first=1"}
     assert "measured" in namespace["PROVENANCE"]
+    # a run on a kernel that loaded the state first, before the field existed: its path says so
+    assert triton_tune.write_table([f"{csv_path}:state_first=1", multi_path], table_path) == 0
+    exec(table_path.read_text(), namespace)
+    assert namespace["TABLE"][("bfloat16", 32, 128, 128, 64, 1)].endswith("const_heads=0,state_first=1")
+    assert namespace["TABLE"][("bfloat16", 32, 128, 128, 64, 4)].endswith("const_heads=1,state_first=1")
+    with pytest.raises(ValueError, match="--write-table"):
+        triton_tune.write_table([f"{csv_path}:state_first=2"], table_path)
 
 
 # ---- on the GPU ---------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ per shape by the tuning table: ``subtiles`` (a program walks several ``BV``-row 
 the gate computed once, the next tile's load in flight) and ``programs_per_sm`` (a persistent
 grid walking every tile with a one-tile register look-ahead); ``const_heads`` says
 whether the head counts are compiled into the one-token kernel (a shorter path to the first load)
-or passed at run time (fewer registers for some tiles). docs/perf-notes.md has what each was
+or passed at run time (fewer registers for some tiles), and ``state_first`` whether a one-tile
+program issues its state load before the small inputs' or after them. docs/perf-notes.md has what each was
 measured to do on the H200, and what the forms tried and dropped did (each tile read twice).
 
 Multi-token decode (T > 1 tokens per row, speculative verify) has its own kernel with the same
@@ -92,9 +93,14 @@ def _kda_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, scale, value_heads, group, HV_CONST: tl.constexpr, GROUP_CONST: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
-    SUBTILES: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
+    # Sub-tiles keep the first tile's load in flight while the gate is computed; one tile loads its
+    # state after the small inputs and the gate (as before sub-tiles), or first (STATE_FIRST). Which
+    # is faster depends on the tile: the sub-tile commit put it first for every tile, and the bf16
+    # 32-row tiles ran 7-11% slower with the same registers (docs/perf-notes.md).
+    EARLY: tl.constexpr = STATE_FIRST + SUBTILES > 1
     # The head counts: compile-time constants where HV_CONST > 0 (no division on the way to the first
     # load), else the runtime arguments (Triton's launcher still makes a group of 1 a constant).
     # Which is faster depends on the tile: the constants cost the bf16 K=V=64 32-row tile 29 registers.
@@ -124,7 +130,8 @@ def _kda_decode_kernel(
         h = hv // GROUP
         row_hv = row * HV + hv
         head_state = slot_state + hv * (V * K) + offs_k[None, :]  # [BV, K] tiles: K contiguous, 16-byte accesses
-        ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
+        if EARLY:
+            ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
         q = tl.load(q_ptr + (row * H + h) * K + offs_k).to(tl.float32)
         k = tl.load(k_ptr + (row * H + h) * K + offs_k).to(tl.float32)
         a = tl.load(a_ptr + row_hv * K + offs_k).to(tl.float32)
@@ -137,11 +144,14 @@ def _kda_decode_kernel(
         # next tile's load issued before this one computes: one tile in flight behind the one in use.
         for s in tl.static_range(SUBTILES):
             offs_v = first_v + s * BV
-            stored = ahead
+            v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
+            if EARLY:
+                stored = ahead
+            else:
+                stored = tl.load(head_state + offs_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
             if s + 1 < SUBTILES:
                 ahead = tl.load(head_state + (offs_v + BV)[:, None] * K, mask=live, other=0.0,
                                 eviction_policy="evict_first")
-            v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
             S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
             tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
                      eviction_policy="evict_first")
@@ -300,7 +310,10 @@ class TileConfig:
     tile's load in flight (one-token steps, not the persistent form); ``const_heads``: 1 compiles the head counts into the one-token kernel (a shorter path to the
     first load), 0 passes them at run time (fewer registers for some tiles; the code every tabled
     one-token entry was tuned on); the persistent form and the multi-token kernel always compile
-    them in (``fitted`` sets 1 there)."""
+    them in (``fitted`` sets 1 there); ``state_first``: 0 issues a one-tile program's state load after
+    the small inputs' loads and the gate (the order of the kernel most tabled one-token entries were
+    tuned on), 1 before them (the order sub-tiles brought, which the sub-tile run tuned); sub-tiles,
+    the persistent form and the multi-token kernel load the state first (``fitted`` sets 1 there)."""
 
     BV: int
     heads: int = 1
@@ -309,6 +322,7 @@ class TileConfig:
     programs_per_sm: int = 0
     subtiles: int = 1
     const_heads: int = 0
+    state_first: int = 0
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -349,19 +363,22 @@ class TileConfig:
             raise ValueError(f"{source}: subtiles must be a power of two in 1..64; got {self.subtiles}")
         if self.const_heads not in (0, 1):
             raise ValueError(f"{source}: const_heads must be 0 or 1; got {self.const_heads}")
+        if self.state_first not in (0, 1):
+            raise ValueError(f"{source}: state_first must be 0 or 1; got {self.state_first}")
 
     def fitted(self, HV: int, V: int, T: int = 1) -> "TileConfig":
         """This config made legal for a shape: a tile no taller than V, a head group dividing HV, no
         more sub-tiles than V holds; the persistent form walks single heads whole tiles, and it,
-        sub-tiles and runtime head counts exist for one-token steps only (T > 1 drops them;
-        the persistent form compiles the head counts in)."""
+        sub-tiles, runtime head counts and the state load's place exist for one-token steps only
+        (T > 1 drops them; the persistent form compiles the head counts in; sub-tiles load the
+        state first)."""
         BV = min(self.BV, V)
         fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV))
         if T > 1:
-            return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1)
+            return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1)
         if fitted.programs_per_sm:
-            return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1)
-        return fitted
+            return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1, state_first=1)
+        return replace(fitted, state_first=1) if fitted.subtiles > 1 else fitted
 
 
 def table_key(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: int = 1) -> tuple:
@@ -501,7 +518,8 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
         heads = (meta.pop("HV"), meta.pop("GROUP"))
         constants = heads if config.const_heads else (0, 0)
         return (_kda_decode_kernel, (grid[0] // config.subtiles,), (*pool, out, *scalars, *heads),
-                meta | dict(HV_CONST=constants[0], GROUP_CONST=constants[1], SUBTILES=config.subtiles))
+                meta | dict(HV_CONST=constants[0], GROUP_CONST=constants[1], SUBTILES=config.subtiles,
+                            STATE_FIRST=config.state_first))
     return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
 
 
