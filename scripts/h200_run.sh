@@ -4,6 +4,9 @@
 # clean tree, with KDA_GIT_SHA=<HEAD> KDA_GIT_DIRTY=0 set in the command (the box gets the tree
 # without its history), carrying the wheelhouse part it names (../shared/gpu/build-wheelhouse).
 # Steps after `go` need the box still warm from the one before (the packages stay installed there).
+# A call carries the tracked tree with the wheelhouse part, 64 MiB in all: with part 2 (~44 MB) the
+# tree (~25 MB with results/h200) is too large, so move results/h200 aside for such a call, keeping
+# the tune CSVs `validate_gate.py planted` reads (triton-tune-v3/, triton-tune-subtiles/).
 #
 #   scripts/h200_run.sh sanity     # carry .gpu/part1: stage part 1; the harness's GPU tests (timers,
 #                                  # entry ops, CUPTI, NVML), a tiny sweep, its CUPTI cross-check and a
@@ -28,6 +31,7 @@
 #   scripts/h200_run.sh targets    # as above, then targets-one
 #   scripts/h200_run.sh placements # (after targets) fla's and our rows that moved between processes, three
 #                                  # sweeps with placements freed in turn (GPU 0) and three disjoint (GPU 1)
+#   scripts/h200_run.sh state-order  # our kernel alone, the table against every entry state-first (~2 min)
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
 #                                  # in its own benchmark's configuration (published preset, sorted slots)
 #   scripts/h200_run.sh profile    # (a bare one-GPU box will do: torch and Triton only) Nsight Compute
@@ -172,6 +176,18 @@ case ${1:-} in
     done
     pack
     ;;
+  state-order)  # our kernel alone over the targets preset, the table as it is and every entry with its
+    # state loaded first (the kernel before state_first existed), back to back on GPU 0: what the field does
+    source /root/gpu-site/env.sh
+    TAIL=1 step state-order-table 200 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets \
+      --impls triton --devices cuda:0 --out "$RES/state-order/table"
+    TAIL=1 step state-order-first 200 env KDA_TRITON_CONFIG=state_first=1 python3 scripts/sweep.py --no-charts \
+      --l2-entry "$(entry)" --preset targets --impls triton --devices cuda:0 --out "$RES/state-order/first"
+    TAIL=20 step state-order-compare 30 python3 scripts/compare_sweeps.py "$RES/state-order/first" "$RES/state-order/table" \
+      --name-a "every entry state-first" --name-b "the table (state_first per entry)" --flag 0.02 \
+      --out "$RES/state-order/compare.md"
+    pack
+    ;;
   spec)
     source /root/gpu-site/env.sh
     background correctness-triton 1 420 python3 scripts/gpu_correctness.py --impls triton --out "$RES/correctness-triton"
@@ -199,5 +215,5 @@ case ${1:-} in
     pack
     ;;
   *)
-    echo "usage: $0 sanity|go|published|targets|targets-one|placements|check|spec|profile|tune|tune-multitoken" >&2; exit 2 ;;
+    echo "usage: $0 sanity|go|published|targets|targets-one|placements|state-order|check|spec|profile|tune|tune-multitoken" >&2; exit 2 ;;
 esac
