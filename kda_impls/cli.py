@@ -1,10 +1,11 @@
-"""What the command-line tools share: an argument parser whose errors are one line and exit 2, and
-the parsing of comma-separated axis values."""
+"""What the command-line tools share: an argument parser whose errors are one line and exit 2, the
+parsing of comma-separated axis values, and a report printed and saved."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn
 
 USAGE_ERROR = 2
@@ -21,6 +22,14 @@ def fail(prog: str, message: str) -> NoReturn:
     """Print ``PROG: error: MESSAGE`` on one line to stderr and exit 2."""
     print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
     raise SystemExit(USAGE_ERROR)
+
+
+def print_and_save(text: str, out: Path | None) -> int:
+    """Print a report and, where ``out`` names a file, write it there too; the exit status (0)."""
+    print(text)
+    if out:
+        out.write_text(text)
+    return 0
 
 
 def comma_list(convert: Callable[[str], object]) -> Callable[[str], tuple]:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls.bench.case import CONFIG_COLUMNS  # noqa: E402
 from kda_impls.bench.results import SweepDirError, load  # noqa: E402
-from kda_impls.cli import fail  # noqa: E402
+from kda_impls.cli import fail, print_and_save  # noqa: E402
 
 SHOWN = ["impl", "state_dtype", "HV", "K", "V", "B", "T", "slot_pad"]
 
@@ -115,10 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         fail("compare_sweeps.py", str(exc))
     text = report(a, b, args.name_a or str(args.a), args.name_b or str(args.b), args.min_B, args.flag,
                   c, args.name_c or str(args.run_to_run))
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return print_and_save(text, args.out)
 
 
 if __name__ == "__main__":

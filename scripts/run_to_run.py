@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls.bench.case import CONFIG_COLUMNS  # noqa: E402
 from kda_impls.bench.results import SweepDirError, load  # noqa: E402
-from kda_impls.cli import fail  # noqa: E402
+from kda_impls.cli import fail, print_and_save  # noqa: E402
 
 SHOWN = ["impl", "state_dtype", "HV", "K", "V", "B", "slot_pad"]
 
@@ -72,10 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except SweepDirError as exc:
         fail("run_to_run.py", str(exc))
     text = report(moves(tables), [str(run) for run in args.runs], args.min_B, args.limit)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return print_and_save(text, args.out)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls.bench.results import SweepDirError, load  # noqa: E402
-from kda_impls.cli import fail  # noqa: E402
+from kda_impls.cli import fail, print_and_save  # noqa: E402
 
 POINT = ["state_dtype", "H", "HV", "K", "V", "B"]
 
@@ -58,10 +58,7 @@ def main() -> int:
             f"{sweep.meta.get('settings', {}).get('method', {}).get('entry')}): median over placements; in "
             f"parentheses the ratio to `{args.library}`'s own call; `*` the fastest verified variant.\n\n"
             + variants_table(sweep.table, args.library).to_markdown() + "\n")
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return print_and_save(text, args.out)
 
 
 if __name__ == "__main__":
