@@ -144,14 +144,15 @@ def _kda_decode_kernel(
         # next tile's load issued before this one computes: one tile in flight behind the one in use.
         for s in tl.static_range(SUBTILES):
             offs_v = first_v + s * BV
-            v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
             if EARLY:
                 stored = ahead
-            else:
+                if s + 1 < SUBTILES:
+                    ahead = tl.load(head_state + (offs_v + BV)[:, None] * K, mask=live, other=0.0,
+                                    eviction_policy="evict_first")
+                v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
+            else:  # one tile (SUBTILES == 1)
+                v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
                 stored = tl.load(head_state + offs_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
-            if s + 1 < SUBTILES:
-                ahead = tl.load(head_state + (offs_v + BV)[:, None] * K, mask=live, other=0.0,
-                                eviction_policy="evict_first")
             S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
             tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
                      eviction_policy="evict_first")
