@@ -52,11 +52,11 @@ def wall_s(meta: dict) -> float:
     return sum(run.get("wall_s") or 0.0 for run in meta.get("runs", []))
 
 
-def against_run_to_run(a, b, c, name_b: str, name_c: str, min_b: int) -> pd.DataFrame:
+def against_run_to_run(a, b, c, min_b: int) -> pd.DataFrame:
     """Per implementation at B >= ``min_b``: the range of B / A beside the range of C / A, where C
     is another run like A (the run-to-run spread B's moves are to be judged against)."""
     ranges = {}
-    for name, other in ((name_b, b), (name_c, c)):
+    for name, other in (("B", b), ("C", c)):
         ratio = paired(a.table, other.table).query("B >= @min_b").groupby("impl").ratio
         ranges |= {f"{name} / A, min": ratio.min(), f"{name} / A, max": ratio.max()}
     return pd.DataFrame(ranges)
@@ -91,7 +91,7 @@ def report(a, b, name_a: str, name_b: str, min_b: int, flag: float, c=None, name
         + "\n\nPer library, every device (s):\n\n" + totals.to_markdown(floatfmt=".1f"),
     ] + ([f"## Against the run-to-run spread, rows at B >= {min_b}\n\nEach implementation's range of B / A beside that of "
           f"another run like A (`{name_c}`) against A.\n\n"
-          + against_run_to_run(a, b, c, "B", "C", min_b).to_markdown(floatfmt=".3f")] if c is not None else [])
+          + against_run_to_run(a, b, c, min_b).to_markdown(floatfmt=".3f")] if c is not None else [])
     ) + "\n"
 
 

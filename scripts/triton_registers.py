@@ -13,7 +13,9 @@ for sm_90a (the first of Triton's bundled assemblers and CUDA's that reads that 
 disassembled by Triton's bundled ``cuobjdump``. Prints one line per config: registers per thread,
 spill bytes, the warps per SM the registers allow (65536 registers per SM, at most 32 programs),
 the SASS instructions before the first global load (the latency a small step waits before its
-first DRAM access) and in all. The figures are this Triton's, and they move with its version: run it
+first DRAM access) and in all, the global loads issued before the first 16-byte one (the state
+tile's: how many of the small inputs' loads go ahead of it), and a digest of the SASS without its
+addresses (equal digests: the same code). The figures are this Triton's, and they move with its version: run it
 under the H200 image's (Triton 3.6, ``pip install triton==3.6.0`` in a virtual environment), whose
 counts matched the box's own (the tune's ``regs`` column) where Triton 3.9's did not: the bf16
 K=V=64 ``BV=32`` tile takes 125 registers under 3.6 and on the H200, 96 under 3.9
@@ -23,6 +25,7 @@ K=V=64 ``BV=32`` tile takes 125 registers under 3.6 and on the H200, 96 under 3.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
@@ -62,14 +65,20 @@ def assemblers() -> list[str]:
 
 
 def sass_counts(cubin: Path) -> dict:
-    """SASS instructions before the first global load, and in all (None without cuobjdump)."""
+    """SASS instructions before the first global load, and in all; the global loads issued before
+    the first 16-byte one (the state tile's: how many of the small inputs' loads go first); and a
+    digest of the instructions without their addresses, equal for equal code (None without cuobjdump)."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
-        return {"sass_before_load": None, "sass": None}
+        return {"sass_before_load": None, "sass": None, "loads_before_16B": None, "sass_digest": None}
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
-    instructions = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    instructions = [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in sass.splitlines()
+                    if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     first_load = next((i for i, line in enumerate(instructions) if "LDG" in line), None)
-    return {"sass_before_load": first_load, "sass": len(instructions)}
+    loads = [line for line in instructions if re.search(r"\bLDG\.", line)]
+    wide = next((i for i, line in enumerate(loads) if ".128" in line), None)
+    return {"sass_before_load": first_load, "sass": len(instructions), "loads_before_16B": wide,
+            "sass_digest": hashlib.sha256("\n".join(instructions).encode()).hexdigest()[:12]}
 
 
 def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
@@ -124,13 +133,13 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
 def print_table_entries(HV: int, D: int) -> int:
     print(f"triton {triton.__version__}, sm_90a, the tuning table's entries for HV={HV} K=V={D}")
     print(f"{'state':9} {'B':>4} {'T':>2} {'config':78} {'regs':>4} {'spill B':>7} {'warps/SM':>8} "
-          f"{'SASS to 1st load':>16} {'SASS':>5}")
+          f"{'SASS to 1st load':>16} {'SASS':>5} {'loads before 16B':>16} {'SASS digest':>12}")
     for (dtype, hv, K, V, B, T), text in sorted(TABLE.items()):
         if (hv, K, V) != (HV, D, D):
             continue
         r = registers(TileConfig.parse(text, TileConfig(BV=V)), getattr(torch, dtype), HV, D, B, T)
         print(f"{dtype:9} {B:4} {T:2} {r['config']:78} {r['regs']:4} {r['spill_bytes']:7} {r['warps_per_sm']:8} "
-              f"{r['sass_before_load']!s:>16} {r['sass']!s:>5}")
+              f"{r['sass_before_load']!s:>16} {r['sass']!s:>5} {r['loads_before_16B']!s:>16} {r['sass_digest']!s:>12}")
     return 0
 
 
@@ -150,7 +159,7 @@ def main() -> int:
         return print_table_entries(args.HV, args.D)
     print(f"triton {triton.__version__}, sm_90a, HV={args.HV} K=V={args.D} B={args.B} T={args.T}")
     print(f"{'state':9} {'config':78} {'kernel':32} {'regs':>4} {'spill B':>7} {'warps/SM':>8} "
-          f"{'SASS to 1st load':>16} {'SASS':>5}")
+          f"{'SASS to 1st load':>16} {'SASS':>5} {'loads before 16B':>16} {'SASS digest':>12}")
     for dtype in args.state_dtypes.split(","):
         for text in args.configs.split(";"):
             config = TileConfig.parse(text, TileConfig(BV=args.D), source="--configs")
@@ -160,7 +169,8 @@ def main() -> int:
                 print(exc)
                 return 2
             print(f"{dtype:9} {r['config']:78} {r['kernel']:32} {r['regs']:4} {r['spill_bytes']:7} "
-                  f"{r['warps_per_sm']:8} {r['sass_before_load']!s:>16} {r['sass']!s:>5}")
+                  f"{r['warps_per_sm']:8} {r['sass_before_load']!s:>16} {r['sass']!s:>5} "
+                  f"{r['loads_before_16B']!s:>16} {r['sass_digest']!s:>12}")
     return 0
 
 

@@ -53,7 +53,7 @@ def test_moves_are_set_beside_another_runs(tmp_path):
     b = sweep(tmp_path / "b", {ROWS[2]: 1.04, ROWS[5]: 0.97}, 500.0, "cuda:0")
     c = sweep(tmp_path / "c", {ROWS[1]: 1.06, ROWS[4]: 0.99}, 1000.0, "cuda:0")
     sides = [compare_sweeps.load(d) for d in (a, b, c)]
-    ranges = compare_sweeps.against_run_to_run(*sides, "B", "C", min_b=16)
+    ranges = compare_sweeps.against_run_to_run(*sides, min_b=16)
     assert ranges.loc["triton"].round(4).tolist() == [1.0, 1.04, 1.0, 1.06]
     assert ranges.loc["fla"].round(4).tolist() == [0.97, 1.0, 0.99, 1.0]
     text = compare_sweeps.report(sides[0], sides[1], "one", "two", 16, 0.03, sides[2], "three")

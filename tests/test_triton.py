@@ -328,6 +328,25 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
         triton_tune.write_table([f"{csv_path}:state_first=2"], table_path)
 
 
+def test_state_first_issues_the_state_load_ahead_of_the_small_inputs():
+    """state_first=1 compiles the bf16 32-row tile (HV=64 K=V=64, the tile it slowed on the H200)
+    with fewer of the small inputs' loads ahead of the first 16-byte state load than state_first=0
+    (8 against 2 under Triton 3.6: results/offline-sm90/triton36/load_order_hv64_d64*.txt): fails if
+    the kernel ignores the field or reads it the wrong way round."""
+    done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs",
+                           "BV=32,num_warps=1;BV=32,num_warps=1,state_first=1", "--state-dtypes", "bfloat16",
+                           "--HV", "64", "--D", "64", "--B", "256"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    if done.returncode == 2 and "no ptxas here" in done.stdout:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("bfloat16")]
+    if rows[0][-1] == "None":
+        pytest.skip("no cuobjdump beside this Triton")
+    (after, after_digest), (first, first_digest) = ((int(r[-2]), r[-1]) for r in rows)
+    assert first < after and first_digest != after_digest, done.stdout
+
+
 # ---- on the GPU ---------------------------------------------------------------------------------------
 
 GPU_GRID = list(itertools.product((1, 8, 64, 512), (16, 32, 64), ((64, 64), (128, 128), (128, 256)), (0, 16, 64),

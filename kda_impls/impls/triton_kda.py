@@ -96,11 +96,6 @@ def _kda_decode_kernel(
     SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
-    # Sub-tiles keep the first tile's load in flight while the gate is computed; one tile loads its
-    # state after the small inputs and the gate (as before sub-tiles), or first (STATE_FIRST). Which
-    # is faster depends on the tile: the sub-tile commit put it first for every tile, and the bf16
-    # 32-row tiles ran 7-11% slower with the same registers (docs/perf-notes.md).
-    EARLY: tl.constexpr = STATE_FIRST + SUBTILES > 1
     # The head counts: compile-time constants where HV_CONST > 0 (no division on the way to the first
     # load), else the runtime arguments (Triton's launcher still makes a group of 1 a constant).
     # Which is faster depends on the tile: the constants cost the bf16 K=V=64 32-row tile 29 registers.
@@ -130,7 +125,11 @@ def _kda_decode_kernel(
         h = hv // GROUP
         row_hv = row * HV + hv
         head_state = slot_state + hv * (V * K) + offs_k[None, :]  # [BV, K] tiles: K contiguous, 16-byte accesses
-        if EARLY:
+        # STATE_FIRST: the first tile's load issued before the small inputs' (sub-tiles keep it in
+        # flight while the gate is computed; TileConfig.fitted sets it for them); else each tile
+        # loads after them and the gate. Which is faster depends on the tile: issued first, the bf16
+        # 32-row tile ran 7-11% slower with the same registers (docs/perf-notes.md).
+        if STATE_FIRST:
             ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
         q = tl.load(q_ptr + (row * H + h) * K + offs_k).to(tl.float32)
         k = tl.load(k_ptr + (row * H + h) * K + offs_k).to(tl.float32)
@@ -144,13 +143,13 @@ def _kda_decode_kernel(
         # next tile's load issued before this one computes: one tile in flight behind the one in use.
         for s in tl.static_range(SUBTILES):
             offs_v = first_v + s * BV
-            if EARLY:
+            if STATE_FIRST:
                 stored = ahead
                 if s + 1 < SUBTILES:
                     ahead = tl.load(head_state + (offs_v + BV)[:, None] * K, mask=live, other=0.0,
                                     eviction_policy="evict_first")
                 v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
-            else:  # one tile (SUBTILES == 1)
+            else:
                 v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
                 stored = tl.load(head_state + offs_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
             S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
