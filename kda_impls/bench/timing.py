@@ -364,8 +364,9 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
             held.clear()
         del first, launchers, spacer
         _release(device)
-    del held
-    _release(device)
+    if held:  # disjoint placements: hand their memory back with the row
+        held.clear()
+        _release(device)
     return Timing([s for t in measured for s in t.samples], measured[0].method,
                   [t.placement_medians[0] for t in measured], entry=made, input_sets=sets)
 
