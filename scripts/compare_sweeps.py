@@ -48,6 +48,15 @@ def library_first_calls(table: pd.DataFrame) -> pd.Series:
     return pd.concat([by_library, pd.Series({"all": by_library.sum()})])
 
 
+def row_time(table: pd.DataFrame) -> pd.DataFrame:
+    """Per implementation: seconds its rows took (``row_s``), those less their first calls (what the
+    timers and the placements cost), and the placements a row was timed on, on average."""
+    by_impl = table.groupby("impl")
+    return pd.DataFrame({"rows s": by_impl.row_s.sum(),
+                         "less first calls": by_impl.row_s.sum() - by_impl.first_call_ms.sum() / 1e3,
+                         "placements": by_impl.placements_timed.mean()})
+
+
 def wall_s(meta: dict) -> float:
     return sum(run.get("wall_s") or 0.0 for run in meta.get("runs", []))
 
@@ -76,6 +85,8 @@ def report(a, b, name_a: str, name_b: str, min_b: int, flag: float, c=None, name
     calls = pd.concat({name_a: first_calls(a.table), name_b: first_calls(b.table)}, axis=1)
     calls.columns = [f"{side}, {device}" for side, device in calls.columns]
     totals = pd.DataFrame({name: library_first_calls(side.table) for name, side in ((name_a, a), (name_b, b))})
+    costs = pd.concat({name_a: row_time(a.table), name_b: row_time(b.table)}, axis=1)
+    costs.columns = [f"{side}: {what}" for side, what in costs.columns]
     return "\n\n".join([
         f"# {name_b} against {name_a}",
         f"A: `{name_a}` ({a.meta.get('git', {}).get('sha', '?')[:7]}, {wall_s(a.meta):.1f} s wall); "
@@ -89,6 +100,8 @@ def report(a, b, name_a: str, name_b: str, min_b: int, flag: float, c=None, name
                                                         if len(moved) else "(none)"),
         "## First calls (s), per implementation and device\n\n" + calls.to_markdown(floatfmt=".1f")
         + "\n\nPer library, every device (s):\n\n" + totals.to_markdown(floatfmt=".1f"),
+        "## What the rows took, per implementation (s; placements: per row, on average)\n\n"
+        + costs.to_markdown(floatfmt=".1f"),
     ] + ([f"## Against the run-to-run spread, rows at B >= {min_b}\n\nEach implementation's range of B / A beside that of "
           f"another run like A (`{name_c}`) against A.\n\n"
           + against_run_to_run(a, b, c, min_b).to_markdown(floatfmt=".3f")] if c is not None else [])

@@ -31,6 +31,7 @@
 #   scripts/h200_run.sh targets    # as above, then targets-one
 #   scripts/h200_run.sh placements # (after targets) fla's and our rows that moved between processes, three
 #                                  # sweeps with placements freed in turn (GPU 0) and three disjoint (GPU 1)
+#   scripts/h200_run.sh placement-cost  # nine placements a row, freed against held: what holding costs
 #   scripts/h200_run.sh state-order  # our kernel alone, the table against every entry state-first (~2 min)
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
 #                                  # in its own benchmark's configuration (published preset, sorted slots)
@@ -174,6 +175,19 @@ case ${1:-} in
       TAIL=12 step "placements-$way" 30 python3 scripts/run_to_run.py "$RES/placements/$way"-{1,2,3} --min-B 64 \
         --out "$RES/placements/$way.md"
     done
+    pack
+    ;;
+  placement-cost)  # what disjoint placements cost: the published preset's naive and triton rows on nine
+    # placements each, freed in turn (GPU 0) and held (GPU 1) at once, then row times set side by side
+    source /root/gpu-site/env.sh
+    ROWS="--no-charts --l2-entry $(entry) --preset published --impls naive,triton --placements 9 --extra-placements 0"
+    background placement-cost-freed 0 200 python3 scripts/sweep.py $ROWS --devices cuda:0 --no-disjoint-placements \
+      --out "$RES/placement-cost/freed"
+    TAIL=1 step placement-cost-disjoint 200 python3 scripts/sweep.py $ROWS --devices cuda:1 --disjoint-placements \
+      --out "$RES/placement-cost/disjoint"
+    wait; tail -n 1 "$LOGS/placement-cost-freed.summary"
+    TAIL=30 step placement-cost-compare 30 python3 scripts/compare_sweeps.py "$RES/placement-cost/freed" \
+      "$RES/placement-cost/disjoint" --name-a "freed in turn" --name-b "held (disjoint)" --out "$RES/placement-cost/compare.md"
     pack
     ;;
   state-order)  # our kernel alone over the targets preset, the table as it is and every entry with its

@@ -58,3 +58,15 @@ def test_moves_are_set_beside_another_runs(tmp_path):
     assert ranges.loc["fla"].round(4).tolist() == [0.97, 1.0, 0.99, 1.0]
     text = compare_sweeps.report(sides[0], sides[1], "one", "two", 16, 0.03, sides[2], "three")
     assert "another run like A (`three`)" in text and re.search(r"\|\s+C / A, max\s+\|", text)
+
+
+def test_what_the_rows_took_less_their_first_calls(tmp_path):
+    """Row seconds per implementation, less the first calls: what the timers and placements cost."""
+    a = sweep(tmp_path / "a", {}, 1000.0, "cuda:0")
+    table = pd.read_csv(a / "results.csv")
+    table.assign(row_s=2.5, placements_timed=np.where(table.impl == "fla", 9, 3)).to_csv(a / "results.csv", index=False)
+    costs = compare_sweeps.row_time(compare_sweeps.load(a).table)
+    # three rows each: 7.5 s, less three first calls of 1 s
+    assert costs.loc["fla"].tolist() == [7.5, 4.5, 9.0] and costs.loc["triton"].tolist() == [7.5, 4.5, 3.0]
+    text = compare_sweeps.report(*(compare_sweeps.load(d) for d in (a, a)), "one", "two", min_b=16, flag=0.03)
+    assert re.search(r"\| fla\s+\|\s+7\.5 \|\s+4\.5 \|\s+9\.0 \|", text)
