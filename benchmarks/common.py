@@ -3,9 +3,9 @@ benchmark version, and the rule that makes an unsupported combination asv's skip
 
 Timing is the harness's (kda_impls.bench.run_case), the code path of the sweeps: the correctness
 check, then kernel time over placements from CUDA-graph replays in the default L2 entry state, and
-call time from single eager calls. A kernel-time benchmark's samples are its per-placement medians,
-so asv's result (their median) is the sweeps' kernel time and their range the placement spread the
-gate (kda_impls.regress) reads. asv spawns one process per benchmark and parameter combination, so
+call time from single eager calls. A kernel-time benchmark's samples are its per-placement medians:
+asv's result is their median (asv keeps its own statistic; the sweeps report their mean) and their
+range the placement spread the gate (kda_impls.regress) reads. asv spawns one process per benchmark and parameter combination, so
 the run time of the suite is mostly process and CUDA start-up, and the grid is what sets it.
 
 ``KDA_ASV_PROFILE`` picks the grid (default ``full`` with a CUDA GPU, ``cpu`` without):
@@ -71,11 +71,12 @@ IMPLS = [name for name in names() if name in _wanted]
 
 # Six placements a benchmark: the fewest whose medians let the gate's Mann-Whitney test reach
 # p < 0.01 (two sides of 6: p >= 0.002), each sampled until its median is known to +-1% (95% CI)
-# or its share of the time is up. On the CPU nothing is ranked.
+# or its share of the time is up; six more where they spread (the sweeps add up to 24: asv spawns a
+# process per benchmark, and a gate run must stay within minutes). On the CPU nothing is ranked.
 if DEVICE == "cuda":
     PLACEMENTS = 6
     METHOD = Method(kernel=Budget(min_samples=60, max_samples=3000, max_seconds=0.6, rel_ci=0.01),
-                    call=Budget(min_samples=30, max_samples=1000, max_seconds=0.2, rel_ci=0.01))
+                    call=Budget(min_samples=30, max_samples=1000, max_seconds=0.2, rel_ci=0.01), extra_placements=6)
 else:
     PLACEMENTS = 2
     METHOD = Method(kernel=Budget(min_samples=2, max_samples=10, max_seconds=0.1, rel_ci=0.05),

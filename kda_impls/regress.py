@@ -6,13 +6,13 @@ placement) or a sweep directory (``results.csv`` with the placement spread of ea
 ``samples.json`` with the raw samples, ``placements.json`` with the per-placement medians). Each
 benchmark (each parameter combination) gets one verdict:
 
-* **same**: the median moved by no more than the threshold (B/A within [1/(1+t), 1+t]), with
-  enough samples on both sides to have told a difference;
+* **same**: the time (asv: its median; a sweep row: its kernel time) moved by no more than the
+  threshold (B/A within [1/(1+t), 1+t]), with enough samples on both sides to have told a difference;
 * **slower** / **faster**: it moved by more than the threshold, a two-sided Mann-Whitney U test on
   the samples gives ``p < alpha``, and the placements do not explain the move: where each side has
   enough per-placement medians for a test (more than three against three; a row that spread gets
   nine), the same test on them gives ``p < alpha``; else the two sides' placement spreads (min..max
-  of the per-placement medians) overlap by no more than the threshold (as a share of A's median);
+  of the per-placement medians) overlap by no more than the threshold (as a share of A's time);
 * **unsure**: the samples cannot support the test (too few for any ``p < alpha``: a one- or
   two-sample CPU row, say), or the move is beyond the threshold but not significant, or the
   placements could explain it (per-placement medians not apart, or, with too few of them, placement
@@ -83,7 +83,7 @@ STATUSES = ("slower", "unsure", "faster", "incomparable", "new", "missing", "inf
 class Measurement:
     """One benchmark's result in one result set (seconds or any unit shared by both sets)."""
 
-    median: float
+    time: float  # asv: its median of the samples; a sweep row: its kernel time (kernel_us_mean)
     samples: tuple[float, ...] | None = None
     spread: tuple[float, float] | None = None  # min and max of the per-placement medians
     ci99: tuple[float, float] | None = None  # asv's 99% confidence interval of the median
@@ -164,7 +164,7 @@ def load_sweep(directory: Path) -> ResultSet:
         spread = (row.kernel_us_placement_min, row.kernel_us_placement_max) \
             if _finite(getattr(row, "kernel_us_placement_min", None)) else None
         placed = tuple(x for x in sweep.placements.get(row.key, ()) if _finite(x))
-        measurements[row.key] = Measurement(float(row.kernel_us_median), kept or None, spread,
+        measurements[row.key] = Measurement(float(row.kernel_us_mean), kept or None, spread,
                                             timer=getattr(row, "kernel_method", None), placements=placed or None)
     return ResultSet(str(directory), "sweep", sweep.meta.get("gpu"), measurements,
                      sweep.meta.get("settings", {}).get("method"))
@@ -204,16 +204,16 @@ def _significance(a: Measurement, b: Measurement, alpha: float) -> tuple[bool | 
 
 
 def spread_overlap(a: Measurement, b: Measurement) -> float:
-    """How far the two placement spreads overlap, as a share of A's median (0 where they do not,
+    """How far the two placement spreads overlap, as a share of A's time (0 where they do not,
     or where either side has no spread)."""
     if not (a.spread and b.spread):
         return 0.0
-    return max(0.0, min(a.spread[1], b.spread[1]) - max(a.spread[0], b.spread[0])) / a.median
+    return max(0.0, min(a.spread[1], b.spread[1]) - max(a.spread[0], b.spread[0])) / a.time
 
 
 def verdict(a: Measurement, b: Measurement, threshold: float, alpha: float) -> tuple[str, float | None, str]:
     """(same | slower | faster | unsure, p, how it was decided) for B against A: see the module."""
-    ratio = b.median / a.median
+    ratio = b.time / a.time
     if CPU_TIMER in (a.timer, b.timer):
         return "unsure", None, "timed on the CPU, which the harness smoke-tests, not ranks"
     significant, p, test = _significance(a, b, alpha)
@@ -244,13 +244,13 @@ def threshold_for(name: str, threshold: float, thresholds: dict[str, float | Non
 
 def compare(a: ResultSet, b: ResultSet, threshold: float = DEFAULT_THRESHOLD,
             alpha: float = DEFAULT_ALPHA, thresholds: dict[str, float | None] | None = None) -> pd.DataFrame:
-    """One row per benchmark in either set: status, ratio (B/A medians), p and the inputs."""
+    """One row per benchmark in either set: status, ratio (B/A times), p and the inputs."""
     thresholds = DEFAULT_THRESHOLDS if thresholds is None else thresholds
     rows = []
     for name in sorted(set(a.measurements) | set(b.measurements)):
         ma, mb = a.measurements.get(name), b.measurements.get(name)
         limit = threshold_for(name, threshold, thresholds)
-        row = dict(benchmark=name, median_a=ma and ma.median, median_b=mb and mb.median,
+        row = dict(benchmark=name, time_a=ma and ma.time, time_b=mb and mb.time,
                    n_a=len(ma.samples) if ma and ma.samples else 0,
                    n_b=len(mb.samples) if mb and mb.samples else 0, ratio=None, p=None, test=None,
                    threshold=limit)
@@ -263,10 +263,10 @@ def compare(a: ResultSet, b: ResultSet, threshold: float = DEFAULT_THRESHOLD,
             row["test"] = f"version {ma.version} != {mb.version}"
         else:
             status, p, test = verdict(ma, mb, DEFAULT_THRESHOLD if limit is None else limit, alpha)
-            row.update(status="informational" if limit is None else status, ratio=mb.median / ma.median, p=p,
+            row.update(status="informational" if limit is None else status, ratio=mb.time / ma.time, p=p,
                        test=test)
         rows.append(row)
-    columns = ["benchmark", "status", "ratio", "threshold", "p", "median_a", "median_b", "n_a", "n_b", "test"]
+    columns = ["benchmark", "status", "ratio", "threshold", "p", "time_a", "time_b", "n_a", "n_b", "test"]
     table = pd.DataFrame(rows, columns=columns)
     table["status"] = pd.Categorical(table["status"], categories=STATUSES, ordered=True)
     return table.sort_values(["status", "ratio"], ascending=[True, False], na_position="last",
@@ -279,6 +279,11 @@ def check_comparable(a: ResultSet, b: ResultSet) -> None:
     if a.machine and b.machine and a.machine != b.machine:
         raise InputError(f"results come from different machines ({a.machine!r} vs {b.machine!r}); "
                          f"timings are only comparable on one machine")
+    if a.kind == "sweep":  # directories of timing method 3 and earlier do not say which they are
+        version_a, version_b = ((s.method or {}).get("version", "<= 3") for s in (a, b))
+        if version_a != version_b:
+            raise InputError(f"the sweeps were timed by different timing methods ({version_a} vs {version_b}: "
+                             f"kda_impls.bench.timing.METHOD_VERSION); re-run the older one")
     entry_a, entry_b = ((s.method or {}).get("entry") for s in (a, b))
     if entry_a and entry_b and entry_a != entry_b:
         raise InputError(f"the sweeps were timed from different L2 entry states ({entry_a!r} vs {entry_b!r}); "
@@ -291,7 +296,7 @@ def format_table(table: pd.DataFrame) -> str:
     shown = table.astype(object).where(table.notna(), "")
     shown["ratio"] = [f"{r:.3f}" if r != "" else "" for r in shown["ratio"]]
     shown["p"] = [f"{p:.1e}" if p != "" else "" for p in shown["p"]]
-    for col in ("median_a", "median_b"):
+    for col in ("time_a", "time_b"):
         shown[col] = [f"{v:.4g}" if v != "" else "" for v in shown[col]]
     return shown.to_string(index=False)
 
@@ -318,16 +323,18 @@ def _threshold_rule(text: str) -> tuple[str, float | None]:
 
 HELP = """\
 Verdict per benchmark (B against A; t = its threshold):
-  same     median ratio B/A within [1/(1+t), 1+t], with samples enough for the test
+  same     time ratio B/A within [1/(1+t), 1+t], with samples enough for the test
+           (time: asv's median; a sweep row's kernel time, kernel_us_mean)
   slower   ratio > 1+t, Mann-Whitney U (two-sided) p < alpha, and the placements apart:
            the same test on the per-placement medians p < alpha where both sides have more
-           than three, else their spreads (min..max) overlap by <= t of A's median
+           than three, else their spreads (min..max) overlap by <= t of A's time
   faster   the same with ratio < 1/(1+t)
   unsure   too few samples for any p < alpha; or beyond t but not significant; or the
            placements not apart by that rule (placement could explain the move);
            or a sweep row timed on the CPU (the harness smoke-tests the CPU, never ranks it)
   informational  benchmarks whose threshold is 'none' (call latency by default)
   new / missing / incomparable  in one set only, or timed by another method version
+           (two sweeps of different timing methods are refused: exit 2)
 Thresholds: --threshold for every benchmark that no rule names; the default rules gate
 B = 1 kernel time at 0.10 (one-row steps move by up to 6% between two runs of one commit)
 and only report call latency; --threshold-for rules replace them.
@@ -342,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("a", help="baseline: asv result .json or sweep directory")
     parser.add_argument("b", help="candidate: same kind as A")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                        help="relative move of the median that counts, for benchmarks no --threshold-for "
+                        help="relative move of the time that counts, for benchmarks no --threshold-for "
                              "rule names (default %(default)s)")
     parser.add_argument("--threshold-for", metavar="REGEX=VALUE", action="append", type=_threshold_rule,
                         help="threshold of benchmarks whose name matches REGEX, or 'none' to report them "
@@ -367,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     slower = table.loc[table["status"] == "slower", "benchmark"].tolist()
     unsure = table.loc[table["status"] == "unsure", "benchmark"].tolist()
 
-    print(f"A: {a.source}\nB: {b.source}\nslower: median B/A > 1 + threshold (default {args.threshold}, per benchmark "
+    print(f"A: {a.source}\nB: {b.source}\nslower: time B/A > 1 + threshold (default {args.threshold}, per benchmark "
           f"in the threshold column), p < {args.alpha} (two-sided Mann-Whitney U) and placements apart\n")
     print(format_table(table) if len(table) else "(no benchmarks)")
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()))

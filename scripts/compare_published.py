@@ -38,13 +38,13 @@ def layout_label(row) -> str:
 
 def load_runs(dirs: list[Path]) -> pd.DataFrame:
     """One row per (run, library, configuration) measured ok on an unpadded pool: KEY (impl: the
-    library), kernel_us_median, best_impl (the variant that was fastest), run, layout."""
+    library), kernel_us_mean, best_impl (the variant that was fastest), run, layout."""
     frames = []
     for run in dirs:
         table = load(run).ok
         table = table[(table.slot_pad == 0) & (table.pad_rows == 0) & (table["T"] == 1)]
         best = best_per_library(table).rename(columns={"impl": "best_impl"}).rename(columns={"library": "impl"})
-        frames.append(best[KEY + ["kernel_us_median", "best_impl"]].assign(
+        frames.append(best[KEY + ["kernel_us_mean", "best_impl"]].assign(
             run=str(run), layout=[layout_label(r) for r in best.itertuples()]))
     return pd.concat(frames, ignore_index=True)
 
@@ -54,8 +54,8 @@ def compare(published: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     that won in those runs, ratio, n_runs, the row's run-to-run spread and whether the figure is
     reproduced within it."""
     per_layout = runs.groupby(KEY + ["layout"]).agg(
-        ours_us=("kernel_us_median", "median"), n_runs=("kernel_us_median", "count"),
-        layout_spread=("kernel_us_median", lambda s: s.max() / s.min() - 1),
+        ours_us=("kernel_us_mean", "median"), n_runs=("kernel_us_mean", "count"),
+        layout_spread=("kernel_us_mean", lambda s: s.max() / s.min() - 1),
         best_impl=("best_impl", lambda v: ", ".join(sorted(set(v))))).reset_index()
     repeated = per_layout[per_layout.n_runs >= 2]
     spread = repeated.groupby(KEY).layout_spread.max().rename("run_to_run_spread").reset_index()

@@ -32,9 +32,9 @@ SHOWN = ["impl", "state_dtype", "HV", "K", "V", "B", "T", "slot_pad"]
 
 def paired(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """The rows ok in both, by configuration, with ``ratio`` = B / A kernel time."""
-    ok = [t[t.status == "ok"][[*CONFIG_COLUMNS, "kernel_us_median"]] for t in (a, b)]
+    ok = [t[t.status == "ok"][[*CONFIG_COLUMNS, "kernel_us_mean"]] for t in (a, b)]
     both = ok[0].merge(ok[1], on=CONFIG_COLUMNS, suffixes=("_a", "_b"))
-    return both.assign(ratio=both.kernel_us_median_b / both.kernel_us_median_a)
+    return both.assign(ratio=both.kernel_us_mean_b / both.kernel_us_mean_a)
 
 
 def first_calls(table: pd.DataFrame) -> pd.DataFrame:
@@ -95,7 +95,7 @@ def report(a, b, name_a: str, name_b: str, min_b: int, flag: float, c=None, name
         f"## B / A kernel time, the {len(large)} rows at B >= {min_b}\n\n"
         + summary.to_markdown(index=False, floatfmt=".4f"),
         "## Median B / A per implementation\n\n" + by_impl.to_markdown(floatfmt=".3f"),
-        f"## Rows that moved by more than {flag:.0%}\n\n" + (moved[[*SHOWN, "kernel_us_median_a", "kernel_us_median_b",
+        f"## Rows that moved by more than {flag:.0%}\n\n" + (moved[[*SHOWN, "kernel_us_mean_a", "kernel_us_mean_b",
                                                                "ratio"]].to_markdown(index=False, floatfmt=".3f")
                                                         if len(moved) else "(none)"),
         "## First calls (s), per implementation and device\n\n" + calls.to_markdown(floatfmt=".1f")

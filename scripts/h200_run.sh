@@ -14,10 +14,11 @@
 #   scripts/h200_run.sh go         # carry .gpu/part2: install; GPU 1: the correctness grid (every
 #                                  # implementation); GPU 0: the L2 entry-state study, the GPU tests,
 #                                  # spec-decode and kimi-linear-48b
-#   scripts/h200_run.sh published  # GPU 0: the published preset three times (separate processes) and
-#                                  # once with the planted Triton slowdown, the sweep-form gate, the
-#                                  # published comparison; GPU 1 meanwhile: the asv-form gate validation
-#                                  # (3 A/A runs + planted), then the CUPTI cross-check of the first run
+#   scripts/h200_run.sh published  # GPU 0: the published preset three times (separate processes);
+#                                  # GPU 1 meanwhile: the asv-form gate validation (3 A/A runs + planted)
+#   scripts/h200_run.sh published-check  # GPU 0: the published preset once with the planted Triton
+#                                  # slowdown, the sweep-form gate, the published comparison, run to
+#                                  # run and the estimators' report; GPU 1: CUPTI on the first run
 #   scripts/h200_run.sh targets    # (carry .gpu/part2 on a box that has only part 1: it is installed
 #                                  # first) the targets preset on both GPUs, from a cold Triton cache
 #   scripts/h200_run.sh targets-one  # the same on GPU 0 alone (its own cold cache) while GPU 1 runs
@@ -106,27 +107,36 @@ case ${1:-} in
     pack
     ;;
   published)  # packed after every step: a call that runs out of time still returns what it finished
+    # (a run cut short resumes from its rows when the step is run again)
+    if [ -d .gpu/part2 ] && [ ! -f /root/gpu-site/env.sh ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; fi
     source /root/gpu-site/env.sh
-    # GPU 1: the asv-form gate, then CUPTI on the first run (GPU 0 is busy with the sweeps meanwhile)
+    # GPU 1: the asv-form gate (GPU 0 is busy with the sweeps meanwhile)
     ( export CUDA_VISIBLE_DEVICES=1
-      step asv-gate 360 python3 scripts/validate_gate.py asv "$RES/gate-asv" --max-runs 4
-      while [ ! -f "$RES/published/a1/results.csv" ]; do sleep 5; done
-      step cupti-published 200 python3 scripts/cupti_crosscheck.py "$RES/published/a1" \
-        --out "$RES/cupti/published" --calls 20 ) > "$LOGS/gpu1.summary" 2>&1 &
+      step asv-gate 420 python3 scripts/validate_gate.py asv "$RES/gate-asv" --max-runs 4 ) > "$LOGS/gpu1.summary" 2>&1 &
     for run in a1 a2 a3; do
-      TAIL=1 step "published-$run" 180 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
+      TAIL=1 step "published-$run" 190 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
         --out "$RES/published/$run"
       pack
     done
+    wait; cat "$LOGS/gpu1.summary"
+    pack
+    ;;
+  published-check)  # after published: the planted Triton slowdown, the sweep-form gate, the published
+    # comparison, the estimators' report; GPU 1 meanwhile: CUPTI on the first run
+    source /root/gpu-site/env.sh
+    background cupti-published 1 200 python3 scripts/cupti_crosscheck.py "$RES/published/a1" \
+      --out "$RES/cupti/published" --calls 20
     PLANTED=$(python3 scripts/validate_gate.py planted 2>/dev/null)
-    TAIL=1 step published-slow 60 env KDA_TRITON_CONFIG="$PLANTED" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --impls triton \
+    TAIL=1 step published-slow 90 env KDA_TRITON_CONFIG="$PLANTED" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --impls triton \
       --out "$RES/published/slow"
     TAIL=3 step gate-sweep 60 python3 scripts/validate_gate.py sweep "$RES/gate-sweep" "$RES"/published/a{1,2,3} \
       "$RES/published/slow"
     TAIL=3 step compare 60 python3 scripts/compare_published.py results/published/triton-issue-h200.csv \
       "$RES"/published/a{1,2,3} --out "$RES/published"
-    pack
-    wait; cat "$LOGS/gpu1.summary"
+    TAIL=12 step run-to-run 30 python3 scripts/run_to_run.py "$RES"/published/a{1,2,3} --out "$RES/published/run_to_run.md"
+    TAIL=3 step estimators 60 python3 scripts/placement_estimators.py "$RES"/published/a{1,2,3} \
+      --out "$RES/published/estimators.md"
+    wait; cat "$LOGS/cupti-published.summary"
     pack
     ;;
   check)

@@ -25,7 +25,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls import dtypes  # noqa: E402
-from kda_impls.bench.results import SweepDirError, best_per_library, load  # noqa: E402
+from kda_impls.bench.results import SweepDirError, best_per_library, kernel_time_words, load  # noqa: E402
 from kda_impls.cli import fail  # noqa: E402
 
 POINT = ["state_dtype", "HV", "K", "V", "B"]
@@ -40,7 +40,7 @@ def flat(ok: pd.DataFrame) -> pd.DataFrame:
 
 def cell(row) -> str:
     winner = "" if row.impl == row.library else f" {row.impl}"
-    return f"{row.kernel_us_median:.2f} us ({row.roofline_frac:.0%}){winner}"
+    return f"{row.kernel_us_mean:.2f} us ({row.roofline_frac:.0%}){winner}"
 
 
 def latency_table(ok: pd.DataFrame) -> pd.DataFrame:
@@ -55,7 +55,7 @@ def engine_table(ok: pd.DataFrame) -> pd.DataFrame:
     """The configurations serving engines call today, each by name."""
     engines = flat(ok)[flat(ok).engine_call.fillna("").astype(str) != ""]
     engines = engines.assign(column=engines.impl + " " + engines.state_dtype.map(dtypes.short),
-                             cell=[f"{r.kernel_us_median:.2f} us ({r.roofline_frac:.0%})" for r in engines.itertuples()])
+                             cell=[f"{r.kernel_us_mean:.2f} us ({r.roofline_frac:.0%})" for r in engines.itertuples()])
     return engines.pivot_table(index=POINT[1:], columns="column", values="cell", aggfunc="first").fillna("-")
 
 
@@ -85,15 +85,15 @@ def judge(ok: pd.DataFrame, impl: str) -> tuple[list[str], dict]:
 
     others = best_per_library(flat(ok))
     others = others[others.library != library]
-    rivals = others.sort_values("kernel_us_median").drop_duplicates(POINT)
-    pair = mine.merge(rivals[[*POINT, "impl", "kernel_us_median"]], on=POINT, suffixes=("", "_best"))
+    rivals = others.sort_values("kernel_us_mean").drop_duplicates(POINT)
+    pair = mine.merge(rivals[[*POINT, "impl", "kernel_us_mean"]], on=POINT, suffixes=("", "_best"))
     if len(pair):
-        pair["ratio"] = pair.kernel_us_median / pair.kernel_us_median_best
+        pair["ratio"] = pair.kernel_us_mean / pair.kernel_us_mean_best
         pair["met"] = (pair.ratio <= B1_RATIO).where(pair.B == 1, pair.ratio < 1)
         summary["speed"] = verdict(pair.met)
         sections.append(f"## Faster than every other library's best variant ({impl} / best <= {B1_RATIO} at B = 1, "
                         f"< 1 elsewhere): {summary['speed']}\n\n"
-                        + pair[[*POINT, "kernel_us_median", "impl_best", "kernel_us_median_best", "ratio", "met"]]
+                        + pair[[*POINT, "kernel_us_mean", "impl_best", "kernel_us_mean_best", "ratio", "met"]]
                         .to_markdown(index=False, floatfmt=".3f"))
 
     judged = mine.assign(target=[bandwidth_target(r.state_dtype, r.K, r.B) for r in mine.itertuples()])
@@ -101,7 +101,7 @@ def judge(ok: pd.DataFrame, impl: str) -> tuple[list[str], dict]:
     judged = judged.assign(met=judged.roofline_frac >= judged.target)
     summary["bandwidth"] = verdict(judged.met)
     sections.append(f"## Share of the copy bandwidth: {summary['bandwidth']}\n\n"
-                    + judged[[*POINT, "kernel_us_median", "roofline_frac", "target", "met"]]
+                    + judged[[*POINT, "kernel_us_mean", "roofline_frac", "target", "met"]]
                     .to_markdown(index=False, floatfmt=".3f"))
 
     spread = mine[mine.B >= 16].assign(spread=lambda t: t.kernel_us_placement_max / t.kernel_us_placement_min - 1)
@@ -118,22 +118,23 @@ def judge(ok: pd.DataFrame, impl: str) -> tuple[list[str], dict]:
 
     padded = mine_all[mine_all.slot_pad > 0].merge(mine, on=POINT, suffixes=("", "_flat"))
     if len(padded):
-        padded["cost"] = padded.kernel_us_median / padded.kernel_us_median_flat - 1
+        padded["cost"] = padded.kernel_us_mean / padded.kernel_us_mean_flat - 1
         padded["met"] = padded.cost <= PADDING_TARGET
         summary["padding"] = verdict(padded.met)
         sections.append(f"## Slot padding costs <= {PADDING_TARGET:.0%}: {summary['padding']}\n\n"
-                        + padded[[*POINT, "slot_pad", "kernel_us_median_flat", "kernel_us_median", "cost", "met"]]
+                        + padded[[*POINT, "slot_pad", "kernel_us_mean_flat", "kernel_us_mean", "cost", "met"]]
                         .to_markdown(index=False, floatfmt=".3f"))
     return sections, summary
 
 
-def write_readme_table(readme: Path, ok: pd.DataFrame, source: Path, entry: str) -> None:
+def write_readme_table(readme: Path, ok: pd.DataFrame, source: Path, meta: dict) -> None:
     """Replace README's block between the h200-table markers with the latency table of the
     README's shapes, generated from ``source`` (never typed)."""
+    entry = meta.get("settings", {}).get("method", {}).get("entry", "?")
     table = latency_table(ok)
     table = table[[(hv, k) in README_SHAPES for hv, k, _, _ in table.index]]
     block = (f"{README_BEGIN}\n<!-- generated by: python scripts/targets.py {source} --readme {readme.name} -->\n"
-             f"Kernel time (median over placements, L2 entry state `{entry}`) and share of the measured copy "
+             f"Kernel time ({kernel_time_words(meta)}, L2 entry state `{entry}`) and share of the measured copy "
              f"bandwidth, each library at its fastest verified variant (named where it is not the library's own "
              f"call); index (HV, K, V, B), H = HV, unpadded pool:\n\n{table.to_markdown()}\n{README_END}")
     text = readme.read_text()
@@ -169,7 +170,7 @@ def main() -> None:
     (args.dir / "targets.md").write_text(text)
     print(text)
     if args.readme:
-        write_readme_table(args.readme, ok, args.dir, entry)
+        write_readme_table(args.readme, ok, args.dir, meta)
 
 
 if __name__ == "__main__":

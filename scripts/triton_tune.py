@@ -195,7 +195,7 @@ def case_columns(base: dict, config: TileConfig, device, copy_gbps: float) -> di
     columns = {"status": row["status"] if row["status"] != "wrong" else f"wrong: {row['reason']}"[:300]}
     if row["status"] == "ok":
         compiled = compile_kernel(*_compile_args(cfg, device), config)
-        columns |= {"us": row["kernel_us_median"], "us_placement_min": row["kernel_us_placement_min"],
+        columns |= {"us": row["kernel_us_mean"], "us_placement_min": row["kernel_us_placement_min"],
                     "us_placement_max": row["kernel_us_placement_max"], "bytes": row["bytes"],
                     "GBps": row["gbps"], "pct_copy": 100 * row["roofline_frac"], "floor_us": row["floor_us"],
                     "method": row["kernel_method"], "samples": row["n_samples"], "regs": compiled.n_regs,

@@ -207,7 +207,7 @@ def evaluate(out: Path, runs: dict[str, Path], form: str, extra: dict) -> dict:
                 triton_ratios={r["benchmark"]: [round(r["ratio"], 4), r["status"]] for r in triton},
                 missed=[b for b in must_flag if b not in report.get("slower", [])],
                 flagged_not_triton=[b for b in report.get("slower", []) if impl_of(b) != "triton"])
-    medians = {label: {name: m.median for name, m in regress.load(runs[label]).measurements.items()}
+    medians = {label: {name: m.time for name, m in regress.load(runs[label]).measurements.items()}
                for label in A_RUNS}
     table = pd.DataFrame(medians)
     table["max_over_min"] = table.max(axis=1) / table.min(axis=1)

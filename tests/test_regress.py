@@ -405,7 +405,7 @@ def test_sweep_directories_carry_their_placement_spread(tmp_path):
     a = sweep_dir_with_placements(tmp_path / "a", {TRITON: wide})
     b = sweep_dir_with_placements(tmp_path / "b", {TRITON: [1.08 * x for x in wide]})
     loaded = regress.load(a).measurements[TRITON.key()]
-    assert loaded.spread[0] < loaded.median < loaded.spread[1] and loaded.timer == "cuda-graph"
+    assert loaded.spread[0] < loaded.time < loaded.spread[1] and loaded.timer == "cuda-graph"
     code, report, _ = gate(tmp_path, a, b)
     assert code == 0 and statuses(report) == {TRITON.key(): "unsure"}  # +-10% placements, 8% move
     c = sweep_dir_with_placements(tmp_path / "c", {TRITON: narrow})
@@ -450,6 +450,19 @@ def test_refuses_sweeps_timed_from_different_l2_entry_states(tmp_path):
     b = sweep_dir_with_placements(tmp_path / "b", {TRITON: microseconds(1)}, settings={"method": {"entry": "dirty"}})
     code, _, out = gate(tmp_path, a, b)
     assert code == 2 and "different L2 entry states ('clean' vs 'dirty')" in out
+
+
+def test_refuses_sweeps_timed_by_different_timing_methods(tmp_path):
+    """Method 4 reports the mean over placements, 3 their median: a move between them is the
+    estimator's, so the gate refuses the pair (a directory of method 3 names no version)."""
+    a = sweep_dir_with_placements(tmp_path / "a", {TRITON: microseconds(0)}, settings={"method": {"entry": "clean"}})
+    b = sweep_dir_with_placements(tmp_path / "b", {TRITON: microseconds(1)},
+                                  settings={"method": {"entry": "clean", "version": 4}})
+    code, _, out = gate(tmp_path, a, b)
+    assert code == 2 and "different timing methods (<= 3 vs 4" in out
+    c = sweep_dir_with_placements(tmp_path / "c", {TRITON: microseconds(2)},
+                                  settings={"method": {"entry": "clean", "version": 4}})
+    assert gate(tmp_path, b, c)[0] in (0, 1)
 
 
 def test_two_cpu_sweeps_of_one_commit_pass_the_gate(tmp_path):
@@ -521,19 +534,19 @@ def test_the_comparison_table_row_by_row():
     p = float(mannwhitneyu(fixed, [1.2 * x for x in fixed], alternative="two-sided").pvalue)
     same_p = float(mannwhitneyu(fixed, fixed, alternative="two-sided").pvalue)
     rows = table.astype({"status": str}).to_dict("records")
-    base = dict(threshold=0.05, median_a=10.0, n_a=10, n_b=10)
+    base = dict(threshold=0.05, time_a=10.0, n_a=10, n_b=10)
     expected = [
-        dict(base, benchmark="slowest", status="slower", ratio=1.5, p=p, median_b=15.0, test="mann-whitney"),
-        dict(base, benchmark="slower", status="slower", ratio=1.2, p=p, median_b=12.0, test="mann-whitney"),
-        dict(base, benchmark="faster", status="faster", ratio=0.8, p=p, median_b=8.0, test="mann-whitney"),
-        dict(base, benchmark="incomparable", status="incomparable", ratio=None, p=None, median_b=10.0,
+        dict(base, benchmark="slowest", status="slower", ratio=1.5, p=p, time_b=15.0, test="mann-whitney"),
+        dict(base, benchmark="slower", status="slower", ratio=1.2, p=p, time_b=12.0, test="mann-whitney"),
+        dict(base, benchmark="faster", status="faster", ratio=0.8, p=p, time_b=8.0, test="mann-whitney"),
+        dict(base, benchmark="incomparable", status="incomparable", ratio=None, p=None, time_b=10.0,
              test="version 1 != 2"),
-        dict(base, benchmark="new", status="new", ratio=None, p=None, median_a=None, n_a=0, median_b=10.0, n_b=3,
+        dict(base, benchmark="new", status="new", ratio=None, p=None, time_a=None, n_a=0, time_b=10.0, n_b=3,
              test=None),
-        dict(base, benchmark="missing", status="missing", ratio=None, p=None, median_b=None, n_b=0, test=None),
-        dict(base, benchmark="same", status="same", ratio=1.0, p=same_p, median_b=10.0, test="mann-whitney"),
+        dict(base, benchmark="missing", status="missing", ratio=None, p=None, time_b=None, n_b=0, test=None),
+        dict(base, benchmark="same", status="same", ratio=1.0, p=same_p, time_b=10.0, test="mann-whitney"),
     ]
-    assert list(table.columns) == ["benchmark", "status", "ratio", "threshold", "p", "median_a", "median_b", "n_a",
+    assert list(table.columns) == ["benchmark", "status", "ratio", "threshold", "p", "time_a", "time_b", "n_a",
                                    "n_b", "test"]
     assert len(rows) == len(expected)
     for got, want in zip(rows, expected):
@@ -552,9 +565,9 @@ def test_what_an_asv_file_and_a_sweep_directory_read_as(tmp_path):
     loaded = regress.load(path)
     assert (loaded.source, loaded.kind, loaded.machine) == (str(path), "asv", "nvidia-h200")
     triton, naive = loaded.measurements[name("triton", 1)], loaded.measurements[name("naive", 1)]
-    assert (triton.median, triton.samples, triton.spread, triton.version) == (2.0, (3.0, 1.0, 2.0), (1.0, 3.0), "v1")
+    assert (triton.time, triton.samples, triton.spread, triton.version) == (2.0, (3.0, 1.0, 2.0), (1.0, 3.0), "v1")
     assert triton.ci99 is not None and naive.ci99 is None  # one sample: no interval
-    assert (naive.median, naive.samples, naive.spread) == (5.0, (5.0,), None)
+    assert (naive.time, naive.samples, naive.spread) == (5.0, (5.0,), None)
     unparametrised = tmp_path / "u.json"
     data = json.loads(path.read_text())
     data["results"] = {"decode.Track.track_x": [[7.0], None, "v1"]}
@@ -569,7 +582,7 @@ def test_what_an_asv_file_and_a_sweep_directory_read_as(tmp_path):
     loaded = regress.load(sweep)
     assert (loaded.source, loaded.kind, loaded.machine) == (str(sweep), "sweep", "NVIDIA H200")
     (m,) = loaded.measurements.values()
-    assert m.timer == "cuda-graph" and len(m.samples) == 60 and m.spread[0] <= m.median <= m.spread[1]
+    assert m.timer == "cuda-graph" and len(m.samples) == 60 and m.spread[0] <= m.time <= m.spread[1]
     with pytest.raises(regress.InputError, match=rf"^{tmp_path / 'none'}: no such file or directory$"):
         regress.load(tmp_path / "none")
     (tmp_path / "empty").mkdir()

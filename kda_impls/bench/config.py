@@ -25,7 +25,7 @@ class PoolLayout:
     (a fresh pool's order; with one slot per row that is ``arange(B)``, the dense layout of the
     simplest benchmarks).
     ``placements``: independent allocations a row is timed on (fresh pools behind a spacer of
-    random size, so that their pages differ); the kernel time is the median over them, their
+    random size, so that their pages differ); the kernel time is the mean over them, their
     spread a column of its own. Where a pool lands moved one kernel by up to 6% on the H200.
     """
 

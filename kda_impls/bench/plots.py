@@ -1,7 +1,7 @@
 """Charts of a sweep directory, as PNG and SVG beside its results.csv.
 
-- latency: kernel time against batch per implementation (log-log; the median over placements, the
-  band their min..max) and, dotted, the latency of one eager call;
+- latency: kernel time against batch per implementation (log-log; the kernel time, the band the
+  placements' min..max) and, dotted, the latency of one eager call;
 - bandwidth: bytes moved / kernel time against batch, with the measured copy bandwidth (roofline);
 - speedup: kernel-time ratio to a baseline implementation against batch;
 - heatmap: share of the copy roofline over HV x (K, V) at one batch;
@@ -32,7 +32,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from .. import dtypes, registry  # noqa: E402
 from ..cli import Parser, fail  # noqa: E402
 from .case import CONFIG_COLUMNS  # noqa: E402
-from .results import SweepDirError, load  # noqa: E402
+from .results import SweepDirError, kernel_time_words, load  # noqa: E402
 
 SHAPE = ["H", "HV", "K", "V"]
 CONFIG = [c for c in CONFIG_COLUMNS if c not in ("impl", "B")]  # a panel's line: one configuration over B
@@ -185,7 +185,7 @@ def latency(ok, table, meta, **_):
             look = style(impl)
             ax.fill_between(r.B, r.kernel_us_placement_min, r.kernel_us_placement_max, color=look["color"],
                             alpha=0.25, lw=0)
-            ax.plot(r.B, r.kernel_us_median, ms=3.5, **look)
+            ax.plot(r.B, r.kernel_us_mean, ms=3.5, **look)
             ax.plot(r.B, r.call_us_median, ":", color=look["color"], lw=1, alpha=0.8)
         _log_y(ax)
         _batch_axis(ax, rows.B.unique())
@@ -193,7 +193,7 @@ def latency(ok, table, meta, **_):
         ax.set_title(_shape_label(key), fontsize=9)
     handles, labels = _impl_handles(pd.concat([r for _, r in panels]).impl.unique())
     handles += [Line2D([], [], color="0.3", marker="o", ms=3.5), Line2D([], [], color="0.3", ls=":", lw=1)]
-    _legend(fig, handles, labels + ["kernel time (median over placements; band: their min–max)",
+    _legend(fig, handles, labels + [f"kernel time ({kernel_time_words(meta)}; band: their min–max)",
                                     "one eager call (median)"])
     return fig
 
@@ -220,9 +220,9 @@ def bandwidth(ok, table, meta, **_):
 
 def speedup(ok, table, meta, baseline=None, **_):
     baseline = baseline or ("flashinfer" if (ok.impl == "flashinfer").any() else "naive")
-    base = ok[ok.impl == baseline][[*CONFIG, "B", "kernel_us_median"]]
+    base = ok[ok.impl == baseline][[*CONFIG, "B", "kernel_us_mean"]]
     joined = ok[ok.impl != baseline].merge(base, on=[*CONFIG, "B"], suffixes=("", "_base"))
-    joined["speedup"] = joined.kernel_us_median_base / joined.kernel_us_median
+    joined["speedup"] = joined.kernel_us_mean_base / joined.kernel_us_mean
     panels = [(key, joined.merge(rows[[*CONFIG, "B"]].drop_duplicates())) for key, rows in _batch_panels(ok)]
     panels = [(key, rows) for key, rows in panels if not rows.empty]
     if not panels:
@@ -290,11 +290,11 @@ def slot_padding(ok, table, meta, **_):
     shape = paddings.idxmax()
     rows = rows.groupby(SHAPE).get_group(shape)
     least = rows.slot_pad.min()
-    base = rows[rows.slot_pad == least][["impl", "state_dtype", "B", "kernel_us_median"]]
+    base = rows[rows.slot_pad == least][["impl", "state_dtype", "B", "kernel_us_mean"]]
     padded = rows[rows.slot_pad != least].merge(base, on=["impl", "state_dtype", "B"], suffixes=("", "_base"))
     if padded.empty:
         return None
-    padded["overhead"] = padded.kernel_us_median / padded.kernel_us_median_base - 1
+    padded["overhead"] = padded.kernel_us_mean / padded.kernel_us_mean_base - 1
     impls = sorted(padded.impl.unique())
     pads = sorted(padded.slot_pad.unique())
     state_dtypes = sorted(padded.state_dtype.unique())
@@ -341,7 +341,7 @@ def _tokens_chart(ok, table, meta, what: str):
     for ax, ((dtype, B, *shape), rows) in zip(axes, panels):
         for impl, kind, r in _token_lines(rows):
             look = style(impl) | {"linestyle": "-" if kind == "all" else "--"}
-            ax.plot(r["T"], r.kernel_us_median if what == "time" else r.gbps, ms=3.5, **look)
+            ax.plot(r["T"], r.kernel_us_mean if what == "time" else r.gbps, ms=3.5, **look)
         if what == "time":
             _log_y(ax)
             ax.set_ylabel("µs per step")

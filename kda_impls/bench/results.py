@@ -169,7 +169,7 @@ class Sweep:
     @property
     def ok(self) -> pd.DataFrame:
         """The rows that matched the reference and were timed."""
-        return self.table[(self.table.status == "ok") & self.table.kernel_us_median.notna()]
+        return self.table[(self.table.status == "ok") & self.table.kernel_us_mean.notna()]
 
 
 def best_per_library(ok: pd.DataFrame) -> pd.DataFrame:
@@ -177,7 +177,7 @@ def best_per_library(ok: pd.DataFrame) -> pd.DataFrame:
     one row per library and configuration, ``impl`` naming the variant that won. Rows without a
     library (older sweeps) count as their own library."""
     config = [c for c in CONFIG_COLUMNS if c != "impl"]
-    ranked = ok.assign(library=ok.library.fillna(ok.impl)).sort_values("kernel_us_median")
+    ranked = ok.assign(library=ok.library.fillna(ok.impl)).sort_values("kernel_us_mean")
     return ranked.drop_duplicates(["library", *config]).sort_values(["library", *config], ignore_index=True)
 
 
@@ -190,8 +190,20 @@ def _read_json(path: Path, default):
         raise SweepDirError(f"{path}: not valid JSON, empty or cut short ({exc})") from None
 
 
+def kernel_time_words(meta: dict) -> str:
+    """What a sweep directory's kernel time is, in words for a report: the mean over placements
+    (timing method 4 on), or the median over them (method 3 and earlier, whose meta.json names no
+    version)."""
+    version = meta.get("settings", {}).get("method", {}).get("version")
+    return "mean over placements" if version is not None and version >= 4 else "median over placements"
+
+
 def load(path: str | Path) -> Sweep:
-    """Read the sweep directory ``path`` (results.csv, meta.json, samples.json, placements.json)."""
+    """Read the sweep directory ``path`` (results.csv, meta.json, samples.json, placements.json).
+    A directory of timing method 3 or earlier names its kernel time ``kernel_us_median`` (the median
+    over placements, which method 4 replaced by their mean); it is read as ``kernel_us_mean``, the
+    kernel time, so that the runs of both can be set side by side (``settings.method`` in meta.json
+    says which each is)."""
     path = Path(path)
     if not path.is_dir():
         raise SweepDirError(f"{path}: no such directory (a sweep directory holds results.csv and meta.json)")
@@ -203,7 +215,9 @@ def load(path: str | Path) -> Sweep:
         table = pd.read_csv(csv)
     except (pd.errors.EmptyDataError, pd.errors.ParserError) as exc:
         raise SweepDirError(f"{csv}: empty or cut short ({exc}); run the sweep again to rebuild it from rows/") from None
-    missing = [c for c in ("impl", "key", "status", "kernel_us_median") if c not in table.columns]
+    if "kernel_us_median" in table.columns:  # timing method <= 3: the median over placements
+        table = table.rename(columns={"kernel_us_median": "kernel_us_mean"})
+    missing = [c for c in ("impl", "key", "status", "kernel_us_mean") if c not in table.columns]
     if missing:
         raise SweepDirError(f"{csv}: not a sweep's results (no column {', '.join(missing)})")
     return Sweep(path, table, _read_json(path / "meta.json", {}), _read_json(path / "samples.json", {}),

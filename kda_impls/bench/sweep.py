@@ -48,7 +48,7 @@ from .config import CHECKPOINTS, SLOT_ORDERS, Config, PoolLayout
 from .presets import AXES, PRESETS, adhoc_configs
 from .results import assemble, environment, read_meta, read_rows, remove_stale_temporaries, write_meta, write_row
 from .roofline import copy_bandwidth
-from .timing import DEFAULT_ENTRY, ENTRY_STATES, PLACEMENT_SPREAD_LIMIT, Budget
+from .timing import DEFAULT_ENTRY, ENTRY_STATES, METHOD_VERSION, PLACEMENT_SPREAD_LIMIT, Budget
 from .worker import serve
 
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
@@ -135,7 +135,8 @@ def _jsonable(value):
 
 def settings_of(devices: list[str], method: Method) -> dict:
     """What a sweep directory's rows depend on besides their configurations: one directory holds one."""
-    return _jsonable({"device_type": torch.device(devices[0]).type, "method": asdict(method)})
+    return _jsonable({"device_type": torch.device(devices[0]).type,
+                      "method": asdict(method) | {"version": METHOD_VERSION}})
 
 
 def _differences(old, new, prefix: str = "") -> list[str]:
@@ -311,7 +312,7 @@ def summary_table(table: pd.DataFrame) -> str:
         if row.status not in ("ok", "wrong"):
             return row.status
         gbps = f"{row.gbps:.0f}" if row.gbps >= 100 else f"{row.gbps:.2g}"
-        text = f"{row.kernel_us_median:.1f} us {gbps} GB/s {row.roofline_frac:.0%}"
+        text = f"{row.kernel_us_mean:.1f} us {gbps} GB/s {row.roofline_frac:.0%}"
         return text + (" WRONG" if row.status == "wrong" else "")
 
     shown = table.assign(cell=table.apply(cell, axis=1), state=table.state_dtype.map(dtypes.short))

@@ -7,8 +7,8 @@ dependent-launch gap of their own to each (2.2-3.0 us on the H200 against CUPTI'
 results/h200/timing-method/events-per-call). The L2 state a call starts from (:data:`ENTRY_STATES`) is made by the
 rotation itself, or by an op before each call, whose time is taken out by timing passes of the op
 alone in the same batch. A row is timed on several *placements* (fresh allocations behind a spacer
-of random size, so that the pools land on other pages); the kernel time is the median over
-placements, their spread reported beside it.
+of random size, so that the pools land on other pages); the kernel time is the mean over
+placements of each one's median, their spread reported beside it.
 
 **Call time** (:func:`call_time`) is the latency of one eager call as a serving engine makes it
 (Python, argument handling, launch and kernel) from an idle GPU in the same entry state. At B=1
@@ -39,16 +39,15 @@ Launcher = Callable[[], object]
 
 # Bump when what the timers measure changes (entry state, placements, what a sample is, the event
 # placement): the asv suite versions its benchmarks by it, and results of two versions never compare.
-METHOD_VERSION = 3  # 3: placements added where the first ones spread (EXTRA_PLACEMENTS)
+METHOD_VERSION = 4  # 4: the first placement on fresh memory too; placements held; the mean over them
 
 # A row whose placements' medians spread by more than this (max / min - 1) gets more placements, up
-# to the method's extra_placements: on the H200 the large fla steps land anywhere in a 10% range by
-# placement, and three draws per run put two runs' medians, and their whole ranges, apart (method 2:
-# fla-loggate bf16 HV=32 B=256 took 203-213 us in one run, 214-224 in the next). With six more, the
-# three `published` runs' largest row-to-row movement at B >= 16 fell from 9.9% to 5.3%, and 91 of
-# 95 rows moved by <= 2% against 87 (results/h200/gate-sweep/spread.csv, docs/timing.md).
+# to the method's extra_placements: on the H200 fla's large bf16 steps land anywhere in a 10% range
+# by placement (results/h200/placements/), and a mean of three such draws moves by several percent
+# from run to run; of 24 or more, by about 1% (resampled from the study's placements:
+# scripts/placement_estimators.py, docs/timing.md "Method 4"). Rows that do not spread stop at three.
 PLACEMENT_SPREAD_LIMIT = 0.02
-EXTRA_PLACEMENTS = 6
+EXTRA_PLACEMENTS = 24
 
 # What the L2 holds when a timed call starts. docs/timing.md sets them against a decode layer
 # (results/h200/l2-entry/) and says why the default is the rotation: with an op between calls the
@@ -104,9 +103,13 @@ class Timing:
         return len(self.samples)
 
     @property
-    def median(self) -> float:
-        """The median over placements: the kernel time a row reports."""
-        return float(np.median(self.placement_medians))
+    def time(self) -> float:
+        """The time a row reports: the mean over placements of each placement's median (one
+        placement: its samples' median). Where a pool lands moves some kernels by up to 10%, in
+        clusters (docs/timing.md, "Method 4"): the median over placements then jumps from one
+        cluster to another between runs, while the mean, the expected time of a pool placed at
+        random, settles as placements are added."""
+        return float(np.mean(self.placement_medians))
 
     @property
     def p25(self) -> float:
@@ -336,12 +339,16 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
     more than PLACEMENT_SPREAD_LIMIT (max / min - 1).
 
     Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (1 to 64 pages
-    of 2 MiB, from ``seed``) is allocated. Each placement's memory is freed before the next, which
-    the driver may then hand out again; with ``disjoint`` it is held until the row ends (while the
-    device has room: :data:`HOLD_HEADROOM`), so that each placement lands on pages no earlier one
-    used. It rotates over the input sets :func:`rotation_plan` asks for (copies of the first), each
-    bound with ``bind``; every call runs after the entry op of the state the plan makes; the first
-    pass is a warm-up.
+    of 2 MiB, from ``seed``) is allocated. The allocator's cache is handed back to the driver before
+    the first placement as before every other, so that each pool is a fresh allocation, as a serving
+    engine's pool is (carved out of blocks the row's correctness check had left cached, the first
+    placement of our kernel's B=256 rows ran 8-10% slower than the other eight, every time: method
+    3's ``targets`` run, docs/timing.md "Method 4"). Each placement's memory is freed before the
+    next, which the driver may then hand out again; with ``disjoint`` it is held until the row ends
+    (while the device has room: :data:`HOLD_HEADROOM`), so that each placement lands on pages no
+    earlier one used. It rotates over the input sets :func:`rotation_plan` asks for (copies of the
+    first), each bound with ``bind``; every call runs after the entry op of the state the plan
+    makes; the first pass is a warm-up.
     """
     device = as_device(device)
     rng = np.random.default_rng(seed)
@@ -349,6 +356,7 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
     measured: list[Timing] = []
     held: list[tuple] = []
     made, sets = entry, 1
+    _release(device)
     for placement in range(placements + extra_placements):
         if placement == placements and _spread([t.placement_medians[0] for t in measured]) <= PLACEMENT_SPREAD_LIMIT:
             break

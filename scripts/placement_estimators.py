@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""What a row's placements say about the timing method: whether the first placement of a row
+differs from the others, and how far three runs' kernel times would move with n placements each
+under each estimator (the median over placements, their mean), resampled from the placements the
+runs drew.
+
+    python3 scripts/placement_estimators.py results/h200/placements/disjoint-{1,2,3} --min-B 64
+
+The resampling pools each row's placements over the runs given (the first placement of each run
+left out with --skip-first: the bias the first part measures), draws three runs of n placements with
+replacement, many times, and counts how often their kernel times lie more than --limit apart
+(max / min - 1): the run-to-run criterion's odds for a row whose placements are spread like these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kda_impls.bench.results import SweepDirError, load  # noqa: E402
+from kda_impls.cli import Parser, comma_list, fail, positive_int, print_and_save  # noqa: E402
+
+ESTIMATORS = {"median": np.median, "mean": np.mean}
+RUNS = 3
+DRAWS = 20000
+
+
+def first_placement(sweeps) -> pd.DataFrame:
+    """Per library and batch class: the first placement's median over the median of the others'."""
+    rows = []
+    for sweep in sweeps:
+        ok = sweep.ok.set_index("key")
+        for key, medians in sweep.placements.items():
+            if len(medians) >= 3 and key in ok.index:
+                row = ok.loc[key]
+                library = row.library if isinstance(row.library, str) else row.impl
+                rows.append({"library": library, "B": "B >= 64" if row.B >= 64 else "B < 64",
+                             "first / others": medians[0] / np.median(medians[1:])})
+    ratio = pd.DataFrame(rows).groupby(["library", "B"])["first / others"]
+    return pd.DataFrame({"rows": ratio.size(), "median": ratio.median(), "p90": ratio.quantile(0.9),
+                         "share > 1.02": ratio.apply(lambda r: (r > 1.02).mean()),
+                         "share < 0.98": ratio.apply(lambda r: (r < 0.98).mean())})
+
+
+def resampled(sweeps, min_b: int, sizes: list[int], limit: float, skip_first: bool, seed: int) -> pd.DataFrame:
+    """Per row whose pooled placements spread by more than ``limit``: the odds that three runs of
+    n placements each move by more than ``limit``, per estimator and n."""
+    rng = np.random.default_rng(seed)
+    pooled: dict[str, list[float]] = {}
+    for sweep in sweeps:
+        ok = sweep.ok[sweep.ok.B >= min_b]
+        for key in ok.key:
+            pooled.setdefault(key, []).extend(sweep.placements.get(key, [])[1 if skip_first else 0:])
+    rows = []
+    for key, values in sorted(pooled.items()):
+        values = np.asarray(values)
+        if len(values) < 2 or values.max() / values.min() - 1 <= limit:
+            continue
+        row = {"row": key.split("_spr")[0], "placements": len(values),
+               "sd %": 100 * values.std() / np.median(values)}
+        for n in sizes:
+            runs = rng.choice(values, (DRAWS, RUNS, n))
+            for name, estimator in ESTIMATORS.items():
+                times = estimator(runs, axis=-1)
+                row[f"{name} n={n}"] = float((times.max(axis=1) / times.min(axis=1) - 1 > limit).mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dirs", nargs="+", type=Path, help="sweep directories with placements.json")
+    parser.add_argument("--min-B", type=positive_int, default=16, help="rows resampled (default %(default)s)")
+    parser.add_argument("--sizes", type=comma_list(positive_int), default=(3, 9, 15, 27),
+                        help="placements per run to resample (default 3,9,15,27)")
+    parser.add_argument("--limit", type=float, default=0.02, help="run-to-run limit (default %(default)s)")
+    parser.add_argument("--skip-first", action="store_true", help="leave each run's first placement out")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
+    args = parser.parse_args(argv)
+    try:
+        sweeps = [load(d) for d in args.dirs]
+    except SweepDirError as exc:
+        fail("placement_estimators.py", str(exc))
+    odds = resampled(sweeps, args.min_B, args.sizes, args.limit, args.skip_first, args.seed)
+    text = "\n\n".join([
+        "# Placements and estimators",
+        "Runs: " + ", ".join(f"`{d}`" for d in args.dirs) + ".",
+        "## The first placement of a row against the others\n\nPer library: the first placement's median "
+        "over the median of the other placements' (rows with three or more).\n\n"
+        + first_placement(sweeps).reset_index().to_markdown(index=False, floatfmt=("", "", ".0f", ".3f", ".3f",
+                                                                                    ".3f", ".3f")),
+        f"## Odds that three runs move by more than {args.limit:.0%}\n\nRows at B >= {args.min_B} whose placements, "
+        f"pooled over the runs{' (each first left out)' if args.skip_first else ''}, spread by more; three runs "
+        f"of n placements drawn from them {DRAWS} times, each run's kernel time by each estimator.\n\n"
+        + (odds.to_markdown(index=False, floatfmt=".3f") if len(odds) else "(none)"),
+    ]) + "\n"
+    return print_and_save(text, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
