@@ -33,6 +33,7 @@
 #   scripts/h200_run.sh placements # (after targets) fla's and our rows that moved between processes, three
 #                                  # sweeps with placements freed in turn (GPU 0) and three disjoint (GPU 1)
 #   scripts/h200_run.sh placement-cost  # nine placements a row, freed against held: what holding costs
+#   scripts/h200_run.sh wide-rows  # fla's widest-spread rows and ours, three sweeps: run to run
 #   scripts/h200_run.sh state-order  # our kernel alone, the table against every entry state-first (~2 min)
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
 #                                  # in its own benchmark's configuration (published preset, sorted slots)
@@ -198,6 +199,19 @@ case ${1:-} in
     wait; tail -n 1 "$LOGS/placement-cost-freed.summary"
     TAIL=30 step placement-cost-compare 30 python3 scripts/compare_sweeps.py "$RES/placement-cost/freed" \
       "$RES/placement-cost/disjoint" --name-a "freed in turn" --name-b "held (disjoint)" --out "$RES/placement-cost/compare.md"
+    pack
+    ;;
+  wide-rows)  # the rows whose placements spread widest (fla's bf16 HV=32 K=V=128 B=256; ours beside),
+    # three sweeps in separate processes on GPU 0, then how far they moved: the large-step rule's check
+    if [ -d .gpu/part2 ] && [ ! -f /root/gpu-site/env.sh ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; fi
+    source /root/gpu-site/env.sh
+    ROWS="--no-charts --l2-entry $(entry) --preset published --impls fla,fla-loggate,fla-loggate-sigmoid,triton --HV 32
+      --K 128 --V 128 --state-dtype bf16 --B 256 --slot-pad 0 --devices cuda:0"
+    for run in 1 2 3; do
+      TAIL=1 step "wide-rows-$run" 120 python3 scripts/sweep.py $ROWS --out "$RES/wide-rows/run$run"
+    done
+    TAIL=14 step wide-rows-compare 30 python3 scripts/run_to_run.py "$RES"/wide-rows/run{1,2,3} --min-B 64 \
+      --out "$RES/wide-rows/run_to_run.md"
     pack
     ;;
   state-order)  # our kernel alone over the targets preset, the table as it is and every entry with its

@@ -476,15 +476,20 @@ def test_gpu_disjoint_placements_land_on_memory_no_earlier_one_used(disjoint):
     assert torch.cuda.memory_allocated() - before < spans[0][1] - spans[0][0]  # nothing held after the row
 
 
-@pytest.mark.parametrize("first, extra, timed", [
-    ([1.00, 1.019, 1.01], 6, 3),   # within 2%: the layout's three
-    ([1.00, 1.021, 1.01], 6, 9),   # wider: six more
-    ([1.00, 1.05, 1.00], 0, 3),    # none allowed
+@pytest.mark.parametrize("first, extra, l2, timed", [
+    ([1.00, 1.019, 1.01], 6, 1 << 30, 3),  # within 2%: the layout's three
+    ([1.00, 1.021, 1.01], 6, 1 << 30, 9),  # wider: six more
+    ([1.00, 1.05, 1.00], 0, 1 << 30, 3),   # none allowed
+    ([1.00, 1.00, 1.00], 6, 1024, 9),      # agreeing, but the step exceeds the L2: six more all the same
+    ([1.00, 1.00, 1.00], 6, 0, 3),         # no L2 modelled (the CPU's)
 ])
-def test_placements_are_added_where_the_first_ones_spread_wide(monkeypatch, first, extra, timed):
+def test_placements_are_added_where_the_first_ones_spread_wide(monkeypatch, first, extra, l2, timed):
+    """Where the step is larger than the L2, three placements can all land in one cluster of a wide
+    placement distribution and agree: such rows get the extra placements whatever the first say."""
     medians = iter(first + [1.0] * extra)
     monkeypatch.setattr(timing, "_time_placement",
                         lambda launchers, device, share, made: Timing([next(medians)], "perf_counter"))
+    monkeypatch.setattr(timing, "l2_bytes", lambda device: l2)
     drawn = []
 
     def make(placement):

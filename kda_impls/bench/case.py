@@ -45,8 +45,8 @@ MAX_REASON_CHARS = 2000
 class Method:
     """How a case is timed, besides its configuration: the L2 entry state (timing.ENTRY_STATES),
     the budgets of the two timers (the kernel budget shared among the layout's placements), how
-    many placements may be added to a row whose placements spread wide on a GPU
-    (timing.PLACEMENT_SPREAD_LIMIT) and whether each keeps its memory until the row ends, so that
+    many placements are added on a GPU to a row whose step exceeds the L2 or whose placements spread
+    wide (timing.PLACEMENT_SPREAD_LIMIT) and whether each keeps its memory until the row ends, so that
     the next lands on other pages (timing.kernel_time's ``disjoint``), the seed of the inputs and spacers, and whether a row timed
     while the GPU slowed itself down is timed once more."""
 

@@ -458,8 +458,9 @@ def parser() -> Parser:
     layout.add_argument("--placements", type=positive_int, default=PoolLayout.placements, metavar="N",
                         help="independent allocations each row is timed on (default %(default)s)")
     layout.add_argument("--extra-placements", type=non_negative_int, default=Method.extra_placements, metavar="N",
-                        help="placements added to a row whose first placements spread by more than "
-                             f"{PLACEMENT_SPREAD_LIMIT * 100:g}%% (max / min - 1) on a GPU (default %(default)s)")
+                        help="placements added on a GPU to a row whose step moves more bytes than the L2 "
+                             f"holds, or whose first placements spread by more than {PLACEMENT_SPREAD_LIMIT * 100:g}%% "
+                             "(max / min - 1) (default %(default)s)")
     layout.add_argument("--disjoint-placements", action=argparse.BooleanOptionalAction,
                         default=Method.disjoint_placements,
                         help="keep each placement's memory until its row ends, so that the next lands on pages "
