@@ -34,6 +34,7 @@
 #                                  # sweeps with placements freed in turn (GPU 0) and three disjoint (GPU 1)
 #   scripts/h200_run.sh placement-cost  # nine placements a row, freed against held: what holding costs
 #   scripts/h200_run.sh wide-rows  # fla's widest-spread rows and ours, three sweeps: run to run
+#   scripts/h200_run.sh triton-targets  # our kernel alone over the targets preset, the table as committed
 #   scripts/h200_run.sh state-order  # our kernel alone, the table against every entry state-first (~2 min)
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
 #                                  # in its own benchmark's configuration (published preset, sorted slots)
@@ -212,6 +213,12 @@ case ${1:-} in
     done
     TAIL=14 step wide-rows-compare 30 python3 scripts/run_to_run.py "$RES"/wide-rows/run{1,2,3} --min-B 64 \
       --out "$RES/wide-rows/run_to_run.md"
+    pack
+    ;;
+  triton-targets)  # (a bare box will do: torch and Triton only) our kernel alone over the targets preset
+    # on GPU 0, the table as committed: after a table change, set beside state-order/ or targets runs
+    TAIL=1 step triton-targets 200 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets \
+      --impls triton --devices cuda:0 --out "$RES/triton-targets"
     pack
     ;;
   state-order)  # our kernel alone over the targets preset, the table as it is and every entry with its

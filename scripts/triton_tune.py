@@ -29,7 +29,12 @@ e.g. ``results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1``: a run 
 loaded the state first, before the field existed. The committed table:
 
     python3 scripts/triton_tune.py --write-table results/h200/triton-tune-v3/triton_tune.csv \
-        results/h200/triton-tune-multitoken/triton_tune.csv results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1
+        results/h200/triton-tune-multitoken/triton_tune.csv results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1 \
+        --state-order results/h200/state-order/table results/h200/state-order/first
+
+``--state-order TABLED FIRST``: where two sweeps of the ``targets`` preset (the table as it ran,
+and every entry with its state loaded first) time an entry more than 1% apart, the entry takes
+the faster order (the tune runs measured the order on kernels since changed).
 """
 
 from __future__ import annotations
@@ -51,11 +56,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kda_impls.bench.case import Method, run_case  # noqa: E402
 from kda_impls.bench.config import Config, PoolLayout  # noqa: E402
 from kda_impls.bench.results import environment  # noqa: E402
+from kda_impls.bench.results import load as load_sweep  # noqa: E402
 from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth  # noqa: E402
 from kda_impls.bench.timing import Budget  # noqa: E402
 from kda_impls.dtypes import dtype_name  # noqa: E402
 from kda_impls.impls.triton_kda import TileConfig, TritonKDA, choose_config, compile_kernel, table_key, tile_shape  # noqa: E402
 
+# Two sweeps' times of an entry closer than this leave its state order as the tune CSVs say: the
+# run-to-run spread of our kernel's rows is within 1% (results/h200/published/run_to_run.md).
+STATE_ORDER_MARGIN = 0.01
 VALUE_HEADS = (16, 32, 64)
 HEAD_DIMS = ((128, 128), (64, 64), (128, 256))
 BATCHES = (1, 16, 64, 256)
@@ -247,17 +256,41 @@ def fitted_config(row: dict, measured_with: str = "") -> TileConfig:
     return TileConfig.parse(row["config"], base).fitted(HV, V, T)
 
 
-def render_table(rows: list[dict], meta: dict | list | None) -> str:
+def render_table(rows: list[dict], meta: dict | list | None, state_order: dict | None = None) -> str:
     """The source of kda_impls/impls/triton_tuning.py from measured rows (the best per shape);
-    ``meta``: the environment record of the run, or a list of them (one per CSV)."""
+    ``meta``: the environment record of the run, or a list of them (one per CSV); ``state_order``:
+    per table key, (us as the table ran it, us with the state loaded first) from two sweeps
+    (:func:`state_order_times`), which set the entry's ``state_first`` where they differ by more
+    than STATE_ORDER_MARGIN."""
     metas = meta if isinstance(meta, list) else [meta]
     provenance = "; ".join(dict.fromkeys(provenance_of(m) for m in metas))
     best = {key_of(r): r for r in rows if r.get("best") in (True, "True")}
     # Each entry as it runs: every field named, fitted to its shape (a field a run's CSV predates
     # takes the default, or what the run's path says its kernel did: ``measured_with``)
-    entries = {table_key(getattr(torch, k[0]), *k[1:]): (str(fitted_config(best[k], best[k].get("measured_with", ""))),
-               f"{float(best[k]['us']):.2f} us, {float(best[k]['pct_copy']):.0f}% of copy") for k in best}
+    entries = {}
+    for k, row in best.items():
+        config = fitted_config(row, row.get("measured_with", ""))
+        comment = f"{float(row['us']):.2f} us, {float(row['pct_copy']):.0f}% of copy"
+        table_us, first_us = (state_order or {}).get(k, (None, None))
+        # an entry that loads its state first already ran the same code in both sweeps
+        if table_us and not config.state_first and abs(first_us / table_us - 1) > STATE_ORDER_MARGIN:
+            config = replace(config, state_first=int(first_us < table_us))
+            comment += f"; state order by sweeps: {first_us:.2f} us first, {table_us:.2f} us as tabled"
+        entries[table_key(getattr(torch, k[0]), *k[1:])] = (str(config), comment)
     return table_source(provenance, entries)
+
+
+def state_order_times(tabled_dir: Path, first_dir: Path) -> dict:
+    """Per table key (one token, unpadded pool): the kernel time of our kernel in a sweep of the table
+    as it was, and in one with every entry's state loaded first (``KDA_TRITON_CONFIG=state_first=1``;
+    scripts/h200_run.sh state-order makes both)."""
+    times = []
+    for path in (tabled_dir, first_dir):
+        ok = load_sweep(path).ok
+        ok = ok[(ok.impl == "triton") & (ok.slot_pad == 0) & (ok["T"] == 1)]
+        times.append({(r.state_dtype, int(r.HV), int(r.K), int(r.V), int(r.B), 1): float(r.kernel_us_mean)
+                      for r in ok.itertuples()})
+    return {key: (times[0][key], times[1][key]) for key in times[0].keys() & times[1].keys()}
 
 
 def table_source(provenance: str, entries: dict) -> str:
@@ -281,9 +314,10 @@ def table_source(provenance: str, entries: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(csv_paths: list[Path | str], into: Path) -> int:
+def write_table(csv_paths: list[Path | str], into: Path, state_order: tuple[Path, Path] | None = None) -> int:
     """The table from the CSVs (``PATH`` or ``PATH:FIELD=VALUE,...``, the fields of the kernel that
-    run measured where its rows do not name them), the best row of a later CSV replacing an earlier's."""
+    run measured where its rows do not name them), the best row of a later CSV replacing an earlier's;
+    with ``state_order`` (two sweep directories), each entry's state order by :func:`state_order_times`."""
     rows, metas = [], []
     for spec in map(str, csv_paths):
         path, _, measured_with = spec.partition(":")
@@ -295,7 +329,7 @@ def write_table(csv_paths: list[Path | str], into: Path) -> int:
     if not any(r.get("best") == "True" for r in rows):
         print(f"{', '.join(map(str, csv_paths))}: no measured best config in it; table left as it was")
         return 1
-    into.write_text(render_table(rows, metas))
+    into.write_text(render_table(rows, metas, state_order_times(*state_order) if state_order else None))
     print(f"wrote {into} from {', '.join(map(str, csv_paths))}")
     return 0
 
@@ -330,9 +364,15 @@ def main() -> int:
     parser.add_argument("--write-table", nargs="+", metavar="CSV[:FIELD=VALUE,...]",
                         help="regenerate kda_impls/impls/triton_tuning.py from measured CSVs and exit (FIELD=VALUE: "
                              "what the run's kernel did where its rows name no such field)")
+    parser.add_argument("--state-order", nargs=2, type=Path, metavar=("TABLED", "FIRST"),
+                        help="with --write-table: two sweep directories of our kernel, the table as it ran and "
+                             "every entry with its state loaded first; each entry takes the faster order where they "
+                             f"differ by more than {STATE_ORDER_MARGIN:.0%}")
     args = parser.parse_args()
+    if args.state_order and not args.write_table:
+        parser.error("--state-order goes with --write-table")
     if args.write_table:
-        return write_table(args.write_table, TABLE_PATH)
+        return write_table(args.write_table, TABLE_PATH, args.state_order)
     if not torch.cuda.is_available():
         print("measuring needs a CUDA GPU; none is available (--write-table needs none)")
         return 2

@@ -17,9 +17,11 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import REPO, assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing, load_script
+from helpers import (REPO, assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing, load_script,
+                     write_sweep_dir)
 
 from kda_impls import get, make_inputs, reference, rel_err, verify
+from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, _kda_decode_persistent_kernel,
                                        choose_config, heuristic_config, kernel_arguments, multiprocessors,
                                        table_key)
@@ -326,6 +328,32 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     assert namespace["TABLE"][("bfloat16", 32, 128, 128, 64, 4)].endswith("const_heads=1,state_first=1")
     with pytest.raises(ValueError, match="--write-table"):
         triton_tune.write_table([f"{csv_path}:state_first=2"], table_path)
+
+
+def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path):
+    """--state-order TABLED FIRST: an entry that loads its state after the small inputs takes the
+    order its two sweep rows (unpadded, one token) time faster by more than 1%; closer, it stays;
+    an entry already loading its state first is left alone (both sweeps ran its code)."""
+    triton_tune = load_script("triton_tune")
+    plain = "BV=32,heads=1,num_warps=4,num_stages=1"
+    rows = [dict(state_dtype="bfloat16", HV=32, K=128, V=128, B=B, slot_pad=0, config=config, status="ok",
+                 us=10.0, pct_copy=90.0, best="True")
+            for B, config in [(1, plain), (16, plain), (64, plain), (256, plain + ",state_first=1")]]
+    csv_path, table_path = tmp_path / "triton_tune.csv", tmp_path / "triton_tuning.py"
+    pd.DataFrame(rows).to_csv(csv_path, index=False)
+    # kernel time as tabled, then with the state first: faster first, faster as tabled, within 1%, already first
+    times = {1: (3.7, 3.1), 16: (6.0, 6.6), 64: (20.0, 20.1), 256: (150.0, 140.0)}
+    sweeps = []
+    for name, side in (("tabled", 0), ("first", 1)):
+        cfgs = {Config("triton", B, 32, 32, 128, 128): [us[side]] * 3 for B, us in times.items()}
+        cfgs[Config("triton", 1, 32, 32, 128, 128, layout=PoolLayout(slot_pad=64))] = [1.0] * 3  # padded: not read
+        sweeps.append(write_sweep_dir(tmp_path / name, cfgs, {}))
+    assert triton_tune.write_table([csv_path], table_path, tuple(sweeps)) == 0
+    namespace = {}
+    exec(table_path.read_text(), namespace)
+    order = {key[4]: config.split("state_first=")[1] for key, config in namespace["TABLE"].items()}
+    assert order == {1: "1", 16: "0", 64: "0", 256: "1"}
+    assert "state order by sweeps: 3.10 us first, 3.70 us as tabled" in table_path.read_text()
 
 
 def test_state_first_issues_the_state_load_ahead_of_the_small_inputs():
