@@ -71,8 +71,9 @@ IMPLS = [name for name in names() if name in _wanted]
 
 # Six placements a benchmark: the fewest whose medians let the gate's Mann-Whitney test reach
 # p < 0.01 (two sides of 6: p >= 0.002), each sampled until its median is known to +-1% (95% CI)
-# or its share of the time is up; six more where they spread or the step exceeds the L2 (the sweeps add 24: asv spawns a
-# process per benchmark, and a gate run must stay within minutes). On the CPU nothing is ranked.
+# or its share of the time is up; six more where they spread or the step exceeds the L2 (the sweeps
+# add 24: asv spawns a process per benchmark, and a gate run must stay within minutes). On the CPU
+# nothing is ranked.
 if DEVICE == "cuda":
     PLACEMENTS = 6
     METHOD = Method(kernel=Budget(min_samples=60, max_samples=3000, max_seconds=0.6, rel_ci=0.01),

@@ -30,8 +30,12 @@ RUNS = 3
 DRAWS = 20000
 
 
-def first_placement(sweeps) -> pd.DataFrame:
-    """Per library and batch class: the first placement's median over the median of the others'."""
+FIRST_OFF = 0.05  # rows whose first placement is further than this from the others are listed
+
+
+def first_placement_rows(sweeps) -> pd.DataFrame:
+    """Every row with three placements or more: its first placement's median over the median of
+    the others' (``first / others``), with its library and the run it is from."""
     rows = []
     for sweep in sweeps:
         ok = sweep.ok.set_index("key")
@@ -39,12 +43,23 @@ def first_placement(sweeps) -> pd.DataFrame:
             if len(medians) >= 3 and key in ok.index:
                 row = ok.loc[key]
                 library = row.library if isinstance(row.library, str) else row.impl
-                rows.append({"library": library, "B": "B >= 64" if row.B >= 64 else "B < 64",
+                rows.append({"run": str(sweep.path), "row": key.split("_spr")[0], "library": library,
+                             "B": "B >= 64" if row.B >= 64 else "B < 64",
                              "first / others": medians[0] / np.median(medians[1:])})
-    ratio = pd.DataFrame(rows).groupby(["library", "B"])["first / others"]
+    return pd.DataFrame(rows)
+
+
+def first_placement(sweeps) -> pd.DataFrame:
+    """Per library and batch class: the first placement's median over the median of the others'."""
+    ratio = first_placement_rows(sweeps).groupby(["library", "B"])["first / others"]
     return pd.DataFrame({"rows": ratio.size(), "median": ratio.median(), "p90": ratio.quantile(0.9),
                          "share > 1.02": ratio.apply(lambda r: (r > 1.02).mean()),
                          "share < 0.98": ratio.apply(lambda r: (r < 0.98).mean())})
+
+
+def first_off(sweeps) -> pd.DataFrame:
+    rows = first_placement_rows(sweeps)
+    return rows[(rows["first / others"] - 1).abs() > FIRST_OFF].drop(columns=["library", "B"])
 
 
 def resampled(sweeps, min_b: int, sizes: list[int], limit: float, skip_first: bool, seed: int) -> pd.DataFrame:
@@ -95,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         "over the median of the other placements' (rows with three or more).\n\n"
         + first_placement(sweeps).reset_index().to_markdown(index=False, floatfmt=("", "", ".0f", ".3f", ".3f",
                                                                                     ".3f", ".3f")),
+        f"Rows whose first placement is more than {FIRST_OFF:.0%} off the others:\n\n"
+        + (off.to_markdown(index=False, floatfmt=".3f") if len(off := first_off(sweeps)) else "(none)"),
         f"## Odds that three runs move by more than {args.limit:.0%}\n\nRows at B >= {args.min_B} whose placements, "
         f"pooled over the runs{' (each first left out)' if args.skip_first else ''}, spread by more; three runs "
         f"of n placements drawn from them {DRAWS} times, each run's kernel time by each estimator.\n\n"

@@ -53,7 +53,7 @@ def latency_table(ok: pd.DataFrame) -> pd.DataFrame:
 
 def engine_table(ok: pd.DataFrame) -> pd.DataFrame:
     """The configurations serving engines call today, each by name."""
-    engines = flat(ok)[flat(ok).engine_call.fillna("").astype(str) != ""]
+    engines = flat(ok)[flat(ok).engine_call.astype(object).fillna("").astype(str) != ""]
     engines = engines.assign(column=engines.impl + " " + engines.state_dtype.map(dtypes.short),
                              cell=[f"{r.kernel_us_mean:.2f} us ({r.roofline_frac:.0%})" for r in engines.itertuples()])
     return engines.pivot_table(index=POINT[1:], columns="column", values="cell", aggfunc="first").fillna("-")

@@ -502,8 +502,8 @@ def test_placements_are_added_where_the_first_ones_spread_wide(monkeypatch, firs
 
 
 def test_every_placement_is_drawn_after_the_cache_is_handed_back(monkeypatch):
-    """The first placement too: carved out of what the row's correctness check left cached, it ran
-    8-10% slower than the fresh ones on the H200 (docs/timing.md, "Method 4")."""
+    """The first placement too, so that every pool is a fresh allocation as a serving engine's is,
+    not carved out of what the row's correctness check left cached."""
     events = []
     monkeypatch.setattr(timing, "_release", lambda device: events.append("release"))
     monkeypatch.setattr(timing, "_time_placement",

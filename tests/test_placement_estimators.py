@@ -45,3 +45,9 @@ def test_report_names_the_runs(tmp_path, capsys):
     assert estimators.main([str(d) for d in dirs] + ["--sizes", "3", "--skip-first"]) == 0
     out = capsys.readouterr().out
     assert "each first left out" in out and "median n=3" in out and str(dirs[0]) in out
+
+
+def test_rows_whose_first_placement_is_off_are_listed(tmp_path):
+    sweeps = [sweep(tmp_path / "a", [10.0, 10.0, 10.0])]
+    off = estimators.first_off(sweeps)
+    assert off["row"].tolist() == [FIRST_SLOW.key().split("_spr")[0]] and off["first / others"].tolist() == [1.1]

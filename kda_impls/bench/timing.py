@@ -39,7 +39,7 @@ Launcher = Callable[[], object]
 
 # Bump when what the timers measure changes (entry state, placements, what a sample is, the event
 # placement): the asv suite versions its benchmarks by it, and results of two versions never compare.
-METHOD_VERSION = 4  # 4: the first placement on fresh memory too; placements held; the mean over them
+METHOD_VERSION = 4  # 4: placements held, fresh from the first; 27 for steps over the L2; their mean
 
 # A row whose step moves more bytes than the L2 holds, or whose placements' medians spread by more
 # than this (max / min - 1), gets more placements: the method's extra_placements. On the H200 fla's
@@ -345,14 +345,14 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
     Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (1 to 64 pages
     of 2 MiB, from ``seed``) is allocated. The allocator's cache is handed back to the driver before
     the first placement as before every other, so that each pool is a fresh allocation, as a serving
-    engine's pool is (carved out of blocks the row's correctness check had left cached, the first
-    placement of our kernel's B=256 rows ran 8-10% slower than the other eight, every time: method
-    3's ``targets`` run, docs/timing.md "Method 4"). Each placement's memory is freed before the
-    next, which the driver may then hand out again; with ``disjoint`` it is held until the row ends
-    (while the device has room: :data:`HOLD_HEADROOM`), so that each placement lands on pages no
-    earlier one used. It rotates over the input sets :func:`rotation_plan` asks for (copies of the
-    first), each bound with ``bind``; every call runs after the entry op of the state the plan
-    makes; the first pass is a warm-up.
+    engine's pool is, not carved out of blocks the row's correctness check left cached. (That was
+    not why the first placement of some of our kernel's largest rows runs 8-10% slower than the
+    rest: it still does on fresh allocations; docs/timing.md, "Method 4".) Each placement's memory
+    is freed before the next, which the driver may then hand out again; with ``disjoint`` it is
+    held until the row ends (while the device has room: :data:`HOLD_HEADROOM`), so that each
+    placement lands on pages no earlier one used. It rotates over the input sets
+    :func:`rotation_plan` asks for (copies of the first), each bound with ``bind``; every call runs
+    after the entry op of the state the plan makes; the first pass is a warm-up.
     """
     device = as_device(device)
     rng = np.random.default_rng(seed)
@@ -369,7 +369,8 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
         spacer = torch.empty(int(rng.integers(1, SPACER_PAGES + 1)) * PAGE_BYTES, dtype=torch.uint8, device=device)
         first = make(placement)
         if placement == 0:
-            beyond_l2 = first.nbytes() > l2_bytes(device) > 0  # the CPU's: 0, no cache modelled
+            l2 = l2_bytes(device)  # the CPU's: 0, no cache modelled
+            beyond_l2 = l2 > 0 and first.nbytes() > l2
         made, sets = rotation_plan(entry, first, device)
         launchers = [bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
         measured.append(_time_placement(launchers, device, share, made))
