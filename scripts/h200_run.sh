@@ -35,6 +35,7 @@
 #   scripts/h200_run.sh placement-cost  # nine placements a row, freed against held: what holding costs
 #   scripts/h200_run.sh wide-rows  # fla's widest-spread rows and ours, three sweeps: run to run
 #   scripts/h200_run.sh triton-targets  # our kernel alone over the targets preset, the table as committed
+#   scripts/h200_run.sh first-placement  # what our kernel's slow first placement follows (bare box)
 #   scripts/h200_run.sh state-order  # our kernel alone, the table against every entry state-first (~2 min)
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
 #                                  # in its own benchmark's configuration (published preset, sorted slots)
@@ -219,6 +220,16 @@ case ${1:-} in
     # on GPU 0, the table as committed: after a table change, set beside state-order/ or targets runs
     TAIL=1 step triton-targets 200 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets \
       --impls triton --devices cuda:0 --out "$RES/triton-targets"
+    pack
+    ;;
+  first-placement)  # (a bare box will do) what the slow first placement of our kernel's largest rows
+    # follows: two processes each for bf16 HV=32 and fp32 HV=64 K=V=128 B=256 (docs/timing.md, "Method 4")
+    for run in 1 2; do
+      for shape in "--HV 32 --state-dtype bfloat16" "--HV 64 --state-dtype float32"; do
+        name="first-placement-$run-$(echo "$shape" | tr -d ' -' )"
+        TAIL=8 step "$name" 60 python3 scripts/first_placement.py $shape --out "$RES/first-placement/$name.md"
+      done
+    done
     pack
     ;;
   state-order)  # our kernel alone over the targets preset, the table as it is and every entry with its
