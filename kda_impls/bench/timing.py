@@ -44,11 +44,11 @@ METHOD_VERSION = 4  # 4: placements held, fresh from the first; 27 for steps ove
 # A row whose step moves more bytes than the L2 holds, or whose placements' medians spread by more
 # than this (max / min - 1), gets more placements: the method's extra_placements. On the H200 fla's
 # large bf16 steps land anywhere in a 10% range by placement, in clusters (results/h200/placements/):
-# a mean of three draws moves by several percent from run to run, of 27 by about 1% (resampled:
-# scripts/placement_estimators.py). Three draws can all fall in one cluster and agree (fla-loggate-
-# sigmoid bf16 HV=32 B=256 in two of method 4's first three `published` runs: 202-204 us, where the
-# third's 27 spread over 202-224), so large steps get them all whatever their first three say; small
-# ones, only where those spread (docs/timing.md, "Method 4").
+# three runs' means of three draws each lie more than 2% apart in 59% of resamplings, of 27 in 2%
+# (fla-loggate, each run's first left out: placements/estimators.md). Three draws can all fall in one
+# cluster and agree (fla-loggate-sigmoid bf16 HV=32 B=256 in two of method 4's first three
+# `published` runs: 202-204 us, where the third's 27 spread over 202-224), so large steps get them
+# all whatever their first three say; small ones, only where those spread (docs/timing.md, "Method 4").
 PLACEMENT_SPREAD_LIMIT = 0.02
 EXTRA_PLACEMENTS = 24
 
