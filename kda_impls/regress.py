@@ -10,8 +10,8 @@ benchmark (each parameter combination) gets one verdict:
   threshold (B/A within [1/(1+t), 1+t]), with enough samples on both sides to have told a difference;
 * **slower** / **faster**: it moved by more than the threshold, a two-sided Mann-Whitney U test on
   the samples gives ``p < alpha``, and the placements do not explain the move: where each side has
-  enough per-placement medians for a test (more than three against three; a row that spread gets
-  nine), the same test on them gives ``p < alpha``; else the two sides' placement spreads (min..max
+  enough per-placement medians for a test (more than three against three; a row that spread or
+  whose step exceeds the L2 gets 27), the same test on them gives ``p < alpha``; else the two sides' placement spreads (min..max
   of the per-placement medians) overlap by no more than the threshold (as a share of A's time);
 * **unsure**: the samples cannot support the test (too few for any ``p < alpha``: a one- or
   two-sample CPU row, say), or the move is beyond the threshold but not significant, or the
