@@ -18,7 +18,8 @@
 #                                  # GPU 1 meanwhile: the asv-form gate validation (3 A/A runs + planted)
 #   scripts/h200_run.sh published-check  # GPU 0: the published preset once with the planted Triton
 #                                  # slowdown, the sweep-form gate, the published comparison, run to
-#                                  # run and the estimators' report; GPU 1: CUPTI on the first run
+#                                  # run, the estimators' report and kimi-linear-48b (its wall time);
+#                                  # GPU 1: CUPTI on the first run
 #   scripts/h200_run.sh targets    # (carry .gpu/part2 on a box that has only part 1: it is installed
 #                                  # first) the targets preset on both GPUs, from a cold Triton cache
 #   scripts/h200_run.sh targets-one  # the same on GPU 0 alone (its own cold cache) while GPU 1 runs
@@ -139,6 +140,9 @@ case ${1:-} in
     TAIL=12 step run-to-run 30 python3 scripts/run_to_run.py "$RES"/published/a{1,2,3} --out "$RES/published/run_to_run.md"
     TAIL=3 step estimators 60 python3 scripts/placement_estimators.py "$RES"/published/a{1,2,3} \
       --out "$RES/published/estimators.md"
+    # what the method costs on the preset with the 60 s target (docs/timing.md, "What it costs")
+    TAIL=2 step kimi 200 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset kimi-linear-48b --devices cuda:0 \
+      --impls naive,triton,fla,flashinfer --out "$RES/kimi-linear-48b"
     wait; cat "$LOGS/cupti-published.summary"
     pack
     ;;
