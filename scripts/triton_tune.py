@@ -331,6 +331,11 @@ def write_table(csv_paths: list[Path | str], into: Path, state_order: tuple[Path
         return 1
     into.write_text(render_table(rows, metas, state_order_times(*state_order) if state_order else None))
     print(f"wrote {into} from {', '.join(map(str, csv_paths))}")
+    if state_order:
+        ordered = [line for line in into.read_text().splitlines() if "state order by sweeps" in line]
+        first = sum("state_first=1'" in line for line in ordered)
+        print(f"state order by the sweeps: {first} entries load the state first, {len(ordered) - first} after the "
+              f"small inputs")
     return 0
 
 

@@ -77,6 +77,7 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
 
     samples = json.loads((out / "samples.json").read_text())
     assert set(samples) == set(table.key)
+    assert all(x == round(x, 4) for values in samples.values() for x in values)  # 0.1 ns: a repo-sized file
     assert all(len(samples[r.key]) == r.n_samples for r in naive.itertuples())
     assert set(json.loads((out / "call_samples.json").read_text())) == set(table.key)
     placements = json.loads((out / "placements.json").read_text())  # what the gate's placement test reads
@@ -85,6 +86,7 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["device"]["type"] == "cpu" and meta["copy_bandwidth_Bps"] > 0
     assert meta["settings"]["method"]["entry"] == timing.DEFAULT_ENTRY
+    assert meta["settings"]["method"]["version"] == timing.METHOD_VERSION  # what the gate compares
     assert meta["settings"]["device_type"] == "cpu" and meta["versions"]["torch"] == torch.__version__
     assert set(meta["impls"]) == set(SWEEP_IMPLS.split(",")) and "sha" in meta["git"]
     assert "--preset smoke" in meta["command"] and len(meta["runs"]) >= 1

@@ -452,6 +452,16 @@ def test_refuses_sweeps_timed_from_different_l2_entry_states(tmp_path):
     assert code == 2 and "different L2 entry states ('clean' vs 'dirty')" in out
 
 
+def test_a_method_3_directory_reads_its_median_as_the_kernel_time(tmp_path):
+    """Directories of timing method 3 and earlier name their kernel time kernel_us_median: the
+    reader hands it on as kernel_us_mean, so reports and the gate read old runs as they were."""
+    out = sweep_dir_with_placements(tmp_path / "old", {TRITON: microseconds(0)})
+    table = pd.read_csv(out / "results.csv")
+    table.rename(columns={"kernel_us_mean": "kernel_us_median"}).assign(kernel_us_median=12.5).to_csv(
+        out / "results.csv", index=False)
+    assert regress.load(out).measurements[TRITON.key()].time == 12.5
+
+
 def test_refuses_sweeps_timed_by_different_timing_methods(tmp_path):
     """Method 4 reports the mean over placements, 3 their median: a move between them is the
     estimator's, so the gate refuses the pair (a directory of method 3 names no version)."""

@@ -25,6 +25,9 @@ from .case import COLUMNS, CONFIG_COLUMNS
 
 SAMPLE_FILES = {"samples.json": "kernel_samples_us", "call_samples.json": "call_samples_us",
                 "placements.json": "kernel_placement_us"}
+# Sample files keep microseconds to this many decimals (0.1 ns, far below what CUDA events resolve):
+# full float digits made a two-GPU `targets` run's samples.json 2.4 MB, past what a repo should carry.
+SAMPLE_DECIMALS = 4
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -69,6 +72,12 @@ def read_rows(out_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((Path(out_dir) / "rows").glob("*.json"))]
 
 
+def rounded_samples(samples: dict[str, list]) -> dict[str, list]:
+    """``{key: microseconds}`` with each value kept to :data:`SAMPLE_DECIMALS` decimals (None, a
+    failed sample, stays None)."""
+    return {key: [None if x is None else round(x, SAMPLE_DECIMALS) for x in values] for key, values in samples.items()}
+
+
 def assemble(out_dir: Path) -> pd.DataFrame:
     """Write results.csv (one row per implementation x configuration, :data:`COLUMNS`) from rows/,
     and the raw samples in microseconds keyed by the row's key: samples.json (kernel time, what the
@@ -76,7 +85,7 @@ def assemble(out_dir: Path) -> pd.DataFrame:
     per-placement medians, what the gate's placement test reads; absent from rows of older runs)."""
     rows = read_rows(out_dir)
     for name, column in SAMPLE_FILES.items():
-        atomic_write(out_dir / name, json.dumps({row["key"]: row.get(column) or [] for row in rows}))
+        atomic_write(out_dir / name, json.dumps(rounded_samples({row["key"]: row.get(column) or [] for row in rows})))
     table = pd.DataFrame(rows, columns=COLUMNS)
     table = table.sort_values(["impl", "H", "HV", "K", "V", "state_dtype", "T", "checkpoints", "slot_pad",
                                "slots_per_row", "slot_order", "placements", "pad_rows", "B"], ignore_index=True)

@@ -47,7 +47,7 @@ METHOD_VERSION = 4  # 4: placements held, fresh from the first; 27 for steps ove
 # three runs' means of three draws each lie more than 2% apart in 59% of resamplings, of 27 in 2%
 # (fla-loggate, each run's first left out: placements/estimators.md). Three draws can all fall in one
 # cluster and agree (fla-loggate-sigmoid bf16 HV=32 B=256 in two of method 4's first three
-# `published` runs: 202-204 us, where the third's 27 spread over 202-224), so large steps get them
+# `published` runs: three within 1%, where the third's 27 spread over 11%), so large steps get them
 # all whatever their first three say; small ones, only where those spread (docs/timing.md, "Method 4").
 PLACEMENT_SPREAD_LIMIT = 0.02
 EXTRA_PLACEMENTS = 24
