@@ -14,7 +14,8 @@
 #   scripts/h200_run.sh go         # carry .gpu/part2: install; GPU 1: the correctness grid (every
 #                                  # implementation); GPU 0: the L2 entry-state study, the GPU tests,
 #                                  # spec-decode and kimi-linear-48b
-#   scripts/h200_run.sh published  # GPU 0: the published preset three times (separate processes);
+#   scripts/h200_run.sh published  # GPU 0: the published preset three times (separate processes;
+#                                  # RUNS="a1 a2" then RUNS=a3 ASV=0 splits them over two calls);
 #                                  # GPU 1 meanwhile: the asv-form gate validation (3 A/A runs + planted)
 #   scripts/h200_run.sh published-check  # GPU 0: the published preset once with the planted Triton
 #                                  # slowdown, the sweep-form gate, the published comparison, run to
@@ -114,15 +115,19 @@ case ${1:-} in
     # (a run cut short resumes from its rows when the step is run again)
     if [ -d .gpu/part2 ] && [ ! -f /root/gpu-site/env.sh ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; fi
     source /root/gpu-site/env.sh
-    # GPU 1: the asv-form gate (GPU 0 is busy with the sweeps meanwhile)
-    ( export CUDA_VISIBLE_DEVICES=1
-      step asv-gate 420 python3 scripts/validate_gate.py asv "$RES/gate-asv" --max-runs 4 ) > "$LOGS/gpu1.summary" 2>&1 &
-    for run in a1 a2 a3; do
-      TAIL=1 step "published-$run" 190 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
+    # GPU 1: the asv-form gate (GPU 0 is busy with the sweeps meanwhile), unless ASV=0
+    if [ "${ASV:-1}" = 1 ]; then
+      ( export CUDA_VISIBLE_DEVICES=1
+        step asv-gate 420 python3 scripts/validate_gate.py asv "$RES/gate-asv" --max-runs 4 ) > "$LOGS/gpu1.summary" 2>&1 &
+    fi
+    # RUNS names the runs this call makes: a run takes ~200 s with 27 placements for every step over
+    # the L2, so three do not fit one 600 s call (RUNS="a1 a2", then RUNS=a3 ASV=0)
+    for run in ${RUNS:-a1 a2 a3}; do
+      TAIL=1 step "published-$run" 300 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
         --out "$RES/published/$run"
       pack
     done
-    wait; cat "$LOGS/gpu1.summary"
+    wait; [ "${ASV:-1}" = 1 ] && cat "$LOGS/gpu1.summary"
     pack
     ;;
   published-check)  # after published: the planted Triton slowdown, the sweep-form gate, the published
