@@ -164,7 +164,7 @@ case ${1:-} in
     if [ -d .gpu/part2 ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; tail -n 1 "$LOGS/install2.log"; fi
     source /root/gpu-site/env.sh
     # Each run compiles from nothing (its own Triton cache): the wall times compare like with like.
-    TAIL=2 step targets-2gpu 420 env TRITON_CACHE_DIR="$RES/triton-cache-2gpu" python3 scripts/sweep.py --no-charts \
+    TAIL=2 step targets-2gpu 560 env TRITON_CACHE_DIR="$RES/triton-cache-2gpu" python3 scripts/sweep.py --no-charts \
       --l2-entry "$(entry)" --preset targets --devices cuda:0,cuda:1 --out "$RES/targets-2gpu"
     pack
     ;;
