@@ -28,6 +28,7 @@ def print_and_save(text: str, out: Path | None) -> int:
     """Print a report and, where ``out`` names a file, write it there too; the exit status (0)."""
     print(text)
     if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     return 0
 

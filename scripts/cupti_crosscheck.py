@@ -2,17 +2,18 @@
 """Cross-check a sweep's kernel times with a second clock: CUPTI kernel durations (torch.profiler)
 of the same configurations, in the same L2 entry state, on the same GPU.
 
-    python3 scripts/cupti_crosscheck.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--unpadded-only]
+    python3 scripts/cupti_crosscheck.py SWEEP_DIR [SWEEP_DIR ...] --out DIR [--unpadded-only] [--replay]
 
 For every ok row: the configuration's inputs are drawn again (the first placement's seed), bound,
 and ``--calls`` steps run eagerly, each after the entry op the row was timed with (the rotation's
-input sets in turn for ``previous-step``), under the profiler. The harness's figure (median over
-placements) is compared with the median summed duration of each step's kernels; agreement means
+input sets in turn for ``previous-step``), under the profiler. The harness's figure (its statistic
+over placements) is compared with the median summed duration of each step's kernels; agreement means
 |harness / CUPTI - 1| <= 3%. The harness divides a replay of back-to-back calls by its calls, so it
 also counts the launch gap between them, which CUPTI's durations do not (the step's span, first
 kernel start to last kernel end, is reported too); where an entry op precedes each call, it also
 counts what the step adds to the op after it (the write-back of lines the step left dirty), which
-``cupti_charged_us`` adds to the CUPTI figure for a like-for-like comparison.
+``cupti_charged_us`` adds to the CUPTI figure for a like-for-like comparison. ``--replay`` also
+profiles the harness's own pass, to tell the two apart from a kernel that runs slower back to back.
 Writes DIR/crosscheck.csv, DIR/crosscheck.md and DIR/meta.json.
 """
 
@@ -31,7 +32,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls.bench.config import Config  # noqa: E402
-from kda_impls.bench.cupti import kernels_of, op_busy, step_durations  # noqa: E402
+from kda_impls.bench.cupti import kernels_of, op_busy, replay_durations, step_durations  # noqa: E402
 from kda_impls.bench.results import environment, load, write_meta  # noqa: E402
 from kda_impls.bench.timing import entry_op, rotation_plan  # noqa: E402
 from kda_impls.registry import get  # noqa: E402
@@ -39,7 +40,8 @@ from kda_impls.registry import get  # noqa: E402
 AGREEMENT = 0.03
 
 
-def crosscheck_row(row: dict, device: torch.device, calls: int, seed: int, before_kernels: dict) -> dict:
+def crosscheck_row(row: dict, device: torch.device, calls: int, seed: int, before_kernels: dict,
+                   replay: bool = False) -> dict:
     cfg = Config.from_columns(row)
     impl = get(cfg.impl)
     first = cfg.make_inputs(device, seed + 1)
@@ -53,13 +55,30 @@ def crosscheck_row(row: dict, device: torch.device, calls: int, seed: int, befor
         before_kernels[f"{made}-alone"] = op_busy(op, device, calls)
     # what the step costs the op after it, as the harness's subtraction counts it
     charged = cupti["before_busy_us"] - before_kernels[f"{made}-alone"] if op is not None else 0.0
+    in_replay = {}
+    if replay:
+        timed = replay_durations(launchers, device, before=op, before_kernels=before_kernels.get(made, 0))
+        in_replay = {"replay_busy_us": timed["busy_us"], "replay_period_us": timed["period_us"]}
     del first, launchers
     torch.cuda.empty_cache()
-    return {"cupti_busy_us": cupti["busy_us"], "cupti_span_us": cupti["span_us"],
+    return in_replay | {"cupti_busy_us": cupti["busy_us"], "cupti_span_us": cupti["span_us"],
             "cupti_charged_us": cupti["busy_us"] + charged, "kernels": cupti["kernels"],
             "kernel_names": " | ".join(cupti["names"])[:300],
             # each kernel's share, in launch order: a precompute launch apart from the main kernel
             "kernel_us": " | ".join(f"{us:.3f}" for _, us in cupti["kernel_us"])}
+
+
+def replay_section(table: pd.DataFrame) -> str:
+    """The rows profiled inside the harness's own pass: whether a kernel runs slower back to back
+    than eagerly (replay_over_eager), and how much of the rest is the gap between kernels (the
+    harness against the pass's span per call)."""
+    cols = ["impl", "state_dtype", "HV", "K", "B", "kernel_us_mean", "cupti_busy_us", "replay_busy_us",
+            "replay_period_us", "ratio", "replay_over_eager", "ratio_to_replay_period"]
+    return ("## Inside the harness's pass (`--replay`)\n\nreplay_busy_us: a step's kernels summed inside the "
+            "graph the harness times, calls back to back; replay_over_eager: that over the eager steps' "
+            "cupti_busy_us; replay_period_us: the pass's first kernel start to last kernel end per call, which "
+            "also counts the gaps between kernels; ratio_to_replay_period: the harness over it.\n\n"
+            + table[cols].to_markdown(index=False, floatfmt=".3f"))
 
 
 def main() -> int:
@@ -70,6 +89,12 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--unpadded-only", action="store_true", help="skip rows with slot padding or padding rows")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--impls", type=lambda text: set(text.split(",")), help="only these implementations")
+    parser.add_argument("--B", type=lambda text: {int(b) for b in text.split(",")}, help="only these batch sizes")
+    parser.add_argument("--replay", action="store_true",
+                        help="also profile the harness's own pass (a CUDA graph of back-to-back calls): "
+                             "replay_busy_us, a step's kernels inside it; replay_period_us, the pass's span per "
+                             "call, which counts the gaps between kernels as the harness's events do")
     args = parser.parse_args()
     device = torch.device(args.device)
     started = time.perf_counter()
@@ -79,13 +104,17 @@ def main() -> int:
         ok = sweep.ok
         if args.unpadded_only:
             ok = ok[(ok.slot_pad == 0) & (ok.pad_rows == 0)]
+        if args.impls:
+            ok = ok[ok.impl.isin(args.impls)]
+        if args.B:
+            ok = ok[ok.B.isin(args.B)]
         seed = sweep.meta.get("settings", {}).get("method", {}).get("seed", 0)
         for row in tqdm(ok.to_dict("records"), desc=sweep_dir.name, mininterval=5):
             base = {k: row[k] for k in ("impl", "state_dtype", "H", "HV", "K", "V", "B", "slot_pad", "pad_rows",
                                         "l2_entry", "kernel_us_mean", "kernel_us_placement_min",
                                         "kernel_us_placement_max")} | {"sweep": str(sweep_dir)}
             try:
-                rows.append(base | crosscheck_row(row, device, args.calls, seed, before_kernels))
+                rows.append(base | crosscheck_row(row, device, args.calls, seed, before_kernels, args.replay))
             except Exception as exc:  # a row that will not profile: recorded, not fatal
                 rows.append(base | {"error": f"{type(exc).__name__}: {exc}"[:300]})
     table = pd.DataFrame(rows).reindex(columns=[*rows[0], "cupti_busy_us", "cupti_span_us", "cupti_charged_us",
@@ -95,6 +124,9 @@ def main() -> int:
     table["ratio_to_span"] = table.kernel_us_mean / table.cupti_span_us
     table["ratio_to_charged"] = table.kernel_us_mean / table.cupti_charged_us
     table["agrees"] = (table.ratio - 1).abs() <= AGREEMENT
+    if args.replay:  # eager steps' kernels against the same kernels back to back, and the gap between them
+        table["replay_over_eager"] = table.replay_busy_us / table.cupti_busy_us
+        table["ratio_to_replay_period"] = table.kernel_us_mean / table.replay_period_us
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "crosscheck.csv", index=False)
     write_meta(args.out, environment(device, args.out, shlex.join(sys.argv))
@@ -117,7 +149,7 @@ def main() -> int:
         "## The largest differences\n\n" + worst[["impl", "state_dtype", "HV", "K", "B", "slot_pad", "l2_entry",
                                                   "kernel_us_mean", "cupti_busy_us", "cupti_charged_us", "kernels",
                                                   "ratio", "ratio_to_charged"]].to_markdown(index=False, floatfmt=".3f"),
-    ]) + "\n"
+    ] + ([replay_section(table)] if args.replay else [])) + "\n"
     (args.out / "crosscheck.md").write_text(text)
     print(text)
     return 0

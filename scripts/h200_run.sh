@@ -38,6 +38,8 @@
 #   scripts/h200_run.sh wide-rows  # fla's widest-spread rows and ours, three sweeps: run to run
 #   scripts/h200_run.sh triton-targets  # our kernel alone over the targets preset, the table as committed
 #   scripts/h200_run.sh first-placement  # what our kernel's slow first placement follows (bare box)
+#   scripts/h200_run.sh spacer     # fla's widest rows, four processes each with pages and device spacers;
+#                                  # CUPTI inside the harness's pass (GPU 1)
 #   scripts/h200_run.sh state-order  # our kernel alone, the table against every entry state-first (~2 min)
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
 #                                  # in its own benchmark's configuration (published preset, sorted slots)
@@ -239,6 +241,29 @@ case ${1:-} in
         TAIL=8 step "$name" 60 python3 scripts/first_placement.py $shape --out "$RES/first-placement/$name.md"
       done
     done
+    pack
+    ;;
+  spacer)  # fla's widest rows and ours in separate processes on GPU 0, pages against device spacers in
+    # turn: whether the moves between processes follow where in the memory a process's placements land;
+    # GPU 1 meanwhile: the harness's GPU tests of spacers and CUPTI, and CUPTI inside the harness's pass
+    # for the one-kernel rows at B = 16 and 64 of the published run (docs/timing.md, "The second clock")
+    source /root/gpu-site/env.sh
+    ( export CUDA_VISIBLE_DEVICES=1
+      step pytest-spacer 120 python3 -m pytest -q -m gpu tests/test_bench.py -k "spacer or cupti or disjoint"
+      step cupti-replay 150 python3 scripts/cupti_crosscheck.py results/h200/published/a1 --impls fla,triton \
+        --B 16,64 --replay --calls 20 --out "$RES/cupti/replay" ) > "$LOGS/gpu1.summary" 2>&1 &
+    for run in 1 2 3 4; do
+      for spacer in pages device; do
+        TAIL=1 step "spacer-$spacer-$run" 60 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" \
+          --impls fla-loggate,fla-loggate-sigmoid,fla,triton --B 256 --H 32 --HV 32 --K 128 --V 128 \
+          --state-dtype bf16 --spacer $spacer --devices cuda:0 --out "$RES/spacer/$spacer/run$run"
+      done
+    done
+    for spacer in pages device; do
+      TAIL=8 step "spacer-$spacer-compare" 30 python3 scripts/run_to_run.py "$RES"/spacer/$spacer/run{1,2,3,4} \
+        --out "$RES/spacer/$spacer-run_to_run.md"
+    done
+    wait; cat "$LOGS/gpu1.summary"
     pack
     ;;
   state-order)  # our kernel alone over the targets preset, the table as it is and every entry with its

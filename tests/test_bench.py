@@ -458,8 +458,9 @@ def test_gpu_previous_step_rotates_over_sets_adding_up_to_three_l2s():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("spacer", list(timing.SPACERS))
 @pytest.mark.parametrize("disjoint", [True, False])
-def test_gpu_disjoint_placements_land_on_memory_no_earlier_one_used(disjoint):
+def test_gpu_disjoint_placements_land_on_memory_no_earlier_one_used(disjoint, spacer):
     """Disjoint: each placement's pool lies outside every earlier one's (their memory is held). Freed
     between placements, the allocator hands the same addresses out again, so the test can tell."""
     spans = []
@@ -472,7 +473,7 @@ def test_gpu_disjoint_placements_land_on_memory_no_earlier_one_used(disjoint):
 
     before = torch.cuda.memory_allocated()
     kernel_time(make, lambda x: (lambda: None), "cuda", Budget(3, 10, 0.05), placements=4, entry="hot",
-                disjoint=disjoint)
+                disjoint=disjoint, spacer=spacer)
     overlaps = [a < d and c < b for i, (a, b) in enumerate(spans) for c, d in spans[:i]]
     assert len(spans) == 4 and any(overlaps) != disjoint, spans
     assert torch.cuda.memory_allocated() - before < spans[0][1] - spans[0][0]  # nothing held after the row
@@ -519,6 +520,55 @@ def test_every_placement_is_drawn_after_the_cache_is_handed_back(monkeypatch):
     assert events == ["release", "make 0", "release", "make 1", "release", "make 2", "release"]
 
 
+@pytest.mark.parametrize("kind", list(timing.SPACERS))
+def test_spacers_are_whole_random_pages(kind):
+    """On the CPU the "device" spacer is as "pages" (no device memory to reach into)."""
+    rng = np.random.default_rng(0)
+    sizes = {timing._spacer(kind, rng, torch.device("cpu")).numel() for _ in range(200)}
+    assert all(size % timing.PAGE_BYTES == 0 and 1 <= size // timing.PAGE_BYTES <= timing.SPACER_PAGES for size in sizes)
+    assert len(sizes) > 20  # random, not one size
+
+
+def test_unknown_spacer_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown spacer 'wide'; one of pages, device"):
+        timing._spacer("wide", np.random.default_rng(0), torch.device("cpu"))
+    with pytest.raises(ValueError, match="unknown spacer 'wide'"):
+        Method(spacer="wide")
+
+
+def test_device_spacer_is_handed_back_before_the_placement_is_timed(monkeypatch):
+    """A spacer of half the free memory cannot stay reserved while the placement is timed (or held):
+    it is dropped and the cache released right after the inputs are bound."""
+    events = []
+    monkeypatch.setattr(timing, "_release", lambda device: events.append("release"))
+    monkeypatch.setattr(timing, "_spacer", lambda kind, rng, device: events.append(f"spacer {kind}") or torch.empty(1))
+    monkeypatch.setattr(timing, "_time_placement",
+                        lambda launchers, device, share, made: events.append("time") or Timing([1.0], "perf_counter"))
+    kernel_time(lambda p: make_inputs(1, 1, 1, 16, 16, seed=p), lambda x: (lambda: None), "cpu", placements=2,
+                spacer="device")
+    assert events == ["release", "spacer device", "release", "time", "release", "spacer device", "release", "time",
+                      "release"]
+
+
+def test_cupti_replay_splits_the_pass_into_calls(monkeypatch):
+    """Two replays of a pass of three calls, each a flush kernel then the step's kernel, 2 us apart:
+    busy is the step's kernel, period the pass's span per call (gaps and flush included)."""
+    from kda_impls.bench import cupti
+
+    trace, start = [], 1.7e9
+    for replay in range(2):
+        for call in range(3):
+            trace += [(start, 5.0, "flush"), (start + 6.0, 10.0 + replay, "main")]
+            start += 18.0
+        start += 1000.0
+    monkeypatch.setattr(cupti, "_kernels", lambda run, device: trace)
+    monkeypatch.setattr(cupti, "timed_pass", lambda launchers, device, before: (lambda: None, 3, "cuda-graph", 0.0))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    timed = cupti.replay_durations([lambda: None], "cpu", before=lambda: None, before_kernels=1, replays=2)
+    assert timed["busy_us"] == 10.5 and timed["method"] == "cuda-graph"
+    assert timed["period_us"] == pytest.approx((2 * 18.0 + 6.0 + 10.5) / 3)  # the median of the two replays
+
+
 def test_cupti_trace_splits_into_steps_with_each_kernels_share(monkeypatch):
     """A synthetic trace at large absolute times: three steps of a precompute and a main kernel,
     each after one kernel of the op before it."""
@@ -547,6 +597,16 @@ def test_gpu_cupti_durations_split_into_steps():
     steps = cupti.step_durations([lambda: torch.mul(x, 2.0, out=y), lambda: torch.add(x, 1.0, out=y)], "cuda",
                                  calls=10, before=flush, before_kernels=cupti.kernels_of(flush, "cuda"))
     assert steps["kernels"] == 1 and len(steps["busy_samples_us"]) == 10 and 0 < steps["busy_us"] <= steps["span_us"]
+
+
+@pytest.mark.gpu
+def test_gpu_cupti_replay_of_the_harness_pass():
+    from kda_impls.bench import cupti
+
+    x = torch.randn(1 << 20, device="cuda")
+    y = torch.empty_like(x)
+    timed = cupti.replay_durations([lambda: torch.mul(x, 2.0, out=y)], "cuda", replays=3)
+    assert timed["method"] == "cuda-graph" and timed["calls"] > 1 and 0 < timed["busy_us"] <= timed["period_us"]
 
 
 @pytest.mark.gpu

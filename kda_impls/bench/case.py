@@ -16,8 +16,8 @@ from ..verify import verify
 from . import clocks
 from .config import Config
 from .roofline import copy_bandwidth
-from .timing import (DEFAULT_ENTRY, ENTRY_STATES, EXTRA_PLACEMENTS, Budget, as_device, call_time, kernel_time,
-                     synced_call)
+from .timing import (DEFAULT_ENTRY, ENTRY_STATES, EXTRA_PLACEMENTS, SPACERS, Budget, as_device, call_time,
+                     kernel_time, synced_call)
 
 # ok: matches the reference; wrong: timed anyway, flagged; unsupported: cannot run here (reason);
 # error: ContractError or a runtime failure (message); crashed: the worker process died (sweeps only).
@@ -47,7 +47,8 @@ class Method:
     the budgets of the two timers (the kernel budget shared among the layout's placements), how
     many placements are added on a GPU to a row whose step exceeds the L2 or whose placements spread
     wide (timing.PLACEMENT_SPREAD_LIMIT) and whether each keeps its memory until the row ends, so that
-    the next lands on other pages (timing.kernel_time's ``disjoint``), the seed of the inputs and spacers, and whether a row timed
+    the next lands on other pages (timing.kernel_time's ``disjoint``), what goes before each placement
+    (timing.SPACERS), the seed of the inputs and spacers, and whether a row timed
     while the GPU slowed itself down is timed once more."""
 
     entry: str = DEFAULT_ENTRY
@@ -55,12 +56,15 @@ class Method:
     call: Budget | None = field(default_factory=lambda: Budget(max_seconds=0.2))  # None: no call time
     extra_placements: int = EXTRA_PLACEMENTS
     disjoint_placements: bool = True
+    spacer: str = "pages"
     seed: int = 0
     retime_throttled: bool = True
 
     def __post_init__(self):
         if self.entry not in ENTRY_STATES:
             raise ValueError(f"unknown L2 entry state {self.entry!r}; one of {', '.join(ENTRY_STATES)}")
+        if self.spacer not in SPACERS:
+            raise ValueError(f"unknown spacer {self.spacer!r}; one of {', '.join(SPACERS)}")
         if self.extra_placements < 0:
             raise ValueError(f"extra_placements must be >= 0; got {self.extra_placements}")
 
@@ -148,7 +152,7 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
                 extra = method.extra_placements if torch.device(device).type == "cuda" else 0
                 timing = kernel_time(make, impl.bind, device, method.kernel, placements=cfg.layout.placements,
                                      entry=method.entry, seed=seed, extra_placements=extra,
-                                     disjoint=method.disjoint_placements)
+                                     disjoint=method.disjoint_placements, spacer=method.spacer)
             return timing, monitor.summary()
 
         kernel, clock = timed_kernel()

@@ -7,7 +7,9 @@ kernels of each step from the profiler's trace: their summed durations (the GPU 
 and their span (first start to last end, which also counts the gaps between a step's kernels).
 The caller says how many kernels the op launches (:func:`kernels_of`). Where an op runs before
 each step, the step also changes what the op after it costs (it writes back the lines the step left
-dirty): :func:`op_busy` times the op after itself, to compare.
+dirty): :func:`op_busy` times the op after itself, to compare. :func:`replay_durations` profiles
+instead the very pass the harness times (a CUDA graph of back-to-back calls), which tells a kernel
+that runs slower back to back from the gap between kernels that the harness's clock also counts.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from .timing import timed_pass
 
 Launcher = Callable[[], object]
 
@@ -86,6 +90,32 @@ def step_durations(launchers: Sequence[Launcher], device, calls: int = 40,
             "kernel_us": kernel_us,
             "names": sorted({name for _, _, name in kernels[before_kernels:per_call]}), "busy_samples_us": busy,
             "before_busy_us": float(np.median(before_busy)) if before_kernels else 0.0}
+
+
+def replay_durations(launchers: Sequence[Launcher], device, before: Callable[[], None] | None = None,
+                     before_kernels: int = 0, replays: int = 5) -> dict:
+    """The harness's own timed pass (:func:`timing.timed_pass`: the rotation over ``launchers``
+    repeated, each call after ``before``, captured in a CUDA graph) replayed ``replays`` times under
+    the profiler: ``busy_us`` is the median summed duration of one step's kernels inside the replay,
+    ``period_us`` the median over replays of (last kernel end - first kernel start) / calls, what
+    the harness's events measure per call less the replay's launch (with ``before``, it includes the
+    op). ``method`` says whether the pass was a graph."""
+    device = torch.device(device)
+    with torch.cuda.device(device):
+        run, calls, method, _ = timed_pass(list(launchers), device, before)
+        kernels = _kernels(lambda: [run() for _ in range(replays)], device)
+    per_call, rest = divmod(len(kernels), calls * replays)
+    per_step = per_call - before_kernels
+    if rest or per_step < 1:
+        raise RuntimeError(f"{len(kernels)} kernels in the trace of {replays} replays of {calls} calls, each after "
+                           f"{before_kernels} kernels of the op before it: the calls do not launch equally many")
+    busy, period = [], []
+    for r in range(replays):
+        replay = kernels[r * calls * per_call:(r + 1) * calls * per_call]
+        period.append((replay[-1][0] - replay[0][0] + replay[-1][1]) / calls)
+        busy += [sum(d for _, d, _ in replay[i * per_call + before_kernels:(i + 1) * per_call]) for i in range(calls)]
+    return {"busy_us": float(np.median(busy)), "period_us": float(np.median(period)), "calls": calls,
+            "method": method}
 
 
 def op_busy(op: Callable[[], None], device, calls: int = 40) -> float:

@@ -48,7 +48,7 @@ from .config import CHECKPOINTS, SLOT_ORDERS, Config, PoolLayout
 from .presets import AXES, PRESETS, adhoc_configs
 from .results import assemble, environment, read_meta, read_rows, remove_stale_temporaries, write_meta, write_row
 from .roofline import copy_bandwidth
-from .timing import DEFAULT_ENTRY, ENTRY_STATES, METHOD_VERSION, PLACEMENT_SPREAD_LIMIT, Budget
+from .timing import DEFAULT_ENTRY, ENTRY_STATES, METHOD_VERSION, PLACEMENT_SPREAD_LIMIT, SPACERS, Budget
 from .worker import serve
 
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
@@ -465,6 +465,9 @@ def parser() -> Parser:
                         default=Method.disjoint_placements,
                         help="keep each placement's memory until its row ends, so that the next lands on pages "
                              "no earlier one used (the driver may hand freed pages out again; default %(default)s)")
+    layout.add_argument("--spacer", choices=list(SPACERS), default=Method.spacer,
+                        help="what is allocated before each placement: "
+                             + "; ".join(f"{k}: {v}" for k, v in SPACERS.items()).replace("%", "%%") + " (default %(default)s)")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
@@ -524,7 +527,7 @@ def main(argv: list[str] | None = None) -> None:
                     max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
                     max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
     method = Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
-                    disjoint_placements=args.disjoint_placements, retime_throttled=not args.no_retime)
+                    disjoint_placements=args.disjoint_placements, spacer=args.spacer, retime_throttled=not args.no_retime)
     registry.interpret_triton_on(device_type)  # the workers inherit it
 
     sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),

@@ -84,6 +84,15 @@ CONFIDENCE = 0.95
 HOLD_HEADROOM = 0.25
 SPACER_PAGES = 64  # a placement's spacer is 1..SPACER_PAGES pages of 2 MiB (the allocator's segment unit)
 PAGE_BYTES = 2 << 20
+SPACER_DEVICE_SHARE = 0.5  # the "device" spacer: up to this share of the device's free memory
+# What goes before each placement, so that placements land on different pages. "pages" samples the
+# next few GB of what the driver hands out; "device" lets one process's placements reach anywhere in
+# the memory (whether that is what decides fla's 3% moves between processes: docs/timing.md).
+SPACERS = {
+    "pages": f"1..{SPACER_PAGES} random pages of 2 MiB, held with the placement",
+    "device": f"random pages up to {SPACER_DEVICE_SHARE:.0%} of the device's free memory, handed back once "
+              "the placement's inputs are made (the CPU: as pages)",
+}
 
 
 @dataclass
@@ -301,12 +310,8 @@ def _time_placement(launchers: Sequence[Launcher], device: torch.device, budget:
 
     prepare = entry_op(entry, device)
     with torch.cuda.device(device):
-        _pass(rotation, prepare)()  # every launcher once before capture (lazy workspaces, handles)
-        wall_s, _ = synced_call(_pass(rotation, prepare), device)
-        reps = _reps(wall_s / len(rotation), len(rotation))
-        calls = reps * len(rotation)
-        run, method = _replayable(_pass(rotation * reps, prepare))
-        run()  # a graph's first replay uploads it
+        run, calls, method, wall_s = timed_pass(rotation, device, prepare)
+        reps = calls // len(rotation)
         if prepare is None:
             def take(k: int) -> list[float]:
                 return [t / calls for t in timed_runs(run, k, device)]
@@ -322,6 +327,21 @@ def _time_placement(launchers: Sequence[Launcher], device: torch.device, budget:
         return Timing(_sample(take, 2 * wall_s * reps, budget), method)
 
 
+def timed_pass(launchers: Sequence[Launcher], device: torch.device,
+               prepare: Callable[[], None] | None) -> tuple[Callable[[], None], int, str, float]:
+    """What one kernel-time sample replays on a GPU, built and uploaded: (the pass, its calls, how it
+    runs (a CUDA graph, else eager calls between events), wall seconds of one eager pass over
+    ``launchers``). The pass repeats the rotation over ``launchers`` until it lasts TARGET_PASS_S,
+    each call after the entry op ``prepare`` where there is one (:func:`entry_op`).
+    ``scripts/cupti_crosscheck.py --replay`` profiles the same pass."""
+    _pass(launchers, prepare)()  # every launcher once before capture (lazy workspaces, handles)
+    wall_s, _ = synced_call(_pass(launchers, prepare), device)
+    reps = _reps(wall_s / len(launchers), len(launchers))
+    run, method = _replayable(_pass(list(launchers) * reps, prepare))
+    run()  # a graph's first replay uploads it
+    return run, reps * len(launchers), method, wall_s
+
+
 def _reps(call_s: float, calls: int) -> int:
     """How often to repeat ``calls`` calls of ``call_s`` each so that a pass lasts TARGET_PASS_S."""
     return max(1, min(math.ceil(TARGET_PASS_S / max(call_s * calls, 1e-9)), MAX_CALLS_PER_PASS // calls))
@@ -334,16 +354,27 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _spacer(kind: str, rng: np.random.Generator, device: torch.device) -> torch.Tensor:
+    """The memory allocated before a placement's inputs (:data:`SPACERS`)."""
+    if kind not in SPACERS:
+        raise ValueError(f"unknown spacer {kind!r}; one of {', '.join(SPACERS)}")
+    most = SPACER_PAGES
+    if kind == "device" and device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        most = max(1, int(SPACER_DEVICE_SHARE * free) // PAGE_BYTES)
+    return torch.empty(int(rng.integers(1, most + 1)) * PAGE_BYTES, dtype=torch.uint8, device=device)
+
+
 def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInputs], Launcher], device,
                 budget: Budget = Budget(), *, placements: int = 1, entry: str = DEFAULT_ENTRY, seed: int = 0,
-                extra_placements: int = 0, disjoint: bool = False) -> Timing:
+                extra_placements: int = 0, disjoint: bool = False, spacer: str = "pages") -> Timing:
     """Kernel time over ``placements`` placements, ``budget`` shared among them, and
     ``extra_placements`` more, each with the same share, on a GPU where the step moves more bytes
     than the L2 holds or where the first ones' medians spread by more than PLACEMENT_SPREAD_LIMIT
     (max / min - 1).
 
-    Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (1 to 64 pages
-    of 2 MiB, from ``seed``) is allocated. The allocator's cache is handed back to the driver before
+    Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (:data:`SPACERS`,
+    from ``seed``) is allocated. The allocator's cache is handed back to the driver before
     the first placement as before every other, so that each pool is a fresh allocation, as a serving
     engine's pool is, not carved out of blocks the row's correctness check left cached. (That was
     not why the first placement of some of our kernel's largest rows runs 8-10% slower than the
@@ -366,19 +397,22 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
                 and _spread([t.placement_medians[0] for t in measured]) <= PLACEMENT_SPREAD_LIMIT):
             break
         before = _reserved(device)
-        spacer = torch.empty(int(rng.integers(1, SPACER_PAGES + 1)) * PAGE_BYTES, dtype=torch.uint8, device=device)
+        pad = _spacer(spacer, rng, device)
         first = make(placement)
         if placement == 0:
             l2 = l2_bytes(device)  # the CPU's: 0, no cache modelled
             beyond_l2 = l2 > 0 and first.nbytes() > l2
         made, sets = rotation_plan(entry, first, device)
         launchers = [bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
+        if spacer == "device":  # half the device cannot stay reserved: the next placement needs room
+            pad = None
+            _release(device)
         measured.append(_time_placement(launchers, device, share, made))
         if disjoint and _room_for_another(device, _reserved(device) - before):
-            held.append((first, launchers, spacer))
+            held.append((first, launchers, pad))
         else:
             held.clear()
-        del first, launchers, spacer
+        del first, launchers, pad
         _release(device)
     if held:  # disjoint placements: hand their memory back with the row
         held.clear()
