@@ -247,11 +247,15 @@ case ${1:-} in
     # turn: whether the moves between processes follow where in the memory a process's placements land;
     # GPU 1 meanwhile: the harness's GPU tests of spacers and CUPTI, and CUPTI inside the harness's pass
     # for the one-kernel rows at B = 16 and 64 of the published run (docs/timing.md, "The second clock")
+    # (on a one-GPU box, after the sweeps on the same GPU)
     source /root/gpu-site/env.sh
-    ( export CUDA_VISIBLE_DEVICES=1
+    checks() {
       step pytest-spacer 120 python3 -m pytest -q -m gpu tests/test_bench.py -k "spacer or cupti or disjoint"
       step cupti-replay 150 python3 scripts/cupti_crosscheck.py results/h200/published/a1 --impls fla,triton \
-        --B 16,64 --replay --calls 20 --out "$RES/cupti/replay" ) > "$LOGS/gpu1.summary" 2>&1 &
+        --B 16,64 --replay --calls 20 --out "$RES/cupti/replay"
+    }
+    GPUS=$(nvidia-smi -L | wc -l)
+    [ "$GPUS" -gt 1 ] && ( export CUDA_VISIBLE_DEVICES=1; checks ) > "$LOGS/gpu1.summary" 2>&1 &
     for run in 1 2 3 4; do
       for spacer in pages device; do
         TAIL=1 step "spacer-$spacer-$run" 60 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" \
@@ -263,7 +267,7 @@ case ${1:-} in
       TAIL=8 step "spacer-$spacer-compare" 30 python3 scripts/run_to_run.py "$RES"/spacer/$spacer/run{1,2,3,4} \
         --out "$RES/spacer/$spacer-run_to_run.md"
     done
-    wait; cat "$LOGS/gpu1.summary"
+    if [ "$GPUS" -gt 1 ]; then wait; cat "$LOGS/gpu1.summary"; else CUDA_VISIBLE_DEVICES=0 checks; fi
     pack
     ;;
   state-order)  # our kernel alone over the targets preset, the table as it is and every entry with its
