@@ -22,10 +22,9 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kda_impls.bench.results import SweepDirError, load  # noqa: E402
+from kda_impls.bench.results import PLACEMENT_STATISTICS, SweepDirError, load  # noqa: E402
 from kda_impls.cli import Parser, comma_list, fail, positive_int, print_and_save  # noqa: E402
 
-ESTIMATORS = {"median": np.median, "mean": np.mean}
 RUNS = 3
 DRAWS = 20000
 
@@ -80,7 +79,7 @@ def resampled(sweeps, min_b: int, sizes: list[int], limit: float, skip_first: bo
                "sd %": 100 * values.std() / np.median(values)}
         for n in sizes:
             runs = rng.choice(values, (DRAWS, RUNS, n))
-            for name, estimator in ESTIMATORS.items():
+            for name, estimator in PLACEMENT_STATISTICS.items():
                 times = estimator(runs, axis=-1)
                 row[f"{name} n={n}"] = float((times.max(axis=1) / times.min(axis=1) - 1 > limit).mean())
         rows.append(row)

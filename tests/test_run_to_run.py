@@ -3,6 +3,7 @@ within-run placement spreads."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from helpers import load_script, write_sweep_dir
@@ -56,4 +57,16 @@ def test_another_statistic_of_the_placements(tmp_path):
     assert len(run_to_run.moves(sweeps)) == 6  # what the runs reported: every row
     medians = run_to_run.moves(sweeps, "median").set_index("B")
     assert round(medians.loc[64, "between"], 6) == round(12 / 11 - 1, 6) and medians.loc[256, "between"] == 0
+    best = run_to_run.moves(sweeps, "min").set_index("B")  # every row's best placement: 10 in each run
+    assert (best.between == 0).all() and len(best) == 2
     assert "kernel time the mean over placements" in run_to_run.report(means.reset_index(), ["a", "b"], 16, 0.02, "mean")
+
+
+def test_runs_whose_placements_differ_as_a_whole_get_a_small_p():
+    """Six placements a run: the second run's all 5% up is a shift of the process (p < 0.01); the
+    same values shuffled between runs are not; two placements a run are too few to test."""
+    base = [100.0, 101.0, 102.0, 103.0, 104.0, 105.0]
+    shifted = pd.Series([base, [x * 1.05 for x in base], base])
+    assert run_to_run.runs_alike(shifted) < 0.01
+    assert run_to_run.runs_alike(pd.Series([base, base[::-1], base])) > 0.9
+    assert np.isnan(run_to_run.runs_alike(pd.Series([base[:2], base, base])))

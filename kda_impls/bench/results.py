@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -25,6 +26,10 @@ from .case import COLUMNS, CONFIG_COLUMNS
 
 SAMPLE_FILES = {"samples.json": "kernel_samples_us", "call_samples.json": "call_samples_us",
                 "placements.json": "kernel_placement_us"}
+# What a row's kernel time can be made of from its placements' medians (scripts/run_to_run.py and
+# scripts/placement_estimators.py set them side by side): timing method 4 reports the mean; the
+# minimum is each kernel at its best placement, which a serving engine's pool does not get to choose.
+PLACEMENT_STATISTICS = {"median": np.median, "mean": np.mean, "min": np.min}
 # Sample files keep microseconds to this many decimals (0.1 ns, far below what CUDA events resolve):
 # full float digits made a two-GPU `targets` run's samples.json 2.4 MB, past what a repo should carry.
 SAMPLE_DECIMALS = 4
