@@ -70,6 +70,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = _number(text, float)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be a number >= 0")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = _number(text, float)
     if not value > 0:

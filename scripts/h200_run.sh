@@ -40,6 +40,7 @@
 #   scripts/h200_run.sh first-placement  # what our kernel's slow first placement follows (bare box)
 #   scripts/h200_run.sh spacer     # fla's widest rows, four processes each with pages and device spacers;
 #                                  # CUPTI inside the harness's pass (GPU 1)
+#   scripts/h200_run.sh settle     # our kernel over the targets preset with --settle 1 (bare box)
 #   scripts/h200_run.sh state-order  # our kernel alone, the table against every entry state-first (~2 min)
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
 #                                  # in its own benchmark's configuration (published preset, sorted slots)
@@ -268,6 +269,15 @@ case ${1:-} in
         --out "$RES/spacer/$spacer-run_to_run.md"
     done
     if [ "$GPUS" -gt 1 ]; then wait; cat "$LOGS/gpu1.summary"; else CUDA_VISIBLE_DEVICES=0 checks; fi
+    pack
+    ;;
+  settle)  # (a bare box will do) our kernel alone over the targets preset with --settle 1 (idle a second
+    # after handing back more than 1 GiB): whether the slow first placements of the largest rows go,
+    # and what it costs (set beside triton-targets/ or targets-a026c60/ with compare_sweeps.py)
+    TAIL=1 step triton-settle 300 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets \
+      --impls triton --devices cuda:0 --settle 1 --out "$RES/triton-settle"
+    TAIL=3 step triton-settle-estimators 60 python3 scripts/placement_estimators.py "$RES/triton-settle" \
+      --out "$RES/triton-settle/estimators.md"
     pack
     ;;
   state-order)  # our kernel alone over the targets preset, the table as it is and every entry with its

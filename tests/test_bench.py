@@ -508,7 +508,7 @@ def test_every_placement_is_drawn_after_the_cache_is_handed_back(monkeypatch):
     """The first placement too, so that every pool is a fresh allocation as a serving engine's is,
     not carved out of what the row's correctness check left cached."""
     events = []
-    monkeypatch.setattr(timing, "_release", lambda device: events.append("release"))
+    monkeypatch.setattr(timing, "_release", lambda device, settle_s=0.0: events.append("release"))
     monkeypatch.setattr(timing, "_time_placement",
                         lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
 
@@ -540,7 +540,7 @@ def test_device_spacer_is_handed_back_before_the_placement_is_timed(monkeypatch)
     """A spacer of half the free memory cannot stay reserved while the placement is timed (or held):
     it is dropped and the cache released right after the inputs are bound."""
     events = []
-    monkeypatch.setattr(timing, "_release", lambda device: events.append("release"))
+    monkeypatch.setattr(timing, "_release", lambda device, settle_s=0.0: events.append("release"))
     monkeypatch.setattr(timing, "_spacer", lambda kind, rng, device: events.append(f"spacer {kind}") or torch.empty(1))
     monkeypatch.setattr(timing, "_time_placement",
                         lambda launchers, device, share, made: events.append("time") or Timing([1.0], "perf_counter"))
@@ -548,6 +548,31 @@ def test_device_spacer_is_handed_back_before_the_placement_is_timed(monkeypatch)
                 spacer="device")
     assert events == ["release", "spacer device", "release", "time", "release", "spacer device", "release", "time",
                       "release"]
+
+
+def test_every_release_of_a_row_may_settle(monkeypatch):
+    """--settle reaches each hand-back of the row: before the first placement, after each, and the
+    held placements' at the end."""
+    settles = []
+    monkeypatch.setattr(timing, "_release", lambda device, settle_s=0.0: settles.append(settle_s))
+    monkeypatch.setattr(timing, "_time_placement",
+                        lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
+    kernel_time(lambda p: make_inputs(1, 1, 1, 16, 16, seed=p), lambda x: (lambda: None), "cpu", placements=2,
+                settle_s=0.5)
+    assert settles == [0.5, 0.5, 0.5]
+    with pytest.raises(ValueError, match="settle_s must be >= 0; got -1"):
+        Method(settle_s=-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("freed, settles", [(timing.SETTLE_MIN_BYTES + (64 << 20), True), (64 << 20, False)])
+def test_gpu_release_idles_only_after_handing_back_a_large_allocation(freed, settles):
+    torch.cuda.empty_cache()
+    block = torch.empty(freed, dtype=torch.uint8, device="cuda")
+    del block
+    start = time.perf_counter()
+    timing._release(torch.device("cuda", torch.cuda.current_device()), settle_s=0.3)
+    assert (time.perf_counter() - start >= 0.3) == settles
 
 
 def test_cupti_replay_splits_the_pass_into_calls(monkeypatch):

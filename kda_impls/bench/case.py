@@ -48,7 +48,8 @@ class Method:
     many placements are added on a GPU to a row whose step exceeds the L2 or whose placements spread
     wide (timing.PLACEMENT_SPREAD_LIMIT) and whether each keeps its memory until the row ends, so that
     the next lands on other pages (timing.kernel_time's ``disjoint``), what goes before each placement
-    (timing.SPACERS), the seed of the inputs and spacers, and whether a row timed
+    (timing.SPACERS), how long to idle after handing back a large allocation (timing.SETTLE_MIN_BYTES),
+    the seed of the inputs and spacers, and whether a row timed
     while the GPU slowed itself down is timed once more."""
 
     entry: str = DEFAULT_ENTRY
@@ -57,6 +58,7 @@ class Method:
     extra_placements: int = EXTRA_PLACEMENTS
     disjoint_placements: bool = True
     spacer: str = "pages"
+    settle_s: float = 0.0
     seed: int = 0
     retime_throttled: bool = True
 
@@ -65,6 +67,8 @@ class Method:
             raise ValueError(f"unknown L2 entry state {self.entry!r}; one of {', '.join(ENTRY_STATES)}")
         if self.spacer not in SPACERS:
             raise ValueError(f"unknown spacer {self.spacer!r}; one of {', '.join(SPACERS)}")
+        if self.settle_s < 0:
+            raise ValueError(f"settle_s must be >= 0; got {self.settle_s}")
         if self.extra_placements < 0:
             raise ValueError(f"extra_placements must be >= 0; got {self.extra_placements}")
 
@@ -152,7 +156,8 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
                 extra = method.extra_placements if torch.device(device).type == "cuda" else 0
                 timing = kernel_time(make, impl.bind, device, method.kernel, placements=cfg.layout.placements,
                                      entry=method.entry, seed=seed, extra_placements=extra,
-                                     disjoint=method.disjoint_placements, spacer=method.spacer)
+                                     disjoint=method.disjoint_placements, spacer=method.spacer,
+                                     settle_s=method.settle_s)
             return timing, monitor.summary()
 
         kernel, clock = timed_kernel()

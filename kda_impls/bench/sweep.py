@@ -41,7 +41,7 @@ import torch
 from tqdm import tqdm
 
 from .. import dtypes, registry
-from ..cli import Parser, comma_list, fail, non_negative_int, positive_float, positive_int
+from ..cli import Parser, comma_list, fail, non_negative_float, non_negative_int, positive_float, positive_int
 from ..contract import package_version
 from .case import STATUSES, Method, empty_row
 from .config import CHECKPOINTS, SLOT_ORDERS, Config, PoolLayout
@@ -468,6 +468,10 @@ def parser() -> Parser:
     layout.add_argument("--spacer", choices=list(SPACERS), default=Method.spacer,
                         help="what is allocated before each placement: "
                              + "; ".join(f"{k}: {v}" for k, v in SPACERS.items()).replace("%", "%%") + " (default %(default)s)")
+    layout.add_argument("--settle", type=non_negative_float, default=Method.settle_s, metavar="S",
+                        help="idle S seconds after handing more than 1 GiB back to the driver between "
+                             "placements and rows (on the H200 a large row's first placement ran 10%% slow "
+                             "right after such a release; default %(default)s)")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
@@ -527,7 +531,8 @@ def main(argv: list[str] | None = None) -> None:
                     max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
                     max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
     method = Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
-                    disjoint_placements=args.disjoint_placements, spacer=args.spacer, retime_throttled=not args.no_retime)
+                    disjoint_placements=args.disjoint_placements, spacer=args.spacer, settle_s=args.settle,
+                    retime_throttled=not args.no_retime)
     registry.interpret_triton_on(device_type)  # the workers inherit it
 
     sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),

@@ -84,6 +84,13 @@ CONFIDENCE = 0.95
 HOLD_HEADROOM = 0.25
 SPACER_PAGES = 64  # a placement's spacer is 1..SPACER_PAGES pages of 2 MiB (the allocator's segment unit)
 PAGE_BYTES = 2 << 20
+# On the H200 the first placement of a large row ran 10% slow (fp32 HV=64 K=V=128 B=256: 599 against
+# 545 us) when the memory of an earlier kernel time (six held placements) or of a correctness check
+# had just been handed back to the driver, and not after an idle second
+# (results/h200/logs-2026-11-30f/first-placement-*.log, scripts/first_placement.py): whatever the
+# driver does with freed memory takes a while and slows what runs meanwhile. ``settle_s`` (opt-in,
+# --settle) idles after a release of more than this many bytes.
+SETTLE_MIN_BYTES = 1 << 30
 SPACER_DEVICE_SHARE = 0.5  # the "device" spacer: up to this share of the device's free memory
 # What goes before each placement, so that placements land on different pages. "pages" samples the
 # next few GB of what the driver hands out; "device" lets one process's placements reach anywhere in
@@ -347,11 +354,15 @@ def _reps(call_s: float, calls: int) -> int:
     return max(1, min(math.ceil(TARGET_PASS_S / max(call_s * calls, 1e-9)), MAX_CALLS_PER_PASS // calls))
 
 
-def _release(device: torch.device) -> None:
-    """Hand freed blocks back to the driver, so that the next placement's pools get other pages."""
+def _release(device: torch.device, settle_s: float = 0.0) -> None:
+    """Hand freed blocks back to the driver, so that the next placement's pools get other pages;
+    then, where that handed back more than SETTLE_MIN_BYTES, idle ``settle_s`` seconds."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        before = torch.cuda.memory_reserved(device)
         torch.cuda.empty_cache()
+        if settle_s and before - torch.cuda.memory_reserved(device) > SETTLE_MIN_BYTES:
+            time.sleep(settle_s)
 
 
 def _spacer(kind: str, rng: np.random.Generator, device: torch.device) -> torch.Tensor:
@@ -367,7 +378,8 @@ def _spacer(kind: str, rng: np.random.Generator, device: torch.device) -> torch.
 
 def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInputs], Launcher], device,
                 budget: Budget = Budget(), *, placements: int = 1, entry: str = DEFAULT_ENTRY, seed: int = 0,
-                extra_placements: int = 0, disjoint: bool = False, spacer: str = "pages") -> Timing:
+                extra_placements: int = 0, disjoint: bool = False, spacer: str = "pages",
+                settle_s: float = 0.0) -> Timing:
     """Kernel time over ``placements`` placements, ``budget`` shared among them, and
     ``extra_placements`` more, each with the same share, on a GPU where the step moves more bytes
     than the L2 holds or where the first ones' medians spread by more than PLACEMENT_SPREAD_LIMIT
@@ -376,9 +388,10 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
     Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (:data:`SPACERS`,
     from ``seed``) is allocated. The allocator's cache is handed back to the driver before
     the first placement as before every other, so that each pool is a fresh allocation, as a serving
-    engine's pool is, not carved out of blocks the row's correctness check left cached. (That was
-    not why the first placement of some of our kernel's largest rows runs 8-10% slower than the
-    rest: it still does on fresh allocations; docs/timing.md, "Method 4".) Each placement's memory
+    engine's pool is, not carved out of blocks the row's correctness check left cached. Where a
+    release hands back more than SETTLE_MIN_BYTES, ``settle_s`` seconds of idling follow it (the
+    first placement of our kernel's largest rows ran 8-10% slower after such a release, fresh
+    allocation or not; :data:`SETTLE_MIN_BYTES`). Each placement's memory
     is freed before the next, which the driver may then hand out again; with ``disjoint`` it is
     held until the row ends (while the device has room: :data:`HOLD_HEADROOM`), so that each
     placement lands on pages no earlier one used. It rotates over the input sets
@@ -391,7 +404,7 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
     measured: list[Timing] = []
     held: list[tuple] = []
     made, sets, beyond_l2 = entry, 1, False
-    _release(device)
+    _release(device, settle_s)
     for placement in range(placements + extra_placements):
         if (placement == placements and not beyond_l2
                 and _spread([t.placement_medians[0] for t in measured]) <= PLACEMENT_SPREAD_LIMIT):
@@ -406,17 +419,17 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
         launchers = [bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
         if spacer == "device":  # half the device cannot stay reserved: the next placement needs room
             pad = None
-            _release(device)
+            _release(device, settle_s)
         measured.append(_time_placement(launchers, device, share, made))
         if disjoint and _room_for_another(device, _reserved(device) - before):
             held.append((first, launchers, pad))
         else:
             held.clear()
         del first, launchers, pad
-        _release(device)
+        _release(device, settle_s)
     if held:  # disjoint placements: hand their memory back with the row
         held.clear()
-        _release(device)
+        _release(device, settle_s)
     return Timing([s for t in measured for s in t.samples], measured[0].method,
                   [t.placement_medians[0] for t in measured], entry=made, input_sets=sets)
 
