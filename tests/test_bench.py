@@ -641,3 +641,53 @@ def test_gpu_limits_and_clocks_are_read():
     with clocks.ClockMonitor("cuda") as monitor:
         time.sleep(0.05)
     assert monitor.summary()["sm_mhz_median"] > 0
+
+
+def test_each_placement_process_gets_its_seeds_and_a_share_of_the_extra_placements():
+    method = Method(placement_processes=3, extra_placements=24, seed=5)
+    shares = [method.in_process(i) for i in range(3)]
+    assert [m.seed for m in shares] == [5, 5 + case.PROCESS_SEED_STRIDE, 5 + 2 * case.PROCESS_SEED_STRIDE]
+    assert all(m.extra_placements == 8 and m.placement_processes == 1 for m in shares)
+    assert Method().in_process(0) == Method()  # one process: the method itself
+    with pytest.raises(ValueError, match="placement_processes must be >= 1; got 0"):
+        Method(placement_processes=0)
+
+
+def _timed_row(placements_us: list[float], sm_min: int, throttled: bool, err: float) -> dict:
+    samples = [p + d for p in placements_us for d in (-0.1, 0.0, 0.1)]
+    kernel = Timing([s / 1e6 for s in samples], "cuda-graph", [p / 1e6 for p in placements_us], entry="previous-step",
+                    input_sets=2)
+    clock = {"sm_mhz_min": sm_min, "sm_mhz_median": 1980.0, "mem_mhz_median": 3201.0, "power_w_max": 400.0 + sm_min,
+             "temp_c_max": 45, "throttle_reasons": "sw-power-cap" if throttled else "", "throttled": throttled}
+    return (case.empty_row(Config("naive", 4, 2, 2, 16, 16)) | clock | {"status": "ok", "err_out": err, "err_state": err,
+            "first_call_ms": 12.0, "call_us_median": 50.0, "retimed": throttled}
+            | case._kernel_columns(kernel, 10_000, 4e12))
+
+
+def test_rows_of_several_processes_pool_their_placements():
+    """Two processes of three placements: the kernel time is the mean of all six, min/max and the
+    sample count over both; the worst error, the lowest clock and any slowdown carry over; the
+    first call and the call time are the first process's."""
+    rows = [_timed_row([10.0, 10.2, 10.4], 1980, False, 1e-6), _timed_row([10.6, 10.8, 11.0], 1900, True, 3e-6)]
+    merged = case.merge_rows(rows)
+    assert merged["kernel_us_mean"] == pytest.approx(10.5) and merged["placements_timed"] == 6
+    assert merged["kernel_us_placement_min"] == pytest.approx(10.0) and merged["kernel_us_placement_max"] == pytest.approx(11.0)
+    assert merged["n_samples"] == 18 and merged["gbps"] == pytest.approx(10_000 / 10.5e-6 / 1e9)
+    assert merged["err_out"] == 3e-6 and merged["sm_mhz_min"] == 1900 and merged["throttled"] and merged["retimed"]
+    assert merged["throttle_reasons"] == "sw-power-cap" and merged["power_w_max"] == 2380.0
+    assert merged["first_call_ms"] == 12.0 and merged["call_us_median"] == 50.0
+    wrong = rows[1] | {"status": "wrong", "reason": "state differs"}
+    assert case.merge_rows([rows[0], wrong])["reason"] == "placement process 2 of 2: state differs"
+
+
+def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
+    """On the CPU (no extra placements): two processes of two placements each, four in the row; the
+    key keeps the layout's placements, the settings the processes."""
+    out = tmp_path / "two"
+    done = subprocess.run([sys.executable, "scripts/sweep.py", "--impls", "naive", "--B", "1", "--H", "1", "--HV", "1",
+                           "--K", "16", "--V", "16", "--devices", "cpu", "--placements", "2", "--placement-processes",
+                           "2", "--no-charts", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = pd.read_csv(out / "results.csv").iloc[0]
+    assert row.status == "ok" and row.placements_timed == 4 and row.key.endswith("_pl2")
+    assert json.loads((out / "meta.json").read_text())["settings"]["method"]["placement_processes"] == 2

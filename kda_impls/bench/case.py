@@ -5,7 +5,8 @@ the asv suite all run cases through :func:`run_case`, so they share one status v
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -16,7 +17,7 @@ from ..verify import verify
 from . import clocks
 from .config import Config
 from .roofline import copy_bandwidth
-from .timing import (DEFAULT_ENTRY, ENTRY_STATES, EXTRA_PLACEMENTS, SPACERS, Budget, as_device, call_time,
+from .timing import (DEFAULT_ENTRY, ENTRY_STATES, EXTRA_PLACEMENTS, SPACERS, Budget, Timing, as_device, call_time,
                      kernel_time, synced_call)
 
 # ok: matches the reference; wrong: timed anyway, flagged; unsupported: cannot run here (reason);
@@ -39,6 +40,7 @@ COLUMNS = [
 ]
 
 MAX_REASON_CHARS = 2000
+PROCESS_SEED_STRIDE = 1000  # the seeds of placement process i start here times i
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Method:
     wide (timing.PLACEMENT_SPREAD_LIMIT) and whether each keeps its memory until the row ends, so that
     the next lands on other pages (timing.kernel_time's ``disjoint``), what goes before each placement
     (timing.SPACERS), how long to idle after handing back a large allocation (timing.SETTLE_MIN_BYTES),
+    in how many worker processes a sweep times each row (:meth:`in_process`, :func:`merge_rows`),
     the seed of the inputs and spacers, and whether a row timed
     while the GPU slowed itself down is timed once more."""
 
@@ -59,6 +62,7 @@ class Method:
     disjoint_placements: bool = True
     spacer: str = "pages"
     settle_s: float = 0.0
+    placement_processes: int = 1
     seed: int = 0
     retime_throttled: bool = True
 
@@ -67,10 +71,21 @@ class Method:
             raise ValueError(f"unknown L2 entry state {self.entry!r}; one of {', '.join(ENTRY_STATES)}")
         if self.spacer not in SPACERS:
             raise ValueError(f"unknown spacer {self.spacer!r}; one of {', '.join(SPACERS)}")
+        if self.placement_processes < 1:
+            raise ValueError(f"placement_processes must be >= 1; got {self.placement_processes}")
         if self.settle_s < 0:
             raise ValueError(f"settle_s must be >= 0; got {self.settle_s}")
         if self.extra_placements < 0:
             raise ValueError(f"extra_placements must be >= 0; got {self.extra_placements}")
+
+    def in_process(self, index: int) -> "Method":
+        """What the ``index``-th of ``placement_processes`` workers times a row with: its own seeds
+        (other inputs and spacers) and its share of the extra placements, so that the row's
+        placements come from several processes, whose memory differs as a whole (on the H200 fla's
+        kernel moved by 3% between processes whose 27 placements each agreed within themselves:
+        docs/timing.md, "Three runs of the `published` preset")."""
+        return replace(self, seed=self.seed + index * PROCESS_SEED_STRIDE, placement_processes=1,
+                       extra_placements=math.ceil(self.extra_placements / self.placement_processes))
 
 
 class _TimedFirstLaunch:
@@ -103,6 +118,39 @@ def empty_row(cfg: Config, status: str | None = None, reason: str = "") -> dict:
     return dict.fromkeys(COLUMNS) | cfg.columns() | {"key": cfg.key(), "status": status, "reason": reason,
                                                      "kernel_samples_us": [], "call_samples_us": [],
                                                      "kernel_placement_us": []}
+
+
+def _kernel_columns(kernel: Timing, nbytes: int, copy_bw: float) -> dict:
+    """A row's kernel-time columns, and its samples and per-placement medians (us)."""
+    return {
+        "l2_entry": kernel.entry,
+        "kernel_us_mean": kernel.time * 1e6, "kernel_us_p25": kernel.p25 * 1e6,
+        "kernel_us_p75": kernel.p75 * 1e6, "kernel_us_placement_min": kernel.placement_min * 1e6,
+        "kernel_us_placement_max": kernel.placement_max * 1e6, "n_samples": kernel.n,
+        "placements_timed": len(kernel.placement_medians),
+        "kernel_method": kernel.method, "input_sets": kernel.input_sets,
+        "bytes": nbytes, "gbps": nbytes / kernel.time / 1e9, "roofline_frac": nbytes / kernel.time / copy_bw,
+        "floor_us": nbytes / copy_bw * 1e6, "copy_gbps": copy_bw / 1e9,
+        "kernel_samples_us": [s * 1e6 for s in kernel.samples],
+        "kernel_placement_us": [s * 1e6 for s in kernel.placement_medians],
+    }
+
+
+def merge_rows(rows: list[dict]) -> dict:
+    """One row of a configuration timed in several processes (``Method.placement_processes``):
+    the first process's row (its first call and call time), with every process's placements and
+    samples pooled into the kernel time, the largest errors, and the clocks merged. The first row
+    that is not ok stands for them all, its reason saying which process it came from."""
+    for i, row in enumerate(rows):
+        if row["status"] != "ok":
+            return row | {"reason": f"placement process {i + 1} of {len(rows)}: {row['reason']}"}
+    first = rows[0]
+    kernel = Timing([s / 1e6 for row in rows for s in row["kernel_samples_us"]], first["kernel_method"],
+                    [s / 1e6 for row in rows for s in row["kernel_placement_us"]], entry=first["l2_entry"],
+                    input_sets=first["input_sets"])
+    return first | clocks.merged(rows) | _kernel_columns(kernel, first["bytes"], first["copy_gbps"] * 1e9) | {
+        "err_out": max(row["err_out"] for row in rows), "err_state": max(row["err_state"] for row in rows),
+        "retimed": any(row["retimed"] for row in rows)}
 
 
 def run_case(cfg: Config, device, method: Method | None = None, *, impl: Implementation | None = None,
@@ -174,17 +222,6 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
         return row | {"status": "error", "reason": _one_line(exc)}
 
     copy_bw = copy_bandwidth(device) if copy_bw is None else copy_bw
-    return row | clock | {
-        "l2_entry": kernel.entry, "retimed": retimed,
-        "kernel_us_mean": kernel.time * 1e6, "kernel_us_p25": kernel.p25 * 1e6,
-        "kernel_us_p75": kernel.p75 * 1e6, "kernel_us_placement_min": kernel.placement_min * 1e6,
-        "kernel_us_placement_max": kernel.placement_max * 1e6, "n_samples": kernel.n,
-        "placements_timed": len(kernel.placement_medians),
-        "kernel_method": kernel.method, "input_sets": kernel.input_sets,
-        "bytes": nbytes, "gbps": nbytes / kernel.time / 1e9, "roofline_frac": nbytes / kernel.time / copy_bw,
-        "floor_us": nbytes / copy_bw * 1e6, "copy_gbps": copy_bw / 1e9,
-        "kernel_samples_us": [s * 1e6 for s in kernel.samples],
-        "kernel_placement_us": [s * 1e6 for s in kernel.placement_medians],
-    } | ({} if call is None else {
+    return row | clock | {"retimed": retimed} | _kernel_columns(kernel, nbytes, copy_bw) | ({} if call is None else {
         "call_us_median": call.time * 1e6, "call_us_p25": call.p25 * 1e6, "call_us_p75": call.p75 * 1e6,
         "call_samples_us": [s * 1e6 for s in call.samples]})

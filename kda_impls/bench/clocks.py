@@ -108,6 +108,20 @@ class ClockMonitor:
                 "temp_c_max": int(temp.max()), "throttle_reasons": "+".join(names), "throttled": bool(names)}
 
 
+def merged(summaries: list[dict]) -> dict:
+    """One summary of several timings' (a row timed in several processes): the lowest SM clock, the
+    median of the medians, the highest power and temperature, every slowdown reason seen."""
+    read = [s for s in summaries if s.get("sm_mhz_min") is not None]
+    if not read:
+        return dict.fromkeys(COLUMNS)
+    names = sorted({name for s in read for name in filter(None, (s["throttle_reasons"] or "").split("+"))})
+    return {"sm_mhz_min": min(s["sm_mhz_min"] for s in read),
+            "sm_mhz_median": float(np.median([s["sm_mhz_median"] for s in read])),
+            "mem_mhz_median": float(np.median([s["mem_mhz_median"] for s in read])),
+            "power_w_max": max(s["power_w_max"] for s in read), "temp_c_max": max(s["temp_c_max"] for s in read),
+            "throttle_reasons": "+".join(names), "throttled": any(s["throttled"] for s in read)}
+
+
 def gpu_limits(device) -> dict:
     """The power limit and clocks the GPU runs under, for meta.json (empty without NVML)."""
     device = torch.device(device)

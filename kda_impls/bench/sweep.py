@@ -43,7 +43,7 @@ from tqdm import tqdm
 from .. import dtypes, registry
 from ..cli import Parser, comma_list, fail, non_negative_float, non_negative_int, positive_float, positive_int
 from ..contract import package_version
-from .case import STATUSES, Method, empty_row
+from .case import STATUSES, Method, empty_row, merge_rows
 from .config import CHECKPOINTS, SLOT_ORDERS, Config, PoolLayout
 from .presets import AXES, PRESETS, adhoc_configs
 from .results import assemble, environment, read_meta, read_rows, remove_stale_temporaries, write_meta, write_row
@@ -161,7 +161,7 @@ class Sweep:
         self.measured = 0
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.workers: dict[tuple[str, str], Worker | None] = {}
+        self.workers: dict[tuple[str, str, int], Worker | None] = {}
 
     # -- setup
     def _check_directory(self, meta: dict, gpu_name: str) -> None:
@@ -178,17 +178,28 @@ class Sweep:
                 if c.key() not in done or (self.retry_crashed and done[c.key()] == "crashed")]
 
     # -- one lane per device
-    def _worker(self, impl: str, device: str) -> Worker:
-        worker = self.workers.get((impl, device))
+    def _worker(self, impl: str, device: str, process: int) -> Worker:
+        worker = self.workers.get((impl, device, process))
         if worker is None:
-            worker = self.workers[(impl, device)] = Worker(impl, device, self.method)
+            worker = self.workers[(impl, device, process)] = Worker(impl, device, self.method.in_process(process))
         return worker
 
     def _measure(self, cfg: Config, device: str, copy_bw: float) -> dict:
+        """The row of ``cfg`` from each of the method's placement processes in turn (one at a time:
+        a row is timed alone on its device), merged (:func:`case.merge_rows`); the first that
+        is not ok ends it."""
         with self.lock:
             if self.crashes[cfg.impl] >= MAX_CRASHES:
                 return empty_row(cfg, "crashed", f"not run: {cfg.impl} crashed {MAX_CRASHES} times in this run")
-        worker = self._worker(cfg.impl, device)
+        rows = []
+        for process in range(self.method.placement_processes):
+            rows.append(self._measure_in(cfg, device, copy_bw, process))
+            if rows[-1]["status"] != "ok":
+                break
+        return rows[0] if len(rows) == 1 else merge_rows(rows)
+
+    def _measure_in(self, cfg: Config, device: str, copy_bw: float, process: int) -> dict:
+        worker = self._worker(cfg.impl, device, process)
         try:
             row = worker.measure(cfg, copy_bw, self.row_timeout)
         except WorkerDied as exc:
@@ -199,7 +210,7 @@ class Sweep:
             with self.lock:
                 self.crashes[cfg.impl] += 1
             worker.stop(now=True)
-            self.workers[(cfg.impl, device)] = None
+            self.workers[(cfg.impl, device, process)] = None
         return row
 
     def _lane(self, device: str, copy_bw: float, todo: GroupScheduler, bar: tqdm) -> None:
@@ -256,7 +267,8 @@ class Sweep:
 
         for impl in dict.fromkeys(c.impl for c in pending):  # every worker imports while the first measures
             for device in self.devices[:len(pending)]:
-                self._worker(impl, device)
+                for process in range(self.method.placement_processes):
+                    self._worker(impl, device, process)
         todo = GroupScheduler(compile_groups(pending))
         bar = tqdm(total=len(pending), unit="row", dynamic_ncols=True, smoothing=0.1)
         lanes = [threading.Thread(target=self._lane, args=(d, copy_bws[d], todo, bar), daemon=True)
@@ -472,6 +484,11 @@ def parser() -> Parser:
                         help="idle S seconds after handing more than 1 GiB back to the driver between "
                              "placements and rows (on the H200 a large row's first placement ran 10%% slow "
                              "right after such a release; default %(default)s)")
+    layout.add_argument("--placement-processes", type=positive_int, default=Method.placement_processes, metavar="N",
+                        help="time each row in N worker processes of its implementation, one after another, "
+                             "each with its own inputs, spacers and share of the extra placements, and pool "
+                             "their placements: a process's placements can sit apart from another's as a whole "
+                             "(default %(default)s)")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
@@ -532,7 +549,7 @@ def main(argv: list[str] | None = None) -> None:
                     max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
     method = Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
                     disjoint_placements=args.disjoint_placements, spacer=args.spacer, settle_s=args.settle,
-                    retime_throttled=not args.no_retime)
+                    placement_processes=args.placement_processes, retime_throttled=not args.no_retime)
     registry.interpret_triton_on(device_type)  # the workers inherit it
 
     sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),
