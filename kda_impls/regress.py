@@ -273,6 +273,12 @@ def compare(a: ResultSet, b: ResultSet, threshold: float = DEFAULT_THRESHOLD,
                              ignore_index=True)
 
 
+# Method settings besides the version and the entry state that change where placements land or what
+# runs before them, each with the value a directory from before the setting existed was timed with
+# (a `device` spacer made every kernel 4-8% slower on the H200: docs/timing.md).
+PLACEMENT_SETTINGS = {"spacer": "pages", "placement_processes": 1, "settle_s": 0.0}
+
+
 def check_comparable(a: ResultSet, b: ResultSet) -> None:
     if a.kind != b.kind:
         raise InputError(f"cannot compare an {a.kind} result set with a {b.kind} one")
@@ -284,6 +290,12 @@ def check_comparable(a: ResultSet, b: ResultSet) -> None:
         if version_a != version_b:
             raise InputError(f"the sweeps were timed by different timing methods ({version_a} vs {version_b}: "
                              f"kda_impls.bench.timing.METHOD_VERSION); re-run the older one")
+        if a.method is not None and b.method is not None:
+            for field, before in PLACEMENT_SETTINGS.items():
+                value_a, value_b = a.method.get(field, before), b.method.get(field, before)
+                if value_a != value_b:
+                    raise InputError(f"the sweeps' placements were made differently ({field}: {value_a!r} vs "
+                                     f"{value_b!r}); re-run one with the other's setting")
     entry_a, entry_b = ((s.method or {}).get("entry") for s in (a, b))
     if entry_a and entry_b and entry_a != entry_b:
         raise InputError(f"the sweeps were timed from different L2 entry states ({entry_a!r} vs {entry_b!r}); "
@@ -334,7 +346,8 @@ Verdict per benchmark (B against A; t = its threshold):
            or a sweep row timed on the CPU (the harness smoke-tests the CPU, never ranks it)
   informational  benchmarks whose threshold is 'none' (call latency by default)
   new / missing / incomparable  in one set only, or timed by another method version
-           (two sweeps of different timing methods are refused: exit 2)
+           (two sweeps of different timing methods, L2 entry states, spacers, placement
+           processes or settle times are refused: exit 2)
 Thresholds: --threshold for every benchmark that no rule names; the default rules gate
 B = 1 kernel time at 0.10 (one-row steps move by up to 6% between two runs of one commit)
 and only report call latency; --threshold-for rules replace them.
