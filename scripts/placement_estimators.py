@@ -10,6 +10,9 @@ The resampling pools each row's placements over the runs given (the first placem
 left out with --skip-first: the bias the first part measures), draws three runs of n placements with
 replacement, many times, and counts how often their kernel times lie more than --limit apart
 (max / min - 1): the run-to-run criterion's odds for a row whose placements are spread like these.
+Pooling treats every placement as a draw from one distribution; a last table keeps each run as a
+process of its own and resamples processes too (--processes), for rows whose runs sit apart as a
+whole.
 """
 
 from __future__ import annotations
@@ -86,6 +89,41 @@ def resampled(sweeps, min_b: int, sizes: list[int], limit: float, skip_first: bo
     return pd.DataFrame(rows)
 
 
+def resampled_by_process(sweeps, min_b: int, placements: int, processes: list[int], limit: float,
+                         seed: int) -> pd.DataFrame:
+    """Per row timed in every run, whose pooled placements spread by more than ``limit``: the odds
+    that three runs move by more than ``limit`` when each run's kernel time (the mean) pools
+    ``placements`` placements from P processes, ceil(placements / P) from each. Each run given is
+    one process: a resampled run draws P of them with replacement, then placements from each one's
+    own, so a process whose placements sit apart as a whole stays apart (what
+    ``--placement-processes`` is for)."""
+    rng = np.random.default_rng(seed)
+    per_key: dict[str, list[np.ndarray]] = {}
+    for sweep in sweeps:
+        ok = sweep.ok[sweep.ok.B >= min_b]
+        for key in ok.key:
+            if sweep.placements.get(key):
+                per_key.setdefault(key, []).append(np.asarray(sweep.placements[key], dtype=float))
+    rows = []
+    for key, runs in sorted(per_key.items()):
+        pooled = np.concatenate(runs)
+        if len(runs) < len(sweeps) or pooled.max() / pooled.min() - 1 <= limit:
+            continue
+        lengths = np.array([len(r) for r in runs])
+        padded = np.full((len(runs), lengths.max()), np.nan)
+        for i, r in enumerate(runs):
+            padded[i, :len(r)] = r
+        row = {"row": key.split("_spr")[0], "processes given": len(runs)}
+        for count in processes:
+            each = -(-placements // count)
+            chosen = rng.integers(0, len(runs), (DRAWS, RUNS, count, 1))
+            drawn = padded[chosen, (rng.random((DRAWS, RUNS, count, each)) * lengths[chosen]).astype(int)]
+            times = drawn.reshape(DRAWS, RUNS, -1).mean(axis=-1)
+            row[f"P={count}"] = float((times.max(axis=1) / times.min(axis=1) - 1 > limit).mean())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep directories with placements.json")
@@ -94,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="placements per run to resample (default 3,9,15,27)")
     parser.add_argument("--limit", type=float, default=0.02, help="run-to-run limit (default %(default)s)")
     parser.add_argument("--skip-first", action="store_true", help="leave each run's first placement out")
+    parser.add_argument("--processes", type=comma_list(positive_int), default=(1, 3, 5),
+                        help="placement processes per run to resample, the runs given being the processes "
+                             "(default 1,3,5)")
+    parser.add_argument("--process-placements", type=positive_int, default=27, metavar="N",
+                        help="placements per resampled run in that table (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
     args = parser.parse_args(argv)
@@ -115,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         f"pooled over the runs{' (each first left out)' if args.skip_first else ''}, spread by more; three runs "
         f"of n placements drawn from them {DRAWS} times, each run's kernel time by each estimator.\n\n"
         + (odds.to_markdown(index=False, floatfmt=".3f") if len(odds) else "(none)"),
+        f"## The same odds with each run kept as a process\n\nEach run given is one process; three runs of "
+        f"{args.process_placements} placements each, their mean, drawn {DRAWS} times: a run takes P processes of "
+        f"those given (with replacement) and an equal share of its placements from each one's own. P = 1 is "
+        f"the method as it runs (one worker per implementation); P > 1 is `--placement-processes P`. Few "
+        f"processes given make it a rough guide.\n\n"
+        + (by_process.to_markdown(index=False, floatfmt=".3f") if len(by_process := resampled_by_process(
+            sweeps, args.min_B, args.process_placements, args.processes, args.limit, args.seed)) else "(none)"),
     ]) + "\n"
     return print_and_save(text, args.out)
 

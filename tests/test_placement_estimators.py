@@ -51,3 +51,20 @@ def test_rows_whose_first_placement_is_off_are_listed(tmp_path):
     sweeps = [sweep(tmp_path / "a", [10.0, 10.0, 10.0])]
     off = estimators.first_off(sweeps)
     assert off["row"].tolist() == [FIRST_SLOW.key().split("_spr")[0]] and off["first / others"].tolist() == [1.1]
+
+
+def test_a_process_apart_as_a_whole_moves_runs_unless_several_share_a_run(tmp_path):
+    """Three processes, the third's placements all 4% up: with one process a run, three runs differ
+    by 4% whenever some draw it and some do not (1 - (2/3)^3 - (1/3)^3 = 2/3); pooling five a run,
+    far less often by more than 2%. Alike processes never move them."""
+    base = [10.0, 10.05, 10.1, 10.02, 10.08, 10.04]
+    apart = [sweep(tmp_path / name, values) for name, values in (("a", base), ("b", base),
+                                                                  ("c", [x * 1.04 for x in base]))]
+    odds = estimators.resampled_by_process(apart, 16, 27, [1, 5], 0.02, seed=0).set_index("row")
+    (row,) = [r for r in odds.index if r.startswith("fla_")]
+    assert abs(odds.loc[row, "P=1"] - 2 / 3) < 0.02 and odds.loc[row, "P=5"] < 0.3
+    assert odds.loc[row, "processes given"] == 3
+    alike = [sweep(tmp_path / f"alike{i}", base + [10.3]) for i in range(3)]  # pooled spread 3%: resampled
+    calm = estimators.resampled_by_process(alike, 16, 27, [1], 0.02, seed=0).set_index("row")
+    (row,) = [r for r in calm.index if r.startswith("fla_")]
+    assert calm.loc[row, "P=1"] < 0.01
