@@ -81,9 +81,9 @@ class Method:
     def in_process(self, index: int) -> "Method":
         """What the ``index``-th of ``placement_processes`` workers times a row with: its own seeds
         (other inputs and spacers) and its share of the extra placements, so that the row's
-        placements come from several processes, whose memory differs as a whole (on the H200 fla's
-        kernel moved by 3% between processes whose 27 placements each agreed within themselves:
-        docs/timing.md, "Three runs of the `published` preset")."""
+        placements come from several processes, whose memory differs as a whole (on the H200 one
+        of fla's kernels moved by 3% between processes, each process's 27 placements sitting higher
+        or lower as a whole: docs/timing.md, "Three runs of the `published` preset")."""
         return replace(self, seed=self.seed + index * PROCESS_SEED_STRIDE, placement_processes=1,
                        extra_placements=math.ceil(self.extra_placements / self.placement_processes))
 

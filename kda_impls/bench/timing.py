@@ -87,7 +87,7 @@ PAGE_BYTES = 2 << 20
 # On the H200 the first placement of a large row ran 10% slow (fp32 HV=64 K=V=128 B=256: 599 against
 # 545 us) when the memory of an earlier kernel time (six held placements) or of a correctness check
 # had just been handed back to the driver, and not after an idle second
-# (results/h200/logs-2026-11-30f/first-placement-*.log, scripts/first_placement.py): whatever the
+# (results/h200/first-placement/, scripts/first_placement.py): whatever the
 # driver does with freed memory takes a while and slows what runs meanwhile. ``settle_s`` (opt-in,
 # --settle) idles after a release of more than this many bytes.
 SETTLE_MIN_BYTES = 1 << 30
