@@ -126,10 +126,10 @@ case ${1:-} in
     # RUNS names the runs this call makes: a run takes ~200 s with 27 placements for every step over
     # the L2, so three do not fit one 600 s call (RUNS="a1 a2", then RUNS=a3 ASV=0)
     # PUBLISHED_DIR and SWEEP_ARGS make the runs of another method, e.g. PUBLISHED_DIR=published-pp3
-    # SWEEP_ARGS="--placement-processes 3" (then run_to_run.py on them)
+    # SWEEP_ARGS="--placement-processes 3" (then run_to_run.py on them); RUN_LIMIT: seconds a run (300)
     DIR=${PUBLISHED_DIR:-published}
     for run in ${RUNS:-a1 a2 a3}; do
-      TAIL=1 step "$DIR-$run" 300 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
+      TAIL=1 step "$DIR-$run" "${RUN_LIMIT:-300}" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
         ${SWEEP_ARGS:-} --out "$RES/$DIR/$run"
       pack
     done
