@@ -54,6 +54,7 @@ import pandas as pd
 from scipy.special import comb
 from scipy.stats import mannwhitneyu
 
+from .bench.case import Method
 from .bench.results import SweepDirError
 from .bench.results import load as load_sweep_dir
 from .cli import Parser
@@ -274,9 +275,8 @@ def compare(a: ResultSet, b: ResultSet, threshold: float = DEFAULT_THRESHOLD,
 
 
 # Method settings besides the version and the entry state that change where placements land or what
-# runs before them, each with the value a directory from before the setting existed was timed with
-# (a `device` spacer made every kernel 4-8% slower on the H200: docs/timing.md).
-PLACEMENT_SETTINGS = {"spacer": "pages", "placement_processes": 1, "settle_s": 0.0}
+# runs before them; a directory from before a setting existed was timed with its default.
+PLACEMENT_SETTINGS = {name: getattr(Method, name) for name in ("placement_processes", "settle_s")}
 
 
 def check_comparable(a: ResultSet, b: ResultSet) -> None:
@@ -346,8 +346,8 @@ Verdict per benchmark (B against A; t = its threshold):
            or a sweep row timed on the CPU (the harness smoke-tests the CPU, never ranks it)
   informational  benchmarks whose threshold is 'none' (call latency by default)
   new / missing / incomparable  in one set only, or timed by another method version
-           (two sweeps of different timing methods, L2 entry states, spacers, placement
-           processes or settle times are refused: exit 2)
+           (two sweeps of different timing methods, L2 entry states, placement processes
+           or settle times are refused: exit 2)
 Thresholds: --threshold for every benchmark that no rule names; the default rules gate
 B = 1 kernel time at 0.10 (one-row steps move by up to 6% between two runs of one commit)
 and only report call latency; --threshold-for rules replace them.

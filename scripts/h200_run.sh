@@ -38,8 +38,8 @@
 #   scripts/h200_run.sh wide-rows  # fla's widest-spread rows and ours, three sweeps: run to run
 #   scripts/h200_run.sh triton-targets  # our kernel alone over the targets preset, the table as committed
 #   scripts/h200_run.sh first-placement  # what our kernel's slow first placement follows (bare box)
-#   scripts/h200_run.sh spacer     # fla's widest rows, four processes each with pages and device spacers;
-#                                  # CUPTI inside the harness's pass (GPU 1)
+#   scripts/h200_run.sh replay     # the harness's GPU tests; CUPTI inside the harness's pass (fla, ours,
+#                                  # B = 16 and 64 of published/a1)
 #   scripts/h200_run.sh settle     # our kernel over the targets preset with --settle 1 (bare box)
 #   scripts/h200_run.sh state-order  # our kernel alone, the table against every entry state-first (~2 min)
 #   scripts/h200_run.sh spec       # spec-decode again (the multi-token tiles); FlashInfer's dense call
@@ -247,31 +247,14 @@ case ${1:-} in
     done
     pack
     ;;
-  spacer)  # fla's widest rows and ours in separate processes on GPU 0, pages against device spacers in
-    # turn: whether the moves between processes follow where in the memory a process's placements land;
-    # GPU 1 meanwhile: the harness's GPU tests of spacers and CUPTI, and CUPTI inside the harness's pass
-    # for the one-kernel rows at B = 16 and 64 of the published run (docs/timing.md, "The second clock")
-    # (on a one-GPU box, after the sweeps on the same GPU)
+  replay)  # (carry .gpu/part2, or after published on the same box) the harness's GPU tests of
+    # settling, placements and CUPTI; CUPTI inside the harness's own pass for fla's and our one-kernel
+    # rows at B = 16 and 64 of the published run (docs/timing.md, "The second clock")
+    if [ -d .gpu/part2 ] && [ ! -f /root/gpu-site/env.sh ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; fi
     source /root/gpu-site/env.sh
-    checks() {
-      step pytest-spacer 120 python3 -m pytest -q -m gpu tests/test_bench.py -k "spacer or cupti or disjoint"
-      step cupti-replay 150 python3 scripts/cupti_crosscheck.py results/h200/published/a1 --impls fla,triton \
-        --B 16,64 --replay --calls 20 --out "$RES/cupti/replay"
-    }
-    GPUS=$(nvidia-smi -L | wc -l)
-    [ "$GPUS" -gt 1 ] && ( export CUDA_VISIBLE_DEVICES=1; checks ) > "$LOGS/gpu1.summary" 2>&1 &
-    for run in 1 2 3 4; do
-      for spacer in pages device; do
-        TAIL=1 step "spacer-$spacer-$run" 60 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" \
-          --impls fla-loggate,fla-loggate-sigmoid,fla,triton --B 256 --H 32 --HV 32 --K 128 --V 128 \
-          --state-dtype bf16 --spacer $spacer --devices cuda:0 --out "$RES/spacer/$spacer/run$run"
-      done
-    done
-    for spacer in pages device; do
-      TAIL=8 step "spacer-$spacer-compare" 30 python3 scripts/run_to_run.py "$RES"/spacer/$spacer/run{1,2,3,4} \
-        --out "$RES/spacer/$spacer-run_to_run.md"
-    done
-    if [ "$GPUS" -gt 1 ]; then wait; cat "$LOGS/gpu1.summary"; else CUDA_VISIBLE_DEVICES=0 checks; fi
+    TAIL=3 step pytest-harness 120 $GPU0 python3 -m pytest -q -m gpu tests/test_bench.py -k "settle or cupti or disjoint"
+    TAIL=12 step cupti-replay 150 $GPU0 python3 scripts/cupti_crosscheck.py results/h200/published/a1 --impls fla,triton \
+      --B 16,64 --replay --calls 20 --out "$RES/cupti/replay"
     pack
     ;;
   settle)  # (a bare box will do) our kernel alone over the targets preset with --settle 1 (idle a second

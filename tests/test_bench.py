@@ -23,6 +23,7 @@ import torch
 from helpers import REPO
 from kda_impls import make_inputs
 from kda_impls.bench import case, clocks, timing
+from kda_impls.bench import sweep as sweep_module
 from kda_impls.bench.case import COLUMNS, Method, run_case
 from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.bench.presets import PRESETS, adhoc_configs
@@ -458,9 +459,8 @@ def test_gpu_previous_step_rotates_over_sets_adding_up_to_three_l2s():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spacer", list(timing.SPACERS))
 @pytest.mark.parametrize("disjoint", [True, False])
-def test_gpu_disjoint_placements_land_on_memory_no_earlier_one_used(disjoint, spacer):
+def test_gpu_disjoint_placements_land_on_memory_no_earlier_one_used(disjoint):
     """Disjoint: each placement's pool lies outside every earlier one's (their memory is held). Freed
     between placements, the allocator hands the same addresses out again, so the test can tell."""
     spans = []
@@ -473,7 +473,7 @@ def test_gpu_disjoint_placements_land_on_memory_no_earlier_one_used(disjoint, sp
 
     before = torch.cuda.memory_allocated()
     kernel_time(make, lambda x: (lambda: None), "cuda", Budget(3, 10, 0.05), placements=4, entry="hot",
-                disjoint=disjoint, spacer=spacer)
+                disjoint=disjoint)
     overlaps = [a < d and c < b for i, (a, b) in enumerate(spans) for c, d in spans[:i]]
     assert len(spans) == 4 and any(overlaps) != disjoint, spans
     assert torch.cuda.memory_allocated() - before < spans[0][1] - spans[0][0]  # nothing held after the row
@@ -520,46 +520,17 @@ def test_every_placement_is_drawn_after_the_cache_is_handed_back(monkeypatch):
     assert events == ["release", "make 0", "release", "make 1", "release", "make 2", "release"]
 
 
-@pytest.mark.parametrize("kind", list(timing.SPACERS))
-def test_spacers_are_whole_random_pages(kind):
-    """On the CPU the "device" spacer is as "pages" (no device memory to reach into)."""
-    rng = np.random.default_rng(0)
-    sizes = {timing._spacer(kind, rng, torch.device("cpu")).numel() for _ in range(200)}
-    assert all(size % timing.PAGE_BYTES == 0 and 1 <= size // timing.PAGE_BYTES <= timing.SPACER_PAGES for size in sizes)
-    assert len(sizes) > 20  # random, not one size
-
-
-def test_unknown_spacer_is_refused_by_name():
-    with pytest.raises(ValueError, match="unknown spacer 'wide'; one of pages, device"):
-        timing._spacer("wide", np.random.default_rng(0), torch.device("cpu"))
-    with pytest.raises(ValueError, match="unknown spacer 'wide'"):
-        Method(spacer="wide")
-
-
-def test_device_spacer_is_handed_back_before_the_placement_is_timed(monkeypatch):
-    """A spacer of half the free memory cannot stay reserved while the placement is timed (or held):
-    it is dropped and the cache released right after the inputs are bound."""
-    events = []
-    monkeypatch.setattr(timing, "_release", lambda device, settle_s=0.0: events.append("release"))
-    monkeypatch.setattr(timing, "_spacer", lambda kind, rng, device: events.append(f"spacer {kind}") or torch.empty(1))
-    monkeypatch.setattr(timing, "_time_placement",
-                        lambda launchers, device, share, made: events.append("time") or Timing([1.0], "perf_counter"))
-    kernel_time(lambda p: make_inputs(1, 1, 1, 16, 16, seed=p), lambda x: (lambda: None), "cpu", placements=2,
-                spacer="device")
-    assert events == ["release", "spacer device", "release", "time", "release", "spacer device", "release", "time",
-                      "release"]
-
-
 def test_every_release_of_a_row_may_settle(monkeypatch):
     """--settle reaches each hand-back of the row: before the first placement, after each, and the
-    held placements' at the end."""
+    held placements' at the end (held here although the CPU never holds: the room check says yes)."""
     settles = []
     monkeypatch.setattr(timing, "_release", lambda device, settle_s=0.0: settles.append(settle_s))
+    monkeypatch.setattr(timing, "_room_for_another", lambda device, placement_bytes: True)
     monkeypatch.setattr(timing, "_time_placement",
                         lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
     kernel_time(lambda p: make_inputs(1, 1, 1, 16, 16, seed=p), lambda x: (lambda: None), "cpu", placements=2,
-                settle_s=0.5)
-    assert settles == [0.5, 0.5, 0.5]
+                disjoint=True, settle_s=0.5)
+    assert settles == [0.5, 0.5, 0.5, 0.5]
     with pytest.raises(ValueError, match="settle_s must be >= 0; got -1"):
         Method(settle_s=-1)
 
@@ -653,14 +624,33 @@ def test_each_placement_process_gets_its_seeds_and_a_share_of_the_extra_placemen
         Method(placement_processes=0)
 
 
-def _timed_row(placements_us: list[float], sm_min: int, throttled: bool, err: float) -> dict:
+def test_each_placement_process_worker_is_started_with_its_share(monkeypatch, tmp_path):
+    """The sweep hands worker i of a row the method of placement process i (its seeds, its share of
+    the extra placements), not the sweep's method as it is."""
+    started = []
+
+    class Recorded:
+        def __init__(self, impl, device, method):
+            started.append(method)
+
+    monkeypatch.setattr(sweep_module, "Worker", Recorded)
+    method = Method(placement_processes=2, extra_placements=24)
+    runner = sweep_module.Sweep([], tmp_path, ["cpu"], method, command="", preset="smoke")
+    for process in range(2):
+        runner._worker("naive", "cpu", process)
+    runner._worker("naive", "cpu", 1)  # kept, not started again
+    assert started == [method.in_process(0), method.in_process(1)]
+    assert started[1].seed == case.PROCESS_SEED_STRIDE and started[1].extra_placements == 12
+
+
+def _timed_row(placements_us: list[float], sm_min: int, throttled: bool, err: float, first_call_ms: float) -> dict:
     samples = [p + d for p in placements_us for d in (-0.1, 0.0, 0.1)]
     kernel = Timing([s / 1e6 for s in samples], "cuda-graph", [p / 1e6 for p in placements_us], entry="previous-step",
                     input_sets=2)
     clock = {"sm_mhz_min": sm_min, "sm_mhz_median": 1980.0, "mem_mhz_median": 3201.0, "power_w_max": 400.0 + sm_min,
              "temp_c_max": 45, "throttle_reasons": "sw-power-cap" if throttled else "", "throttled": throttled}
     return (case.empty_row(Config("naive", 4, 2, 2, 16, 16)) | clock | {"status": "ok", "err_out": err, "err_state": err,
-            "first_call_ms": 12.0, "call_us_median": 50.0, "retimed": throttled}
+            "first_call_ms": first_call_ms, "call_us_median": 5 * first_call_ms, "retimed": throttled}
             | case._kernel_columns(kernel, 10_000, 4e12))
 
 
@@ -668,14 +658,14 @@ def test_rows_of_several_processes_pool_their_placements():
     """Two processes of three placements: the kernel time is the mean of all six, min/max and the
     sample count over both; the worst error, the lowest clock and any slowdown carry over; the
     first call and the call time are the first process's."""
-    rows = [_timed_row([10.0, 10.2, 10.4], 1980, False, 1e-6), _timed_row([10.6, 10.8, 11.0], 1900, True, 3e-6)]
+    rows = [_timed_row([10.0, 10.2, 10.4], 1980, False, 1e-6, 12.0), _timed_row([10.6, 10.8, 11.0], 1900, True, 3e-6, 2.0)]
     merged = case.merge_rows(rows)
     assert merged["kernel_us_mean"] == pytest.approx(10.5) and merged["placements_timed"] == 6
     assert merged["kernel_us_placement_min"] == pytest.approx(10.0) and merged["kernel_us_placement_max"] == pytest.approx(11.0)
     assert merged["n_samples"] == 18 and merged["gbps"] == pytest.approx(10_000 / 10.5e-6 / 1e9)
     assert merged["err_out"] == 3e-6 and merged["sm_mhz_min"] == 1900 and merged["throttled"] and merged["retimed"]
     assert merged["throttle_reasons"] == "sw-power-cap" and merged["power_w_max"] == 2380.0
-    assert merged["first_call_ms"] == 12.0 and merged["call_us_median"] == 50.0
+    assert merged["first_call_ms"] == 12.0 and merged["call_us_median"] == 60.0  # the first process's, not the second's
     wrong = rows[1] | {"status": "wrong", "reason": "state differs"}
     assert case.merge_rows([rows[0], wrong])["reason"] == "placement process 2 of 2: state differs"
 

@@ -452,8 +452,7 @@ def test_refuses_sweeps_timed_from_different_l2_entry_states(tmp_path):
     assert code == 2 and "different L2 entry states ('clean' vs 'dirty')" in out
 
 
-@pytest.mark.parametrize("field, a, b", [("spacer", "pages", "device"), ("placement_processes", 1, 3),
-                                          ("settle_s", 0.0, 1.0)])
+@pytest.mark.parametrize("field, a, b", [("placement_processes", 1, 3), ("settle_s", 0.0, 1.0)])
 def test_refuses_sweeps_whose_placements_were_made_differently(tmp_path, field, a, b):
     """A directory from before the field existed reads as its default: against the default it
     compares, against another value it is refused."""

@@ -17,8 +17,8 @@ from ..verify import verify
 from . import clocks
 from .config import Config
 from .roofline import copy_bandwidth
-from .timing import (DEFAULT_ENTRY, ENTRY_STATES, EXTRA_PLACEMENTS, SPACERS, Budget, Timing, as_device, call_time,
-                     kernel_time, synced_call)
+from .timing import (DEFAULT_ENTRY, ENTRY_STATES, EXTRA_PLACEMENTS, Budget, Timing, as_device, call_time, kernel_time,
+                     synced_call)
 
 # ok: matches the reference; wrong: timed anyway, flagged; unsupported: cannot run here (reason);
 # error: ContractError or a runtime failure (message); crashed: the worker process died (sweeps only).
@@ -49,8 +49,8 @@ class Method:
     the budgets of the two timers (the kernel budget shared among the layout's placements), how
     many placements are added on a GPU to a row whose step exceeds the L2 or whose placements spread
     wide (timing.PLACEMENT_SPREAD_LIMIT) and whether each keeps its memory until the row ends, so that
-    the next lands on other pages (timing.kernel_time's ``disjoint``), what goes before each placement
-    (timing.SPACERS), how long to idle after handing back a large allocation (timing.SETTLE_MIN_BYTES),
+    the next lands on other pages (timing.kernel_time's ``disjoint``), how long to idle after handing
+    back a large allocation (timing.SETTLE_MIN_BYTES),
     in how many worker processes a sweep times each row (:meth:`in_process`, :func:`merge_rows`),
     the seed of the inputs and spacers, and whether a row timed
     while the GPU slowed itself down is timed once more."""
@@ -60,7 +60,6 @@ class Method:
     call: Budget | None = field(default_factory=lambda: Budget(max_seconds=0.2))  # None: no call time
     extra_placements: int = EXTRA_PLACEMENTS
     disjoint_placements: bool = True
-    spacer: str = "pages"
     settle_s: float = 0.0
     placement_processes: int = 1
     seed: int = 0
@@ -69,8 +68,6 @@ class Method:
     def __post_init__(self):
         if self.entry not in ENTRY_STATES:
             raise ValueError(f"unknown L2 entry state {self.entry!r}; one of {', '.join(ENTRY_STATES)}")
-        if self.spacer not in SPACERS:
-            raise ValueError(f"unknown spacer {self.spacer!r}; one of {', '.join(SPACERS)}")
         if self.placement_processes < 1:
             raise ValueError(f"placement_processes must be >= 1; got {self.placement_processes}")
         if self.settle_s < 0:
@@ -204,8 +201,7 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
                 extra = method.extra_placements if torch.device(device).type == "cuda" else 0
                 timing = kernel_time(make, impl.bind, device, method.kernel, placements=cfg.layout.placements,
                                      entry=method.entry, seed=seed, extra_placements=extra,
-                                     disjoint=method.disjoint_placements, spacer=method.spacer,
-                                     settle_s=method.settle_s)
+                                     disjoint=method.disjoint_placements, settle_s=method.settle_s)
             return timing, monitor.summary()
 
         kernel, clock = timed_kernel()

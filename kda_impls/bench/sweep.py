@@ -48,7 +48,7 @@ from .config import CHECKPOINTS, SLOT_ORDERS, Config, PoolLayout
 from .presets import AXES, PRESETS, adhoc_configs
 from .results import assemble, environment, read_meta, read_rows, remove_stale_temporaries, write_meta, write_row
 from .roofline import copy_bandwidth
-from .timing import DEFAULT_ENTRY, ENTRY_STATES, METHOD_VERSION, PLACEMENT_SPREAD_LIMIT, SPACERS, Budget
+from .timing import DEFAULT_ENTRY, ENTRY_STATES, METHOD_VERSION, PLACEMENT_SPREAD_LIMIT, Budget
 from .worker import serve
 
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
@@ -477,9 +477,6 @@ def parser() -> Parser:
                         default=Method.disjoint_placements,
                         help="keep each placement's memory until its row ends, so that the next lands on pages "
                              "no earlier one used (the driver may hand freed pages out again; default %(default)s)")
-    layout.add_argument("--spacer", choices=list(SPACERS), default=Method.spacer,
-                        help="what is allocated before each placement: "
-                             + "; ".join(f"{k}: {v}" for k, v in SPACERS.items()).replace("%", "%%") + " (default %(default)s)")
     layout.add_argument("--settle", type=non_negative_float, default=Method.settle_s, metavar="S",
                         help="idle S seconds after handing more than 1 GiB back to the driver between "
                              "placements and rows (on the H200 a large row's first placement ran 10%% slow "
@@ -548,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
                     max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
                     max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
     method = Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
-                    disjoint_placements=args.disjoint_placements, spacer=args.spacer, settle_s=args.settle,
+                    disjoint_placements=args.disjoint_placements, settle_s=args.settle,
                     placement_processes=args.placement_processes, retime_throttled=not args.no_retime)
     registry.interpret_triton_on(device_type)  # the workers inherit it
 

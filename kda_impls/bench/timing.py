@@ -91,15 +91,6 @@ PAGE_BYTES = 2 << 20
 # driver does with freed memory takes a while and slows what runs meanwhile. ``settle_s`` (opt-in,
 # --settle) idles after a release of more than this many bytes.
 SETTLE_MIN_BYTES = 1 << 30
-SPACER_DEVICE_SHARE = 0.5  # the "device" spacer: up to this share of the device's free memory
-# What goes before each placement, so that placements land on different pages. "pages" samples the
-# next few GB of what the driver hands out; "device" lets one process's placements reach anywhere in
-# the memory (whether that is what decides fla's 3% moves between processes: docs/timing.md).
-SPACERS = {
-    "pages": f"1..{SPACER_PAGES} random pages of 2 MiB, held with the placement",
-    "device": f"random pages up to {SPACER_DEVICE_SHARE:.0%} of the device's free memory, handed back once "
-              "the placement's inputs are made (the CPU: as pages)",
-}
 
 
 @dataclass
@@ -365,29 +356,17 @@ def _release(device: torch.device, settle_s: float = 0.0) -> None:
             time.sleep(settle_s)
 
 
-def _spacer(kind: str, rng: np.random.Generator, device: torch.device) -> torch.Tensor:
-    """The memory allocated before a placement's inputs (:data:`SPACERS`)."""
-    if kind not in SPACERS:
-        raise ValueError(f"unknown spacer {kind!r}; one of {', '.join(SPACERS)}")
-    most = SPACER_PAGES
-    if kind == "device" and device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        most = max(1, int(SPACER_DEVICE_SHARE * free) // PAGE_BYTES)
-    return torch.empty(int(rng.integers(1, most + 1)) * PAGE_BYTES, dtype=torch.uint8, device=device)
-
-
 def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInputs], Launcher], device,
                 budget: Budget = Budget(), *, placements: int = 1, entry: str = DEFAULT_ENTRY, seed: int = 0,
-                extra_placements: int = 0, disjoint: bool = False, spacer: str = "pages",
-                settle_s: float = 0.0) -> Timing:
+                extra_placements: int = 0, disjoint: bool = False, settle_s: float = 0.0) -> Timing:
     """Kernel time over ``placements`` placements, ``budget`` shared among them, and
     ``extra_placements`` more, each with the same share, on a GPU where the step moves more bytes
     than the L2 holds or where the first ones' medians spread by more than PLACEMENT_SPREAD_LIMIT
     (max / min - 1).
 
-    Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (:data:`SPACERS`,
-    from ``seed``) is allocated. The allocator's cache is handed back to the driver before
-    the first placement as before every other, so that each pool is a fresh allocation, as a serving
+    Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (1 to
+    SPACER_PAGES pages of 2 MiB, from ``seed``) is allocated. The allocator's cache is handed back
+    to the driver before the first placement as before every other, so that each pool is a fresh allocation, as a serving
     engine's pool is, not carved out of blocks the row's correctness check left cached. Where a
     release hands back more than SETTLE_MIN_BYTES, ``settle_s`` seconds of idling follow it (the
     first placement of our kernel's largest rows ran 8-10% slower after such a release, fresh
@@ -410,22 +389,19 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
                 and _spread([t.placement_medians[0] for t in measured]) <= PLACEMENT_SPREAD_LIMIT):
             break
         before = _reserved(device)
-        pad = _spacer(spacer, rng, device)
+        spacer = torch.empty(int(rng.integers(1, SPACER_PAGES + 1)) * PAGE_BYTES, dtype=torch.uint8, device=device)
         first = make(placement)
         if placement == 0:
             l2 = l2_bytes(device)  # the CPU's: 0, no cache modelled
             beyond_l2 = l2 > 0 and first.nbytes() > l2
         made, sets = rotation_plan(entry, first, device)
         launchers = [bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
-        if spacer == "device":  # half the device cannot stay reserved: the next placement needs room
-            pad = None
-            _release(device, settle_s)
         measured.append(_time_placement(launchers, device, share, made))
         if disjoint and _room_for_another(device, _reserved(device) - before):
-            held.append((first, launchers, pad))
+            held.append((first, launchers, spacer))
         else:
             held.clear()
-        del first, launchers, pad
+        del first, launchers, spacer
         _release(device, settle_s)
     if held:  # disjoint placements: hand their memory back with the row
         held.clear()
