@@ -52,9 +52,10 @@ def row_time(table: pd.DataFrame) -> pd.DataFrame:
     """Per implementation: seconds its rows took (``row_s``), those less their first calls (what the
     timers and the placements cost), and the placements a row was timed on, on average."""
     by_impl = table.groupby("impl")
-    placements = by_impl.placements_timed.mean() if "placements_timed" in table else float("nan")  # method 3 on
-    return pd.DataFrame({"rows s": by_impl.row_s.sum(),
-                         "less first calls": by_impl.row_s.sum() - by_impl.first_call_ms.sum() / 1e3,
+    # columns older sweeps lack: placements_timed (method 3 on), row_s (the multi-GPU lanes on)
+    placements = by_impl.placements_timed.mean() if "placements_timed" in table else float("nan")
+    rows_s = by_impl.row_s.sum() if "row_s" in table else pd.Series(float("nan"), index=list(by_impl.groups))
+    return pd.DataFrame({"rows s": rows_s, "less first calls": rows_s - by_impl.first_call_ms.sum() / 1e3,
                          "placements": placements})
 
 

@@ -14,7 +14,8 @@ kernel start to last kernel end, is reported too); where an entry op precedes ea
 counts what the step adds to the op after it (the write-back of lines the step left dirty), which
 ``cupti_charged_us`` adds to the CUPTI figure for a like-for-like comparison. ``--replay`` also
 profiles the harness's own pass, to tell the two apart from a kernel that runs slower back to back.
-Writes DIR/crosscheck.csv, DIR/crosscheck.md and DIR/meta.json.
+Writes DIR/crosscheck.csv, DIR/crosscheck.md and DIR/meta.json; ``--report-only`` writes crosscheck.md
+again from crosscheck.csv.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from kda_impls.bench.config import Config  # noqa: E402
 from kda_impls.bench.cupti import kernels_of, op_busy, replay_durations, step_durations  # noqa: E402
 from kda_impls.bench.results import environment, load, write_meta  # noqa: E402
 from kda_impls.bench.timing import entry_op, rotation_plan  # noqa: E402
+from kda_impls.cli import print_and_save  # noqa: E402
 from kda_impls.registry import get  # noqa: E402
 
 AGREEMENT = 0.03
@@ -81,11 +83,42 @@ def replay_section(table: pd.DataFrame) -> str:
             + table[cols].to_markdown(index=False, floatfmt=".3f"))
 
 
+def agreement_table(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Rows, rows within AGREEMENT and the ratios' range (to CUPTI's durations and to what the
+    harness's subtraction charges) per group."""
+    return table.groupby(by).agg(rows=("ratio", "count"), agree=("agrees", "sum"), ratio_min=("ratio", "min"),
+                                 ratio_max=("ratio", "max"), charged_ratio_min=("ratio_to_charged", "min"),
+                                 charged_ratio_max=("ratio_to_charged", "max")).reset_index()
+
+
+def report(table: pd.DataFrame) -> str:
+    """crosscheck.md from crosscheck.csv's table (the replay section where the run profiled it)."""
+    worst = table.assign(off=(table.ratio - 1).abs()).sort_values("off", ascending=False).head(25)
+    return "\n\n".join([
+        "# Harness kernel time against CUPTI kernel durations",
+        f"Sweeps: {', '.join(f'`{s}`' for s in table.sweep.unique())}. ratio = harness kernel time (its sweep's "
+        f"statistic over placements) / CUPTI median summed kernel duration per step; agreement: |ratio - 1| <= "
+        f"{AGREEMENT:.0%}. ratio_to_charged compares with what the harness's subtraction counts, from CUPTI too: "
+        f"the step's kernels plus what it adds to the entry op after it (the write-back of lines it left dirty).",
+        f"**{int(table.agrees.sum())} of {len(table)} rows agree.** Rows that did not profile: "
+        f"{int(table.error.notna().sum())}.",
+        # all numbers: as objects, so that the counts stay whole in the markdown
+        "## By batch\n\n" + agreement_table(table, ["B"]).round(3).astype(object).to_markdown(index=False),
+        "## By implementation, state dtype and batch\n\n"
+        + agreement_table(table, ["impl", "state_dtype", "B"]).to_markdown(index=False, floatfmt=".3f"),
+        "## The largest differences\n\n" + worst[["impl", "state_dtype", "HV", "K", "B", "slot_pad", "l2_entry",
+                                                  "kernel_us_mean", "cupti_busy_us", "cupti_charged_us", "kernels",
+                                                  "ratio", "ratio_to_charged"]].to_markdown(index=False, floatfmt=".3f"),
+    ] + ([replay_section(table)] if "replay_busy_us" in table else [])) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("sweeps", type=Path, nargs="+")
+    parser.add_argument("sweeps", type=Path, nargs="*")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--report-only", action="store_true",
+                        help="profile nothing: write OUT/crosscheck.md again from OUT/crosscheck.csv (no GPU needed)")
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--unpadded-only", action="store_true", help="skip rows with slot padding or padding rows")
     parser.add_argument("--device", default="cuda")
@@ -96,6 +129,10 @@ def main() -> int:
                              "replay_busy_us, a step's kernels inside it; replay_period_us, the pass's span per "
                              "call, which counts the gaps between kernels as the harness's events do")
     args = parser.parse_args()
+    if args.report_only:
+        return print_and_save(report(pd.read_csv(args.out / "crosscheck.csv")), args.out / "crosscheck.md")
+    if not args.sweeps:
+        parser.error("name the sweep directories to cross-check (or --report-only)")
     device = torch.device(args.device)
     started = time.perf_counter()
     rows, before_kernels = [], {}
@@ -131,28 +168,7 @@ def main() -> int:
     table.to_csv(args.out / "crosscheck.csv", index=False)
     write_meta(args.out, environment(device, args.out, shlex.join(sys.argv))
                | {"wall_s": round(time.perf_counter() - started, 1), "calls": args.calls, "agreement": AGREEMENT})
-
-    by = table.groupby(["impl", "B"]).agg(rows=("ratio", "count"), agree=("agrees", "sum"),
-                                          ratio_min=("ratio", "min"), ratio_max=("ratio", "max"),
-                                          charged_ratio_min=("ratio_to_charged", "min"),
-                                          charged_ratio_max=("ratio_to_charged", "max")).reset_index()
-    worst = table.assign(off=(table.ratio - 1).abs()).sort_values("off", ascending=False).head(25)
-    text = "\n\n".join([
-        "# Harness kernel time against CUPTI kernel durations",
-        f"Sweeps: {', '.join(f'`{s}`' for s in args.sweeps)}. ratio = harness kernel time (its sweep's statistic over placements) / CUPTI "
-        f"median summed kernel duration per step; agreement: |ratio - 1| <= {AGREEMENT:.0%}. "
-        f"ratio_to_charged compares with what the harness's subtraction counts, from CUPTI too: the step's "
-        f"kernels plus what it adds to the entry op after it (the write-back of lines it left dirty).",
-        f"**{int(table.agrees.sum())} of {len(table)} rows agree.** Rows that did not profile: "
-        f"{int(table.error.notna().sum())}.",
-        "## By implementation and batch\n\n" + by.to_markdown(index=False, floatfmt=".3f"),
-        "## The largest differences\n\n" + worst[["impl", "state_dtype", "HV", "K", "B", "slot_pad", "l2_entry",
-                                                  "kernel_us_mean", "cupti_busy_us", "cupti_charged_us", "kernels",
-                                                  "ratio", "ratio_to_charged"]].to_markdown(index=False, floatfmt=".3f"),
-    ] + ([replay_section(table)] if args.replay else [])) + "\n"
-    (args.out / "crosscheck.md").write_text(text)
-    print(text)
-    return 0
+    return print_and_save(report(table), args.out / "crosscheck.md")
 
 
 if __name__ == "__main__":

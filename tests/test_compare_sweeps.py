@@ -72,3 +72,5 @@ def test_what_the_rows_took_less_their_first_calls(tmp_path):
     assert re.search(r"\| fla\s+\|\s+7\.5 \|\s+4\.5 \|\s+9\.0 \|", text)
     older = compare_sweeps.row_time(compare_sweeps.load(a).table.drop(columns="placements_timed"))
     assert older.loc["fla", "rows s"] == 7.5 and np.isnan(older.loc["fla", "placements"])  # before method 3
+    oldest = compare_sweeps.row_time(compare_sweeps.load(a).table.drop(columns=["placements_timed", "row_s"]))
+    assert np.isnan(oldest.loc["fla", "rows s"]) and np.isnan(oldest.loc["fla", "less first calls"])  # no row_s
