@@ -64,18 +64,24 @@ def first_off(sweeps) -> pd.DataFrame:
     return rows[(rows["first / others"] - 1).abs() > FIRST_OFF].drop(columns=["library", "B"])
 
 
+def placements_by_run(sweeps, min_b: int) -> dict[str, list[np.ndarray]]:
+    """Per row key at B >= ``min_b``: the per-placement medians of each run that timed it ok with
+    some (a row one run lacks has fewer arrays than there are runs)."""
+    by_key: dict[str, list[np.ndarray]] = {}
+    for sweep in sweeps:
+        for key in sweep.ok[sweep.ok.B >= min_b].key:
+            if sweep.placements.get(key):
+                by_key.setdefault(key, []).append(np.asarray(sweep.placements[key], dtype=float))
+    return by_key
+
+
 def resampled(sweeps, min_b: int, sizes: list[int], limit: float, skip_first: bool, seed: int) -> pd.DataFrame:
     """Per row whose pooled placements spread by more than ``limit``: the odds that three runs of
     n placements each move by more than ``limit``, per estimator and n."""
     rng = np.random.default_rng(seed)
-    pooled: dict[str, list[float]] = {}
-    for sweep in sweeps:
-        ok = sweep.ok[sweep.ok.B >= min_b]
-        for key in ok.key:
-            pooled.setdefault(key, []).extend(sweep.placements.get(key, [])[1 if skip_first else 0:])
     rows = []
-    for key, values in sorted(pooled.items()):
-        values = np.asarray(values)
+    for key, runs in sorted(placements_by_run(sweeps, min_b).items()):
+        values = np.concatenate([run[1 if skip_first else 0:] for run in runs])
         if len(values) < 2 or values.max() / values.min() - 1 <= limit:
             continue
         row = {"row": key.split("_spr")[0], "placements": len(values),
@@ -98,14 +104,8 @@ def resampled_by_process(sweeps, min_b: int, placements: int, processes: list[in
     own, so a process whose placements sit apart as a whole stays apart (what
     ``--placement-processes`` is for)."""
     rng = np.random.default_rng(seed)
-    per_key: dict[str, list[np.ndarray]] = {}
-    for sweep in sweeps:
-        ok = sweep.ok[sweep.ok.B >= min_b]
-        for key in ok.key:
-            if sweep.placements.get(key):
-                per_key.setdefault(key, []).append(np.asarray(sweep.placements[key], dtype=float))
     rows = []
-    for key, runs in sorted(per_key.items()):
+    for key, runs in sorted(placements_by_run(sweeps, min_b).items()):
         pooled = np.concatenate(runs)
         if len(runs) < len(sweeps) or pooled.max() / pooled.min() - 1 <= limit:
             continue

@@ -38,7 +38,6 @@ SHOWN = ["impl", "state_dtype", "HV", "K", "V", "B", "slot_pad"]
 MIN_PLACEMENTS_TESTED = 3  # per run, for the rank test of the runs' placements
 
 
-
 def moves(sweeps: list, statistic: str | None = None) -> pd.DataFrame:
     """One line per configuration ok in every run: each run's kernel time, ``between`` (max / min -
     1 of those) and ``within`` (the largest placement spread, max / min - 1, of any run). With a
