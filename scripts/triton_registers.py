@@ -130,16 +130,25 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
     raise RuntimeError(f"no ptxas here reads this Triton's PTX (tried {', '.join(assemblers()) or 'none'})")
 
 
+# The compiled kernel's columns, after each line's own: (heading, field of registers(), width).
+COUNTS = [("regs", "regs", 4), ("spill B", "spill_bytes", 7), ("warps/SM", "warps_per_sm", 8),
+          ("SASS to 1st load", "sass_before_load", 16), ("SASS", "sass", 5),
+          ("loads before 16B", "loads_before_16B", 16), ("SASS digest", "sass_digest", 12)]
+COUNTS_HEADING = " ".join(f"{heading:>{width}}" for heading, _, width in COUNTS)
+
+
+def counts(r: dict) -> str:
+    return " ".join(f"{r[field]!s:>{width}}" for _, field, width in COUNTS)
+
+
 def print_table_entries(HV: int, D: int) -> int:
     print(f"triton {triton.__version__}, sm_90a, the tuning table's entries for HV={HV} K=V={D}")
-    print(f"{'state':9} {'B':>4} {'T':>2} {'config':78} {'regs':>4} {'spill B':>7} {'warps/SM':>8} "
-          f"{'SASS to 1st load':>16} {'SASS':>5} {'loads before 16B':>16} {'SASS digest':>12}")
+    print(f"{'state':9} {'B':>4} {'T':>2} {'config':78} {COUNTS_HEADING}")
     for (dtype, hv, K, V, B, T), text in sorted(TABLE.items()):
         if (hv, K, V) != (HV, D, D):
             continue
         r = registers(TileConfig.parse(text, TileConfig(BV=V)), getattr(torch, dtype), HV, D, B, T)
-        print(f"{dtype:9} {B:4} {T:2} {r['config']:78} {r['regs']:4} {r['spill_bytes']:7} {r['warps_per_sm']:8} "
-              f"{r['sass_before_load']!s:>16} {r['sass']!s:>5} {r['loads_before_16B']!s:>16} {r['sass_digest']!s:>12}")
+        print(f"{dtype:9} {B:4} {T:2} {r['config']:78} {counts(r)}")
     return 0
 
 
@@ -158,8 +167,7 @@ def main() -> int:
     if args.table:
         return print_table_entries(args.HV, args.D)
     print(f"triton {triton.__version__}, sm_90a, HV={args.HV} K=V={args.D} B={args.B} T={args.T}")
-    print(f"{'state':9} {'config':78} {'kernel':32} {'regs':>4} {'spill B':>7} {'warps/SM':>8} "
-          f"{'SASS to 1st load':>16} {'SASS':>5} {'loads before 16B':>16} {'SASS digest':>12}")
+    print(f"{'state':9} {'config':78} {'kernel':32} {COUNTS_HEADING}")
     for dtype in args.state_dtypes.split(","):
         for text in args.configs.split(";"):
             config = TileConfig.parse(text, TileConfig(BV=args.D), source="--configs")
@@ -168,9 +176,7 @@ def main() -> int:
             except RuntimeError as exc:
                 print(exc)
                 return 2
-            print(f"{dtype:9} {r['config']:78} {r['kernel']:32} {r['regs']:4} {r['spill_bytes']:7} "
-                  f"{r['warps_per_sm']:8} {r['sass_before_load']!s:>16} {r['sass']!s:>5} "
-                  f"{r['loads_before_16B']!s:>16} {r['sass_digest']!s:>12}")
+            print(f"{dtype:9} {r['config']:78} {r['kernel']:32} {counts(r)}")
     return 0
 
 
