@@ -23,6 +23,7 @@
 #                                  # GPU 1: CUPTI on the first run
 #   scripts/h200_run.sh targets    # (carry .gpu/part2 on a box that has only part 1: it is installed
 #                                  # first) the targets preset on both GPUs, from a cold Triton cache
+#   scripts/h200_run.sh targets-lane # the targets preset on one GPU beside published (resumable)
 #   scripts/h200_run.sh targets-one  # the same on GPU 0 alone (its own cold cache) while GPU 1 runs
 #                                  # the fla and FlashInfer GPU tests and cross-checks the two-GPU run
 #                                  # with CUPTI (the multi-GPU proof: wall times and per-row agreement)
@@ -75,7 +76,10 @@ background() {  # background NAME GPU SECONDS COMMAND...: the same on GPU number
   local name=$1 gpu=$2 limit=$3; shift 3
   ( export CUDA_VISIBLE_DEVICES=$gpu; step "$name" "$limit" "$@" ) > "$LOGS/$name.summary" 2>&1 &
 }
-GPU0="env CUDA_VISIBLE_DEVICES=0"
+# A step's one-GPU commands run on GPU 0, or on the one CUDA_VISIBLE_DEVICES names: a step on GPU 1
+# (with RES and OUT of its own) beside one on GPU 0 in the same call:
+#   CUDA_VISIBLE_DEVICES=1 RES=/root/h200-gpu1 OUT=$OUT/gpu1 bash scripts/h200_run.sh replay &
+ON_GPU="env CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}"
 pack() {  # the results so far, without the per-row files a resume reads
   tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" --exclude=rows --exclude=html --exclude=scratch-repo --exclude="triton-cache-*" \
     "$(basename "$RES")"
@@ -89,11 +93,11 @@ case ${1:-} in
   sanity)
     bash .gpu/part1/install.sh > "$LOGS/install1.log" 2>&1
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit --format=csv
-    TAIL=12 step gpu-bench 200 $GPU0 python3 -m pytest -q -m gpu tests/test_bench.py
+    TAIL=12 step gpu-bench 200 $ON_GPU python3 -m pytest -q -m gpu tests/test_bench.py
     TAIL=12 step tiny-sweep 120 python3 scripts/sweep.py --devices cuda:0 --impls naive,triton --B 1,64 --HV 32 \
       --state-dtype bf16,fp32 --placements 2 --out "$RES/sanity/sweep"
-    TAIL=6 step tiny-cupti 120 $GPU0 python3 scripts/cupti_crosscheck.py "$RES/sanity/sweep" --out "$RES/sanity/cupti"
-    TAIL=6 step tiny-l2 120 $GPU0 python3 scripts/l2_entry_study.py --impls triton --batches 64 --state-dtypes bfloat16 \
+    TAIL=6 step tiny-cupti 120 $ON_GPU python3 scripts/cupti_crosscheck.py "$RES/sanity/sweep" --out "$RES/sanity/cupti"
+    TAIL=6 step tiny-l2 120 $ON_GPU python3 scripts/l2_entry_study.py --impls triton --batches 64 --state-dtypes bfloat16 \
       --out "$RES/sanity/l2-entry"
     pack
     ;;
@@ -101,10 +105,10 @@ case ${1:-} in
     bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; tail -n 1 "$LOGS/install2.log"
     source /root/gpu-site/env.sh
     background correctness 1 520 python3 scripts/gpu_correctness.py --out "$RES/correctness"
-    TAIL=3 step l2-entry 200 $GPU0 python3 scripts/l2_entry_study.py --out "$RES/l2-entry" \
+    TAIL=3 step l2-entry 200 $ON_GPU python3 scripts/l2_entry_study.py --out "$RES/l2-entry" \
       --impls triton,fla,fla-loggate-sigmoid,flashinfer,flashinfer-sigmoid,flashinfer-loggate-sigmoid
     echo "L2 entry state of the sweeps: $(entry) (the study's closest: $(sed -n 's/^closest: //p' "$LOGS/l2-entry.log"))"
-    TAIL=3 step pytest-gpu 240 $GPU0 python3 -m pytest -q -m gpu tests/test_triton_multitoken.py \
+    TAIL=3 step pytest-gpu 240 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton_multitoken.py \
       tests/test_multitoken.py tests/test_fla_multitoken.py tests/test_flashinfer_multitoken.py tests/test_variants.py \
       tests/test_flashinfer.py tests/test_fla.py
     TAIL=2 step spec-decode 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset spec-decode --devices cuda:0 \
@@ -125,8 +129,8 @@ case ${1:-} in
     fi
     # RUNS names the runs this call makes: a run takes ~200 s with 27 placements for every step over
     # the L2, so three do not fit one 600 s call (RUNS="a1 a2", then RUNS=a3 ASV=0)
-    # PUBLISHED_DIR and SWEEP_ARGS make the runs of another method, e.g. PUBLISHED_DIR=published-pp3
-    # SWEEP_ARGS="--placement-processes 3" (then run_to_run.py on them); RUN_LIMIT: seconds a run (300)
+    # PUBLISHED_DIR and SWEEP_ARGS make the runs of another method, e.g. PUBLISHED_DIR=published-pp1
+    # SWEEP_ARGS="--placement-processes 1" (then run_to_run.py on them); RUN_LIMIT: seconds a run (300)
     DIR=${PUBLISHED_DIR:-published}
     for run in ${RUNS:-a1 a2 a3}; do
       TAIL=1 step "$DIR-$run" "${RUN_LIMIT:-300}" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 \
@@ -137,10 +141,17 @@ case ${1:-} in
     pack
     ;;
   published-check)  # after published: the planted Triton slowdown, the sweep-form gate, the published
-    # comparison, the estimators' report; GPU 1 meanwhile: CUPTI on the first run
+    # comparison, the estimators' report; GPU 1 meanwhile: CUPTI on the first run and on targets/
     source /root/gpu-site/env.sh
-    background cupti-published 1 200 python3 scripts/cupti_crosscheck.py "$RES/published/a1" \
-      --out "$RES/cupti/published" --calls 20
+    # GPU 1: CUPTI on the first run, then on the targets run a lane made beside the published runs
+    # (targets-lane), if there is one
+    ( export CUDA_VISIBLE_DEVICES=1
+      step cupti-published 200 python3 scripts/cupti_crosscheck.py "$RES/published/a1" --out "$RES/cupti/published" \
+        --calls 20
+      if [ -d "$RES/targets" ]; then
+        step cupti-targets 300 python3 scripts/cupti_crosscheck.py "$RES/targets" --unpadded-only \
+          --out "$RES/cupti/targets" --calls 20
+      fi ) > "$LOGS/cupti.summary" 2>&1 &
     PLANTED=$(python3 scripts/validate_gate.py planted 2>/dev/null)
     TAIL=1 step published-slow 90 env KDA_TRITON_CONFIG="$PLANTED" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --impls triton \
       --out "$RES/published/slow"
@@ -152,16 +163,16 @@ case ${1:-} in
     TAIL=3 step estimators 60 python3 scripts/placement_estimators.py "$RES"/published/a{1,2,3} \
       --out "$RES/published/estimators.md"
     # what the method costs on the preset with the 60 s target (docs/timing.md, "What it costs")
-    TAIL=2 step kimi 200 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset kimi-linear-48b --devices cuda:0 \
+    TAIL=2 step kimi 300 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset kimi-linear-48b --devices cuda:0 \
       --impls naive,triton,fla,flashinfer --out "$RES/kimi-linear-48b"
-    wait; cat "$LOGS/cupti-published.summary"
+    wait; cat "$LOGS/cupti.summary"
     pack
     ;;
   check)
     bash .gpu/part1/install.sh > "$LOGS/install1.log" 2>&1; tail -n 1 "$LOGS/install1.log"
     source /root/gpu-site/env.sh
     background correctness-triton 1 420 python3 scripts/gpu_correctness.py --impls triton --out "$RES/correctness-triton"
-    TAIL=3 step pytest-triton 300 $GPU0 python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py \
+    TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py \
       tests/test_bench.py
     wait; cat "$LOGS/correctness-triton.summary"
     pack
@@ -172,6 +183,14 @@ case ${1:-} in
     # Each run compiles from nothing (its own Triton cache): the wall times compare like with like.
     TAIL=2 step targets-2gpu 560 env TRITON_CACHE_DIR="$RES/triton-cache-2gpu" python3 scripts/sweep.py --no-charts \
       --l2-entry "$(entry)" --preset targets --devices cuda:0,cuda:1 --out "$RES/targets-2gpu"
+    pack
+    ;;
+  targets-lane)  # the targets preset on one GPU (GPU 0, or the one CUDA_VISIBLE_DEVICES names) beside
+    # published on GPU 0 in the same calls; a call that runs out of time (RUN_LIMIT, default 540 s)
+    # resumes it when the step runs again
+    source /root/gpu-site/env.sh
+    TAIL=2 step targets-lane "${RUN_LIMIT:-540}" $ON_GPU python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" \
+      --preset targets --devices cuda:0 --out "$RES/${TARGETS_DIR:-targets}"
     pack
     ;;
   targets-one)  # the same on GPU 0 alone, while GPU 1 runs the library GPU tests and CUPTI on the two-GPU run
@@ -252,8 +271,8 @@ case ${1:-} in
     # rows at B = 16 and 64 of the published run (docs/timing.md, "The second clock")
     if [ -d .gpu/part2 ] && [ ! -f /root/gpu-site/env.sh ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; fi
     source /root/gpu-site/env.sh
-    TAIL=3 step pytest-harness 120 $GPU0 python3 -m pytest -q -m gpu tests/test_bench.py -k "settle or cupti or disjoint"
-    TAIL=12 step cupti-replay 150 $GPU0 python3 scripts/cupti_crosscheck.py results/h200/published/a1 --impls fla,triton \
+    TAIL=3 step pytest-harness 120 $ON_GPU python3 -m pytest -q -m gpu tests/test_bench.py -k "settle or cupti or disjoint"
+    TAIL=12 step cupti-replay 150 $ON_GPU python3 scripts/cupti_crosscheck.py results/h200/published/a1 --impls fla,triton \
       --B 16,64 --replay --calls 20 --out "$RES/cupti/replay"
     pack
     ;;
@@ -289,21 +308,21 @@ case ${1:-} in
     pack
     ;;
   profile)
-    TAIL=30 step ncu 300 $GPU0 python3 scripts/ncu_profile.py --out "$RES/ncu"
-    TAIL=12 step memcheck 200 $GPU0 compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-    TAIL=3 step pytest-cupti 120 $GPU0 python3 -m pytest -q -m gpu tests/test_bench.py -k cupti
+    TAIL=30 step ncu 300 $ON_GPU python3 scripts/ncu_profile.py --out "$RES/ncu"
+    TAIL=12 step memcheck 200 $ON_GPU compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    TAIL=3 step pytest-cupti 120 $ON_GPU python3 -m pytest -q -m gpu tests/test_bench.py -k cupti
     cp "$LOGS"/memcheck.log "$RES/ncu/" 2>/dev/null
     pack
     ;;
   tune)  # every one-token candidate (with and without the head counts compiled in), every shape
-    TAIL=4 step tune 540 $GPU0 python3 scripts/triton_tune.py --out "$RES/triton-tune-v4/triton_tune.csv" --budget-s 460
+    TAIL=4 step tune 540 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-v4/triton_tune.csv" --budget-s 460
     pack
     ;;
   tune-multitoken)
-    TAIL=4 step tune-multitoken 200 $GPU0 python3 scripts/triton_tune.py --out "$RES/triton-tune-multitoken-v2/triton_tune.csv" \
+    TAIL=4 step tune-multitoken 200 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-multitoken-v2/triton_tune.csv" \
       --tokens 2,4,8 --value-heads 32 --head-dims 128x128 --batches 1,8,32,128 --budget-s 150
     pack
     ;;
   *)
-    echo "usage: $0 sanity|go|published|targets|targets-one|placements|state-order|check|spec|profile|tune|tune-multitoken" >&2; exit 2 ;;
+    echo "usage: $0 sanity|go|published|published-check|targets|targets-lane|targets-one|replay|settle|placements|state-order|check|spec|profile|tune|tune-multitoken" >&2; exit 2 ;;
 esac

@@ -681,3 +681,13 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
     row = pd.read_csv(out / "results.csv").iloc[0]
     assert row.status == "ok" and row.placements_timed == 4 and row.key.endswith("_pl2")
     assert json.loads((out / "meta.json").read_text())["settings"]["method"]["placement_processes"] == 2
+
+
+@pytest.mark.parametrize("argv, device_type, processes", [
+    ([], "cuda", sweep_module.GPU_PLACEMENT_PROCESSES), ([], "cpu", 1),
+    (["--placement-processes", "1"], "cuda", 1), (["--placement-processes", "2"], "cpu", 2)])
+def test_sweep_placement_processes_default_by_device(argv, device_type, processes):
+    """Three processes a row on a GPU unless told otherwise; one on the CPU, whose rows are not ranked."""
+    args = sweep_module.parser().parse_args(["--preset", "published", *argv])
+    method = sweep_module.method_from_args(args, sweep_module.PRESETS["published"], device_type)
+    assert method.placement_processes == processes

@@ -45,7 +45,7 @@ from ..cli import Parser, comma_list, fail, non_negative_float, non_negative_int
 from ..contract import package_version
 from .case import STATUSES, Method, empty_row, merge_rows
 from .config import CHECKPOINTS, SLOT_ORDERS, Config, PoolLayout
-from .presets import AXES, PRESETS, adhoc_configs
+from .presets import AXES, PRESETS, Preset, adhoc_configs
 from .results import assemble, environment, read_meta, read_rows, remove_stale_temporaries, write_meta, write_row
 from .roofline import copy_bandwidth
 from .timing import DEFAULT_ENTRY, ENTRY_STATES, METHOD_VERSION, PLACEMENT_SPREAD_LIMIT, Budget
@@ -54,6 +54,12 @@ from .worker import serve
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
 STARTUP_TIMEOUT_S = 600.0
 INTERRUPTED = 130
+# A GPU sweep times each row in three worker processes of its implementation: on the H200 one of
+# fla's kernels sat 2.7% higher in one process's 27 placements than in two others' (Kruskal-Wallis
+# p = 0.007, results/h200/published/run_to_run.md); pooling three processes cut the resampled odds
+# of a > 2% move over three runs from 60% to 26% (published/estimators.md). The CPU's rows are not
+# ranked, and its workers' start-up would triple the README's sweep.
+GPU_PLACEMENT_PROCESSES = 3
 
 
 class WorkerDied(Exception):
@@ -481,11 +487,11 @@ def parser() -> Parser:
                         help="idle S seconds after handing more than 1 GiB back to the driver between "
                              "placements and rows (on the H200 a large row's first placement ran 10%% slow "
                              "right after such a release; default %(default)s)")
-    layout.add_argument("--placement-processes", type=positive_int, default=Method.placement_processes, metavar="N",
+    layout.add_argument("--placement-processes", type=positive_int, metavar="N",
                         help="time each row in N worker processes of its implementation, one after another, "
                              "each with its own inputs, spacers and share of the extra placements, and pool "
                              "their placements: a process's placements can sit apart from another's as a whole "
-                             "(default %(default)s)")
+                             f"(default {GPU_PLACEMENT_PROCESSES} on a GPU, {Method.placement_processes} on the CPU)")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
@@ -519,6 +525,19 @@ def configs_from_args(args, devices: list[str]) -> tuple[str, list[Config]]:
     return name, PRESETS[name].configs(impls, layout, only=given)
 
 
+def method_from_args(args, preset: Preset, device_type: str) -> Method:
+    """How the sweep times its rows: the preset's budgets unless the arguments narrow them, and
+    :data:`GPU_PLACEMENT_PROCESSES` on a GPU unless ``--placement-processes`` says otherwise."""
+    kernel = Budget(min_samples=args.min_samples or preset.kernel.min_samples,
+                    max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
+                    max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
+    processes = args.placement_processes or (
+        GPU_PLACEMENT_PROCESSES if device_type == "cuda" else Method.placement_processes)
+    return Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
+                  disjoint_placements=args.disjoint_placements, settle_s=args.settle,
+                  placement_processes=processes, retime_throttled=not args.no_retime)
+
+
 def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     p = parser()
@@ -540,13 +559,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = args.out or Path.cwd() / "sweeps" / f"{name}-{device_type}"
     if out_dir.exists() and not out_dir.is_dir():
         p.error(f"--out {out_dir} is a file; name a directory (new, or one of an earlier run to resume it)")
-    preset = PRESETS.get(name, PRESETS["published"])
-    kernel = Budget(min_samples=args.min_samples or preset.kernel.min_samples,
-                    max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
-                    max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
-    method = Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
-                    disjoint_placements=args.disjoint_placements, settle_s=args.settle,
-                    placement_processes=args.placement_processes, retime_throttled=not args.no_retime)
+    method = method_from_args(args, PRESETS.get(name, PRESETS["published"]), device_type)
     registry.interpret_triton_on(device_type)  # the workers inherit it
 
     sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),
