@@ -614,11 +614,15 @@ def test_gpu_limits_and_clocks_are_read():
     assert monitor.summary()["sm_mhz_median"] > 0
 
 
-def test_each_placement_process_gets_its_seeds_and_a_share_of_the_extra_placements():
-    method = Method(placement_processes=3, extra_placements=24, seed=5)
+def test_each_placement_process_gets_its_seeds_and_a_share_of_the_extra_placements_and_budget():
+    method = Method(placement_processes=3, extra_placements=24, seed=5,
+                    kernel=timing.Budget(min_samples=30, max_samples=3000, max_seconds=0.75))
     shares = [method.in_process(i) for i in range(3)]
     assert [m.seed for m in shares] == [5, 5 + case.PROCESS_SEED_STRIDE, 5 + 2 * case.PROCESS_SEED_STRIDE]
     assert all(m.extra_placements == 8 and m.placement_processes == 1 for m in shares)
+    assert all(m.kernel == timing.Budget(min_samples=10, max_samples=1000, max_seconds=0.25) for m in shares)
+    # the call is timed once, in the first process (merge_rows keeps the first's)
+    assert shares[0].call == method.call is not None and shares[1].call is None and shares[2].call is None
     assert Method().in_process(0) == Method()  # one process: the method itself
     with pytest.raises(ValueError, match="placement_processes must be >= 1; got 0"):
         Method(placement_processes=0)

@@ -77,11 +77,15 @@ class Method:
 
     def in_process(self, index: int) -> "Method":
         """What the ``index``-th of ``placement_processes`` workers times a row with: its own seeds
-        (other inputs and spacers) and its share of the extra placements, so that the row's
-        placements come from several processes, whose memory differs as a whole (on the H200 one
-        of fla's kernels moved by 3% between processes, each process's 27 placements sitting higher
-        or lower as a whole: docs/timing.md, "Three runs of the `published` preset")."""
+        (other inputs and spacers), its share of the kernel budget and of the extra placements, so
+        that the row's placements come from several processes, whose memory differs as a whole (on
+        the H200 one of fla's kernels moved by 3% between processes, each process's 27 placements
+        sitting higher or lower as a whole: docs/timing.md, "Three runs of the `published` preset"),
+        at about the cost of one. Only the first times the call: :func:`merge_rows` keeps its."""
+        if self.placement_processes == 1:
+            return self
         return replace(self, seed=self.seed + index * PROCESS_SEED_STRIDE, placement_processes=1,
+                       kernel=self.kernel.share(self.placement_processes), call=self.call if index == 0 else None,
                        extra_placements=math.ceil(self.extra_placements / self.placement_processes))
 
 
