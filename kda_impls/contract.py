@@ -103,7 +103,8 @@ class Implementation:
     """Base class: subclasses set ``name``, ``capabilities`` and implement :meth:`_launcher`.
 
     Optional overrides: ``label`` (the prefix of error messages, default ``name``),
-    :meth:`_extra_unsupported` (reasons beyond the declared capabilities) and :meth:`versions`.
+    :meth:`_extra_unsupported` (reasons beyond the declared capabilities), :meth:`versions` and
+    :meth:`preload`.
 
     One library's kernel is often registered several times, once per legal way of calling it for
     our semantics (a variant), because the calling convention alone moves its time (docs/findings.md).
@@ -296,6 +297,11 @@ class Implementation:
     def versions(self) -> dict[str, str]:
         """Versions of the libraries this implementation runs with (for results metadata)."""
         return {"torch": torch.__version__}
+
+    def preload(self) -> None:
+        """Import what the first :meth:`bind` would import (a library's kernels, decorated at
+        import), so that a sweep's worker does it when it starts, beside other workers' measuring,
+        instead of inside its first row; a failure is left for that row to report."""
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
         return None

@@ -60,7 +60,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/h200-out}
-RES=${RES:-/root/h200-results}
+# A box can keep an earlier session's /root: results go under the commit's name, so that no run
+# resumes rows another commit measured
+RES=${RES:-/root/h200-results-${KDA_GIT_SHA:-unstated}}
 LOGS=$RES/logs
 mkdir -p "$OUT" "$LOGS"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -238,16 +240,19 @@ case ${1:-} in
     pack
     ;;
   wide-rows)  # the rows whose placements spread widest (fla's bf16 HV=32 K=V=128 B=256; ours beside),
-    # three sweeps in separate processes on GPU 0, then how far they moved: the large-step rule's check
+    # three sweeps in separate processes on GPU 0, then how far they moved: the large-step rule's check.
+    # WIDE_IMPLS, SWEEP_ARGS and WIDE_DIR make another trial of them, e.g. WIDE_IMPLS=fla,fla-loggate
+    # SWEEP_ARGS="--placement-processes 3" WIDE_DIR=wide-rows-pp3
     if [ -d .gpu/part2 ] && [ ! -f /root/gpu-site/env.sh ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; fi
     source /root/gpu-site/env.sh
-    ROWS="--no-charts --l2-entry $(entry) --preset published --impls fla,fla-loggate,fla-loggate-sigmoid,triton --HV 32
-      --K 128 --V 128 --state-dtype bf16 --B 256 --slot-pad 0 --devices cuda:0"
+    DIR=${WIDE_DIR:-wide-rows}
+    ROWS="--no-charts --l2-entry $(entry) --preset published --impls ${WIDE_IMPLS:-fla,fla-loggate,fla-loggate-sigmoid,triton}
+      --HV 32 --K 128 --V 128 --state-dtype bf16 --B 256 --slot-pad 0 --devices cuda:0 ${SWEEP_ARGS:-}"
     for run in 1 2 3; do
-      TAIL=1 step "wide-rows-$run" 120 python3 scripts/sweep.py $ROWS --out "$RES/wide-rows/run$run"
+      TAIL=1 step "$DIR-$run" 120 python3 scripts/sweep.py $ROWS --out "$RES/$DIR/run$run"
     done
-    TAIL=14 step wide-rows-compare 30 python3 scripts/run_to_run.py "$RES"/wide-rows/run{1,2,3} --min-B 64 \
-      --out "$RES/wide-rows/run_to_run.md"
+    TAIL=14 step "$DIR-compare" 30 python3 scripts/run_to_run.py "$RES/$DIR"/run{1,2,3} --min-B 64 \
+      --out "$RES/$DIR/run_to_run.md"
     pack
     ;;
   triton-targets)  # (a bare box will do: torch and Triton only) our kernel alone over the targets preset

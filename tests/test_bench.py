@@ -687,11 +687,40 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
     assert json.loads((out / "meta.json").read_text())["settings"]["method"]["placement_processes"] == 2
 
 
-@pytest.mark.parametrize("argv, device_type, processes", [
-    ([], "cuda", sweep_module.GPU_PLACEMENT_PROCESSES), ([], "cpu", 1),
-    (["--placement-processes", "1"], "cuda", 1), (["--placement-processes", "2"], "cpu", 2)])
-def test_sweep_placement_processes_default_by_device(argv, device_type, processes):
-    """Three processes a row on a GPU unless told otherwise; one on the CPU, whose rows are not ranked."""
-    args = sweep_module.parser().parse_args(["--preset", "published", *argv])
-    method = sweep_module.method_from_args(args, sweep_module.PRESETS["published"], device_type)
-    assert method.placement_processes == processes
+def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
+    """A worker imports its library when it starts (beside other workers' measuring), not inside its
+    first row; a library that fails to preload still says hello, for its rows to report why."""
+    from kda_impls.bench import worker
+
+    calls = []
+
+    class Recorded:
+        def __init__(self, fails):
+            self.fails = fails
+
+        def preload(self):
+            calls.append("preload")
+            if self.fails:
+                raise ImportError("no such library")
+
+    class Connection:
+        def send(self, message):
+            calls.append("hello")
+
+        def recv(self):
+            return None
+
+    for fails in (False, True):
+        calls.clear()
+        monkeypatch.setattr(worker.registry, "get", lambda name, fails=fails: Recorded(fails))
+        monkeypatch.setattr(worker, "describe", lambda name: {})
+        worker.serve("naive", "cpu", Method(), Connection())
+        assert calls == ["preload", "hello"]
+
+
+def test_fla_preload_imports_its_kernel_module():
+    code = ("import sys; from kda_impls import registry; from kda_impls.impls.fla_kda import _FLA_MODULE; "
+            "assert _FLA_MODULE not in sys.modules; registry.get('fla').preload(); assert _FLA_MODULE in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr

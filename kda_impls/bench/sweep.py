@@ -54,12 +54,6 @@ from .worker import serve
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
 STARTUP_TIMEOUT_S = 600.0
 INTERRUPTED = 130
-# A GPU sweep times each row in three worker processes of its implementation: on the H200 one of
-# fla's kernels sat 2.7% higher in one process's 27 placements than in two others' (Kruskal-Wallis
-# p = 0.007, results/h200/published/run_to_run.md); pooling three processes cut the resampled odds
-# of a > 2% move over three runs from 60% to 26% (published/estimators.md). The CPU's rows are not
-# ranked, and its workers' start-up would triple the README's sweep.
-GPU_PLACEMENT_PROCESSES = 3
 
 
 class WorkerDied(Exception):
@@ -487,11 +481,12 @@ def parser() -> Parser:
                         help="idle S seconds after handing more than 1 GiB back to the driver between "
                              "placements and rows (on the H200 a large row's first placement ran 10%% slow "
                              "right after such a release; default %(default)s)")
-    layout.add_argument("--placement-processes", type=positive_int, metavar="N",
+    layout.add_argument("--placement-processes", type=positive_int, default=Method.placement_processes, metavar="N",
                         help="time each row in N worker processes of its implementation, one after another, "
                              "each with its own inputs, spacers and share of the extra placements, and pool "
                              "their placements: a process's placements can sit apart from another's as a whole "
-                             f"(default {GPU_PLACEMENT_PROCESSES} on a GPU, {Method.placement_processes} on the CPU)")
+                             "(default %(default)s; on the H200 three cost ~3x a published run's time: "
+                             "docs/timing.md, \"Placement processes\")")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
@@ -525,17 +520,14 @@ def configs_from_args(args, devices: list[str]) -> tuple[str, list[Config]]:
     return name, PRESETS[name].configs(impls, layout, only=given)
 
 
-def method_from_args(args, preset: Preset, device_type: str) -> Method:
-    """How the sweep times its rows: the preset's budgets unless the arguments narrow them, and
-    :data:`GPU_PLACEMENT_PROCESSES` on a GPU unless ``--placement-processes`` says otherwise."""
+def method_from_args(args, preset: Preset) -> Method:
+    """How the sweep times its rows: the preset's budgets unless the arguments narrow them."""
     kernel = Budget(min_samples=args.min_samples or preset.kernel.min_samples,
                     max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
                     max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
-    processes = args.placement_processes or (
-        GPU_PLACEMENT_PROCESSES if device_type == "cuda" else Method.placement_processes)
     return Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
                   disjoint_placements=args.disjoint_placements, settle_s=args.settle,
-                  placement_processes=processes, retime_throttled=not args.no_retime)
+                  placement_processes=args.placement_processes, retime_throttled=not args.no_retime)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -559,7 +551,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = args.out or Path.cwd() / "sweeps" / f"{name}-{device_type}"
     if out_dir.exists() and not out_dir.is_dir():
         p.error(f"--out {out_dir} is a file; name a directory (new, or one of an earlier run to resume it)")
-    method = method_from_args(args, PRESETS.get(name, PRESETS["published"]), device_type)
+    method = method_from_args(args, PRESETS.get(name, PRESETS["published"]))
     registry.interpret_triton_on(device_type)  # the workers inherit it
 
     sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),

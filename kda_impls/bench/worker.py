@@ -6,6 +6,7 @@ Kept apart from the driver so that a worker imports only what measuring needs.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from multiprocessing.connection import Connection
 
 import torch
@@ -48,6 +49,8 @@ def serve(impl: str, device: str, method: Method, conn: Connection) -> None:
         torch.cuda.set_device(device)  # libraries that launch on "the current device" use this one
     hello = describe(impl)
     torch.empty(0, device=device)  # create the CUDA context now, while another worker measures
+    with suppress(Exception):  # the row reports it (a library that does not import, say)
+        registry.get(impl).preload()
     conn.send(hello)
     while (request := conn.recv()) is not None:
         cfg, copy_bw = request

@@ -102,6 +102,9 @@ class FlaKDA(Implementation):
                                 state_dtypes=(torch.bfloat16, torch.float16, torch.float32),
                                 packages=("fla",), max_tokens=None)
 
+    def preload(self) -> None:
+        _fused_recurrent_kda_fwd()
+
     def versions(self) -> dict[str, str]:
         return {**super().versions(), "triton": triton.__version__, "fla-core": package_version("fla-core")}
 

@@ -121,6 +121,9 @@ class FlashInferKDA(Implementation):
     def label(self) -> str:
         return f"{self.name} recurrent_kda"
 
+    def preload(self) -> None:
+        recurrent_kda_entry_point()
+
     def versions(self) -> dict[str, str]:
         return {**super().versions(),
                 "flashinfer-python": package_version("flashinfer-python", "flashinfer"),
