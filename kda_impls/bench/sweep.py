@@ -485,8 +485,9 @@ def parser() -> Parser:
                         help="time each row in N worker processes of its implementation, one after another, "
                              "each with its own inputs, spacers and share of the extra placements, and pool "
                              "their placements: a process's placements can sit apart from another's as a whole "
-                             "(default %(default)s; on the H200 three cost ~3x a published run's time: "
-                             "docs/timing.md, \"Placement processes\")")
+                             "(default %(default)s: on the H200 three made a published run several times longer, "
+                             "each process paying each implementation's first call; docs/timing.md, "
+                             "\"Placement processes\")")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
