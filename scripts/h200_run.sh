@@ -143,7 +143,8 @@ case ${1:-} in
     pack
     ;;
   published-check)  # after published: the planted Triton slowdown, the sweep-form gate, the published
-    # comparison, the estimators' report; GPU 1 meanwhile: CUPTI on the first run and on targets/
+    # comparison, the estimators' report; GPU 1 meanwhile: CUPTI on the first run and on targets/.
+    # SWEEP_ARGS as the published runs had them (the gate compares only sweeps timed alike)
     source /root/gpu-site/env.sh
     # GPU 1: CUPTI on the first run, then on the targets run a lane made beside the published runs
     # (targets-lane), if there is one
@@ -156,7 +157,7 @@ case ${1:-} in
       fi ) > "$LOGS/cupti.summary" 2>&1 &
     PLANTED=$(python3 scripts/validate_gate.py planted 2>/dev/null)
     TAIL=1 step published-slow 90 env KDA_TRITON_CONFIG="$PLANTED" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --impls triton \
-      --out "$RES/published/slow"
+      ${SWEEP_ARGS:-} --out "$RES/published/slow"
     TAIL=3 step gate-sweep 60 python3 scripts/validate_gate.py sweep "$RES/gate-sweep" "$RES"/published/a{1,2,3} \
       "$RES/published/slow"
     TAIL=3 step compare 60 python3 scripts/compare_published.py results/published/triton-issue-h200.csv \
@@ -166,7 +167,7 @@ case ${1:-} in
       --out "$RES/published/estimators.md"
     # what the method costs on the preset with the 60 s target (docs/timing.md, "What it costs")
     TAIL=2 step kimi 300 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset kimi-linear-48b --devices cuda:0 \
-      --impls naive,triton,fla,flashinfer --out "$RES/kimi-linear-48b"
+      --impls naive,triton,fla,flashinfer ${SWEEP_ARGS:-} --out "$RES/kimi-linear-48b"
     wait; cat "$LOGS/cupti.summary"
     pack
     ;;
@@ -188,11 +189,11 @@ case ${1:-} in
     pack
     ;;
   targets-lane)  # the targets preset on one GPU (GPU 0, or the one CUDA_VISIBLE_DEVICES names) beside
-    # published on GPU 0 in the same calls; a call that runs out of time (RUN_LIMIT, default 540 s)
-    # resumes it when the step runs again
+    # published on GPU 0 in the same calls, with SWEEP_ARGS; a call that runs out of time (RUN_LIMIT,
+    # default 540 s) resumes it when the step runs again
     source /root/gpu-site/env.sh
     TAIL=2 step targets-lane "${RUN_LIMIT:-540}" $ON_GPU python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" \
-      --preset targets --devices cuda:0 --out "$RES/${TARGETS_DIR:-targets}"
+      --preset targets --devices cuda:0 ${SWEEP_ARGS:-} --out "$RES/${TARGETS_DIR:-targets}"
     pack
     ;;
   targets-one)  # the same on GPU 0 alone, while GPU 1 runs the library GPU tests and CUPTI on the two-GPU run
