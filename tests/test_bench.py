@@ -714,6 +714,7 @@ def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
         calls.clear()
         monkeypatch.setattr(worker.registry, "get", lambda name, fails=fails: Recorded(fails))
         monkeypatch.setattr(worker, "describe", lambda name: {})
+        monkeypatch.setattr(worker.torch, "set_num_threads", lambda n: None)  # not this test process's
         worker.serve("naive", "cpu", Method(), Connection())
         assert calls == ["preload", "hello"]
 

@@ -81,7 +81,8 @@ class Method:
         that the row's placements come from several processes, whose memory differs as a whole (on
         the H200 one of fla's kernels moved by 3% between processes, each process's 27 placements
         sitting higher or lower as a whole: docs/timing.md, "Three runs of the `published` preset"),
-        at about the cost of one. Only the first times the call: :func:`merge_rows` keeps its."""
+        pooled, the sampling of one. Only the first times the call: :func:`merge_rows` keeps its.
+        Each still pays the implementation's first call (compilation)."""
         if self.placement_processes == 1:
             return self
         return replace(self, seed=self.seed + index * PROCESS_SEED_STRIDE, placement_processes=1,

@@ -483,7 +483,8 @@ def parser() -> Parser:
                              "right after such a release; default %(default)s)")
     layout.add_argument("--placement-processes", type=positive_int, default=Method.placement_processes, metavar="N",
                         help="time each row in N worker processes of its implementation, one after another, "
-                             "each with its own inputs, spacers and share of the extra placements, and pool "
+                             "each with its own inputs, spacers and share of the kernel budget and of the extra "
+                             "placements, and pool "
                              "their placements: a process's placements can sit apart from another's as a whole "
                              "(default %(default)s: on the H200 three made a published run several times longer, "
                              "each process paying each implementation's first call; docs/timing.md, "
