@@ -36,7 +36,7 @@ from kda_impls.bench.config import Config  # noqa: E402
 from kda_impls.bench.cupti import kernels_of, op_busy, replay_durations, step_durations  # noqa: E402
 from kda_impls.bench.results import environment, load, write_meta  # noqa: E402
 from kda_impls.bench.timing import entry_op, rotation_plan  # noqa: E402
-from kda_impls.cli import print_and_save  # noqa: E402
+from kda_impls.cli import comma_list, positive_int, print_and_save  # noqa: E402
 from kda_impls.registry import get  # noqa: E402
 
 AGREEMENT = 0.03
@@ -122,8 +122,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--unpadded-only", action="store_true", help="skip rows with slot padding or padding rows")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--impls", type=lambda text: set(text.split(",")), help="only these implementations")
-    parser.add_argument("--B", type=lambda text: {int(b) for b in text.split(",")}, help="only these batch sizes")
+    parser.add_argument("--impls", type=comma_list(str), help="only these implementations (comma-separated)")
+    parser.add_argument("--B", type=comma_list(positive_int), help="only these batch sizes (comma-separated)")
     parser.add_argument("--replay", action="store_true",
                         help="also profile the harness's own pass (a CUDA graph of back-to-back calls): "
                              "replay_busy_us, a step's kernels inside it; replay_period_us, the pass's span per "

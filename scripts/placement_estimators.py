@@ -35,6 +35,11 @@ DRAWS = 20000
 FIRST_OFF = 0.05  # rows whose first placement is further than this from the others are listed
 
 
+def row_name(key: str) -> str:
+    """A row's key without its pool layout (the same in every run of a preset)."""
+    return key.split("_spr")[0]
+
+
 def first_placement_rows(sweeps) -> pd.DataFrame:
     """Every row with three placements or more: its first placement's median over the median of
     the others' (``first / others``), with its library and the run it is from."""
@@ -45,7 +50,7 @@ def first_placement_rows(sweeps) -> pd.DataFrame:
             if len(medians) >= 3 and key in ok.index:
                 row = ok.loc[key]
                 library = row.library if isinstance(row.library, str) else row.impl
-                rows.append({"run": str(sweep.path), "row": key.split("_spr")[0], "library": library,
+                rows.append({"run": str(sweep.path), "row": row_name(key), "library": library,
                              "B": "B >= 64" if row.B >= 64 else "B < 64",
                              "first / others": medians[0] / np.median(medians[1:])})
     return pd.DataFrame(rows)
@@ -84,7 +89,7 @@ def resampled(sweeps, min_b: int, sizes: list[int], limit: float, skip_first: bo
         values = np.concatenate([run[1 if skip_first else 0:] for run in runs])
         if len(values) < 2 or values.max() / values.min() - 1 <= limit:
             continue
-        row = {"row": key.split("_spr")[0], "placements": len(values),
+        row = {"row": row_name(key), "placements": len(values),
                "sd %": 100 * values.std() / np.median(values)}
         for n in sizes:
             runs = rng.choice(values, (DRAWS, RUNS, n))
@@ -113,7 +118,7 @@ def resampled_by_process(sweeps, min_b: int, placements: int, processes: list[in
         padded = np.full((len(runs), lengths.max()), np.nan)
         for i, r in enumerate(runs):
             padded[i, :len(r)] = r
-        row = {"row": key.split("_spr")[0], "processes given": len(runs)}
+        row = {"row": row_name(key), "processes given": len(runs)}
         for count in processes:
             each = -(-placements // count)
             chosen = rng.integers(0, len(runs), (DRAWS, RUNS, count, 1))

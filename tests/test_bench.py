@@ -303,6 +303,18 @@ def test_run_case_without_a_method_only_checks():
     assert row["kernel_us_mean"] is None and row["call_us_median"] is None and row["kernel_samples_us"] == []
 
 
+def test_run_case_hands_the_method_settle_time_to_the_kernel_timer(monkeypatch):
+    seen = {}
+
+    def kernel_time(*args, settle_s, **kwargs):
+        seen["settle_s"] = settle_s
+        return Timing([1e-6], "perf_counter", [1e-6])
+
+    monkeypatch.setattr(case, "kernel_time", kernel_time)
+    row = run_case(Config("naive", B=2, H=1, HV=1, K=16, V=16), "cpu", replace(QUICK, settle_s=0.25))
+    assert row["status"] == "ok" and seen == {"settle_s": 0.25}
+
+
 def test_run_case_times_over_the_layouts_placements():
     cfg = Config("naive", B=3, H=1, HV=2, K=16, V=16, layout=PoolLayout(placements=2))
     row = run_case(cfg, "cpu", QUICK)
@@ -680,11 +692,15 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
     out = tmp_path / "two"
     done = subprocess.run([sys.executable, "scripts/sweep.py", "--impls", "naive", "--B", "1", "--H", "1", "--HV", "1",
                            "--K", "16", "--V", "16", "--devices", "cpu", "--placements", "2", "--placement-processes",
-                           "2", "--no-charts", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           "2", "--settle", "0.01", "--no-charts", "--out", str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     row = pd.read_csv(out / "results.csv").iloc[0]
     assert row.status == "ok" and row.placements_timed == 4 and row.key.endswith("_pl2")
-    assert json.loads((out / "meta.json").read_text())["settings"]["method"]["placement_processes"] == 2
+    method = json.loads((out / "meta.json").read_text())["settings"]["method"]
+    assert method["placement_processes"] == 2 and method["settle_s"] == 0.01
+    with pytest.raises(SystemExit):  # a negative idle is refused before anything runs
+        sweep_module.parser().parse_args(["--settle", "-1"])
 
 
 def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):

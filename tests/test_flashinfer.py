@@ -225,3 +225,15 @@ def test_rows_with_slot_minus_one_leave_slot_0_alone(K, B, HV):
         pytest.skip(reason)
     verdict = verify(get("flashinfer"), x)
     assert verdict.ok, verdict
+
+
+def test_preload_imports_the_entry_point_every_variant_calls(monkeypatch):
+    """A sweep worker's preload looks up the library's entry point (importing FlashInfer and its
+    CuTe DSL), as every variant's first bind would."""
+    from kda_impls.impls import flashinfer_kda
+
+    looked_up = []
+    monkeypatch.setattr(flashinfer_kda, "recurrent_kda_entry_point", lambda: looked_up.append(True))
+    for name in ("flashinfer", "flashinfer-loggate-sigmoid"):
+        get(name).preload()
+    assert looked_up == [True, True]

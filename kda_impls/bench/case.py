@@ -83,8 +83,6 @@ class Method:
         sitting higher or lower as a whole: docs/timing.md, "Three runs of the `published` preset"),
         pooled, the sampling of one. Only the first times the call: :func:`merge_rows` keeps its.
         Each still pays the implementation's first call (compilation)."""
-        if self.placement_processes == 1:
-            return self
         return replace(self, seed=self.seed + index * PROCESS_SEED_STRIDE, placement_processes=1,
                        kernel=self.kernel.share(self.placement_processes), call=self.call if index == 0 else None,
                        extra_placements=math.ceil(self.extra_placements / self.placement_processes))
