@@ -97,7 +97,7 @@ def report(a, b, name_a: str, name_b: str, min_b: int, flag: float, c=None, name
         f"## B / A kernel time, the {len(large)} rows at B >= {min_b}\n\n"
         + summary.to_markdown(index=False, floatfmt=".4f"),
         "## Median B / A per implementation\n\n" + by_impl.to_markdown(floatfmt=".3f"),
-        f"## Rows that moved by more than {flag:.0%}\n\n" + (moved[[*SHOWN, "kernel_us_mean_a", "kernel_us_mean_b",
+        f"## Rows that moved by more than {flag * 100:g}%\n\n" + (moved[[*SHOWN, "kernel_us_mean_a", "kernel_us_mean_b",
                                                                "ratio"]].to_markdown(index=False, floatfmt=".3f")
                                                         if len(moved) else "(none)"),
         "## First calls (s), per implementation and device\n\n" + calls.to_markdown(floatfmt=".1f")

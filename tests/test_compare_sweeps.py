@@ -70,6 +70,8 @@ def test_what_the_rows_took_less_their_first_calls(tmp_path):
     assert costs.loc["fla"].tolist() == [7.5, 4.5, 9.0] and costs.loc["triton"].tolist() == [7.5, 4.5, 3.0]
     text = compare_sweeps.report(*(compare_sweeps.load(d) for d in (a, a)), "one", "two", min_b=16, flag=0.03)
     assert re.search(r"\| fla\s+\|\s+7\.5 \|\s+4\.5 \|\s+9\.0 \|", text)
+    finer = compare_sweeps.report(*(compare_sweeps.load(d) for d in (a, a)), "one", "two", min_b=16, flag=0.005)
+    assert "Rows that moved by more than 0.5%" in finer  # not rounded to 0% or 1%
     older = compare_sweeps.row_time(compare_sweeps.load(a).table.drop(columns="placements_timed"))
     assert older.loc["fla", "rows s"] == 7.5 and np.isnan(older.loc["fla", "placements"])  # before method 3
     oldest = compare_sweeps.row_time(compare_sweeps.load(a).table.drop(columns=["placements_timed", "row_s"]))
