@@ -79,8 +79,9 @@ background() {  # background NAME GPU SECONDS COMMAND...: the same on GPU number
   ( export CUDA_VISIBLE_DEVICES=$gpu; step "$name" "$limit" "$@" ) > "$LOGS/$name.summary" 2>&1 &
 }
 # A step's one-GPU commands run on GPU 0, or on the one CUDA_VISIBLE_DEVICES names: a step on GPU 1
-# (with RES and OUT of its own) beside one on GPU 0 in the same call:
-#   CUDA_VISIBLE_DEVICES=1 RES=/root/h200-gpu1 OUT=$OUT/gpu1 bash scripts/h200_run.sh replay &
+# beside one on GPU 0 in the same call, its tarball in an OUT of its own (results land in one RES,
+# where published-check finds the lane's targets/):
+#   CUDA_VISIBLE_DEVICES=1 OUT=$OUT/gpu1 bash scripts/h200_run.sh targets-lane &
 ON_GPU="env CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}"
 pack() {  # the results so far, without the per-row files a resume reads
   tar -C "$(dirname "$RES")" -czf "$OUT/results.tgz" --exclude=rows --exclude=html --exclude=scratch-repo --exclude="triton-cache-*" \
@@ -330,5 +331,5 @@ case ${1:-} in
     pack
     ;;
   *)
-    echo "usage: $0 sanity|go|published|published-check|targets|targets-lane|targets-one|replay|settle|placements|state-order|check|spec|profile|tune|tune-multitoken" >&2; exit 2 ;;
+    echo "usage: $0 $(grep -oE '^  [a-z0-9-]+\)' "$0" | tr -d ' )' | paste -sd'|')" >&2; exit 2 ;;
 esac
