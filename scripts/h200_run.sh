@@ -20,7 +20,12 @@
 #   scripts/h200_run.sh published-check  # GPU 0: the published preset once with the planted Triton
 #                                  # slowdown, the sweep-form gate, the published comparison, run to
 #                                  # run, the estimators' report and kimi-linear-48b (its wall time);
-#                                  # GPU 1: CUPTI on the first run
+#                                  # GPU 1: CUPTI on the first run (and on targets/)
+#   The same in lanes beside the published runs (one call each, GPU 1 beside GPU 0's run):
+#     call 1 (part 2): published RUNS=a1 ASV=0, targets-lane on GPU 1
+#     call 2: published RUNS=a2 ASV=0, crosscheck-lane on GPU 1
+#     call 3: published RUNS=a3 ASV=0 then slow-lane, kimi-lane on GPU 1
+#     then `RES=<unpacked results> scripts/h200_run.sh analysis` on the CPU
 #   scripts/h200_run.sh targets    # (carry .gpu/part2 on a box that has only part 1: it is installed
 #                                  # first) the targets preset on both GPUs, from a cold Triton cache
 #   scripts/h200_run.sh targets-lane # the targets preset on one GPU beside published (resumable)
@@ -91,6 +96,36 @@ entry() {  # the L2 entry state of the sweeps: $ENTRY, else the harness's defaul
   python3 -c "import os; from kda_impls.bench.timing import DEFAULT_ENTRY as d; print(os.environ.get('ENTRY') or d)"
 }
 
+# The steps after the published runs. SWEEP_ARGS as the published runs had them (the gate compares
+# only sweeps timed alike)
+crosscheck() {  # CUPTI on the first published run, then on the targets run a lane made, if there is one
+  step cupti-published 200 python3 scripts/cupti_crosscheck.py "$RES/published/a1" --out "$RES/cupti/published" \
+    --calls 20
+  if [ -d "$RES/targets" ]; then
+    step cupti-targets 300 python3 scripts/cupti_crosscheck.py "$RES/targets" --unpadded-only \
+      --out "$RES/cupti/targets" --calls 20
+  fi
+}
+planted_slowdown() {  # a Triton tile config the tune CSV shows 5-10% slower (validate_gate.py planted)
+  local planted
+  planted=$(python3 scripts/validate_gate.py planted 2>/dev/null)
+  TAIL=1 step published-slow 150 env KDA_TRITON_CONFIG="$planted" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" \
+    --preset published --devices cuda:0 --impls triton ${SWEEP_ARGS:-} --out "$RES/published/slow"
+}
+analysis() {
+  TAIL=3 step gate-sweep 60 python3 scripts/validate_gate.py sweep "$RES/gate-sweep" "$RES"/published/a{1,2,3} \
+    "$RES/published/slow"
+  TAIL=3 step compare 60 python3 scripts/compare_published.py results/published/triton-issue-h200.csv \
+    "$RES"/published/a{1,2,3} --out "$RES/published"
+  TAIL=12 step run-to-run 30 python3 scripts/run_to_run.py "$RES"/published/a{1,2,3} --out "$RES/published/run_to_run.md"
+  TAIL=3 step estimators 60 python3 scripts/placement_estimators.py "$RES"/published/a{1,2,3} \
+    --out "$RES/published/estimators.md"
+}
+kimi_cost() {  # what the method costs on the preset with the 60 s target (docs/timing.md, "What it costs")
+  TAIL=2 step kimi 420 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset kimi-linear-48b --devices cuda:0 \
+    --impls naive,triton,fla,flashinfer ${SWEEP_ARGS:-} --out "$RES/kimi-linear-48b"
+}
+
 echo "tree of commit ${KDA_GIT_SHA:-unstated}; $(nvidia-smi -L | wc -l) GPU(s)"
 case ${1:-} in
   sanity)
@@ -143,34 +178,34 @@ case ${1:-} in
     wait; [ "${ASV:-1}" = 1 ] && cat "$LOGS/gpu1.summary"
     pack
     ;;
-  published-check)  # after published: the planted Triton slowdown, the sweep-form gate, the published
-    # comparison, the estimators' report; GPU 1 meanwhile: CUPTI on the first run and on targets/.
-    # SWEEP_ARGS as the published runs had them (the gate compares only sweeps timed alike)
+  published-check)  # after published: GPU 1 the cross-check lane, GPU 0 the slow lane, the analysis and
+    # kimi-linear-48b's cost (the same steps as crosscheck-lane, slow-lane, analysis and kimi-lane)
     source /root/gpu-site/env.sh
-    # GPU 1: CUPTI on the first run, then on the targets run a lane made beside the published runs
-    # (targets-lane), if there is one
-    ( export CUDA_VISIBLE_DEVICES=1
-      step cupti-published 200 python3 scripts/cupti_crosscheck.py "$RES/published/a1" --out "$RES/cupti/published" \
-        --calls 20
-      if [ -d "$RES/targets" ]; then
-        step cupti-targets 300 python3 scripts/cupti_crosscheck.py "$RES/targets" --unpadded-only \
-          --out "$RES/cupti/targets" --calls 20
-      fi ) > "$LOGS/cupti.summary" 2>&1 &
-    PLANTED=$(python3 scripts/validate_gate.py planted 2>/dev/null)
-    TAIL=1 step published-slow 90 env KDA_TRITON_CONFIG="$PLANTED" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset published --devices cuda:0 --impls triton \
-      ${SWEEP_ARGS:-} --out "$RES/published/slow"
-    TAIL=3 step gate-sweep 60 python3 scripts/validate_gate.py sweep "$RES/gate-sweep" "$RES"/published/a{1,2,3} \
-      "$RES/published/slow"
-    TAIL=3 step compare 60 python3 scripts/compare_published.py results/published/triton-issue-h200.csv \
-      "$RES"/published/a{1,2,3} --out "$RES/published"
-    TAIL=12 step run-to-run 30 python3 scripts/run_to_run.py "$RES"/published/a{1,2,3} --out "$RES/published/run_to_run.md"
-    TAIL=3 step estimators 60 python3 scripts/placement_estimators.py "$RES"/published/a{1,2,3} \
-      --out "$RES/published/estimators.md"
-    # what the method costs on the preset with the 60 s target (docs/timing.md, "What it costs")
-    TAIL=2 step kimi 300 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset kimi-linear-48b --devices cuda:0 \
-      --impls naive,triton,fla,flashinfer ${SWEEP_ARGS:-} --out "$RES/kimi-linear-48b"
+    ( export CUDA_VISIBLE_DEVICES=1; crosscheck ) > "$LOGS/cupti.summary" 2>&1 &
+    planted_slowdown
+    analysis
+    kimi_cost
     wait; cat "$LOGS/cupti.summary"
     pack
+    ;;
+  crosscheck-lane)  # CUPTI on published/a1, then on targets/ if a lane made one (one GPU)
+    source /root/gpu-site/env.sh
+    crosscheck
+    pack
+    ;;
+  slow-lane)  # the published preset's Triton rows with the planted slowdown (one GPU: the runs' own)
+    source /root/gpu-site/env.sh
+    planted_slowdown
+    pack
+    ;;
+  kimi-lane)  # kimi-linear-48b's wall time (one GPU)
+    source /root/gpu-site/env.sh
+    kimi_cost
+    pack
+    ;;
+  analysis)  # (the CPU will do, RES naming the unpacked results) the sweep-form gate, the published
+    # comparison, run to run and the estimators' report
+    analysis
     ;;
   check)
     bash .gpu/part1/install.sh > "$LOGS/install1.log" 2>&1; tail -n 1 "$LOGS/install1.log"

@@ -646,7 +646,7 @@ def test_each_placement_process_worker_is_started_with_its_share(monkeypatch, tm
     started = []
 
     class Recorded:
-        def __init__(self, impl, device, method):
+        def __init__(self, impl, device, method, warm=()):
             started.append(method)
 
     monkeypatch.setattr(sweep_module, "Worker", Recorded)
@@ -703,6 +703,42 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
         sweep_module.parser().parse_args(["--settle", "-1"])
 
 
+def test_sweep_starts_every_worker_before_it_times_a_row_and_warms_only_the_extra_processes(monkeypatch, tmp_path):
+    """Every worker has said hello (imported, made its warm-up calls) before the first row is timed:
+    a worker's start would share the GPU with a timed row. Only the second and later placement
+    processes warm up, on the smallest row of each compile group; the first process's rows time
+    their own first calls."""
+    events = []
+
+    class Recorded:
+        def __init__(self, impl, device, method, warm=()):
+            self.impl, self.process = impl, method.seed // case.PROCESS_SEED_STRIDE
+            self.hello = None
+            events.append(("start", impl, self.process, tuple(c.key() for c in warm)))
+
+        def ready(self):
+            events.append(("ready", self.impl, self.process))
+            self.hello = {}
+
+        def measure(self, cfg, copy_bw, timeout):
+            events.append(("measure", cfg.impl, self.process))
+            return case.empty_row(cfg, "unsupported", "recorded")
+
+        def stop(self, now=False):
+            pass
+
+    monkeypatch.setattr(sweep_module, "Worker", Recorded)
+    monkeypatch.setattr(sweep_module, "copy_bandwidth", lambda device: 1e9)
+    configs = [Config(impl, B, 2, 2, K, K) for impl in ("naive", "triton") for K in (16, 32) for B in (4, 1)]
+    sweep_module.Sweep(configs, tmp_path, ["cpu"], Method(placement_processes=2), command="", preset="smoke").run()
+    kinds = [event[0] for event in events]
+    assert kinds.index("measure") > max(i for i, kind in enumerate(kinds) if kind == "ready")
+    assert sum(kind == "ready" for kind in kinds) == 4  # two implementations x two processes
+    warmed = {(impl, process): warm for kind, impl, process, *warm in events if kind == "start"}
+    assert warmed[("naive", 0)] == [()] and warmed[("triton", 0)] == [()]
+    assert warmed[("triton", 1)] == [tuple(Config("triton", 1, 2, 2, K, K).key() for K in (16, 32))]
+
+
 def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
     """A worker imports its library when it starts (beside other workers' measuring), not inside its
     first row; a library that fails to preload still says hello, for its rows to report why."""
@@ -726,6 +762,7 @@ def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
         def recv(self):
             return None
 
+    monkeypatch.setattr(worker, "run_case", lambda cfg, device: calls.append(f"warm B={cfg.B}"))
     for fails in (False, True):
         calls.clear()
         monkeypatch.setattr(worker.registry, "get", lambda name, fails=fails: Recorded(fails))
@@ -733,6 +770,19 @@ def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
         monkeypatch.setattr(worker.torch, "set_num_threads", lambda n: None)  # not this test process's
         worker.serve("naive", "cpu", Method(), Connection())
         assert calls == ["preload", "hello"]
+    calls.clear()  # an extra placement process makes its warm-up calls before its hello
+    worker.serve("naive", "cpu", Method(), Connection(), warm=(Config("naive", 1, 2, 2, 16, 16), Config("naive", 4, 2, 2, 16, 16)))
+    assert calls == ["preload", "warm B=1", "warm B=4", "hello"]
+
+
+@pytest.mark.parametrize("argv, device_type, processes", [
+    ([], "cuda", sweep_module.GPU_PLACEMENT_PROCESSES), ([], "cpu", 1),
+    (["--placement-processes", "1"], "cuda", 1), (["--placement-processes", "2"], "cpu", 2)])
+def test_sweep_placement_processes_default_by_device(argv, device_type, processes):
+    """Three processes a row on a GPU unless told otherwise; one on the CPU, whose rows are not ranked."""
+    args = sweep_module.parser().parse_args(["--preset", "published", *argv])
+    method = sweep_module.method_from_args(args, PRESETS["published"], device_type)
+    assert method.placement_processes == processes
 
 
 def test_fla_preload_imports_its_kernel_module():

@@ -82,7 +82,8 @@ class Method:
         the H200 one of fla's kernels moved by 3% between processes, each process's 27 placements
         sitting higher or lower as a whole: docs/timing.md, "Three runs of the `published` preset"),
         pooled, the sampling of one. Only the first times the call: :func:`merge_rows` keeps its.
-        Each still pays the implementation's first call (compilation)."""
+        The others make their first calls before the sweep times anything (``worker.serve``'s
+        ``warm``)."""
         return replace(self, seed=self.seed + index * PROCESS_SEED_STRIDE, placement_processes=1,
                        kernel=self.kernel.share(self.placement_processes), call=self.call if index == 0 else None,
                        extra_placements=math.ceil(self.extra_placements / self.placement_processes))

@@ -9,7 +9,8 @@ that what an implementation compiles in its own process (FlashInfer's CuTe DSL k
 on one lane, not on each. In a
 lane each implementation gets a worker process (multiprocessing "spawn": a fresh interpreter, no
 CUDA state inherited) that handles all its rows there, so imports, the CUDA context and JIT caches
-are paid once. A worker that dies (a segfault,
+are paid once; on a GPU each row is timed in three such processes in turn (``--placement-processes``),
+and every worker has started before the first row is timed. A worker that dies (a segfault,
 an illegal memory access, which poisons the CUDA context, a row past the timeout) makes its row
 ``crashed``; the next row gets a fresh worker. Each finished row is a file in ``DIR/rows/``:
 re-running the same command skips them. ``--shard i/n`` measures every n-th configuration so that
@@ -54,6 +55,11 @@ from .worker import serve
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
 STARTUP_TIMEOUT_S = 600.0
 INTERRUPTED = 130
+# A GPU sweep times each row in three worker processes of its implementation: on the H200 one of
+# fla's kernels sat 2.7% higher in one process's 27 placements than in two others' (Kruskal-Wallis
+# p = 0.007, results/h200/published/run_to_run.md), and three processes a row held that row within
+# 0.53% over three runs (results/h200/wide-rows-pp3/run_to_run.md). The CPU's rows are not ranked.
+GPU_PLACEMENT_PROCESSES = 3
 
 
 class WorkerDied(Exception):
@@ -76,11 +82,11 @@ def _ignore_interrupts_then_serve(*args) -> None:
 class Worker:
     """The driver's handle on one implementation's worker process on one device."""
 
-    def __init__(self, impl: str, device: str, method: Method):
+    def __init__(self, impl: str, device: str, method: Method, warm: tuple[Config, ...] = ()):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         # not a daemon: a library may start processes of its own (JIT compilers)
-        self.process = ctx.Process(target=_ignore_interrupts_then_serve, args=(impl, device, method, child),
+        self.process = ctx.Process(target=_ignore_interrupts_then_serve, args=(impl, device, method, child, warm),
                                    name=f"kda-bench-{impl}-{device}")
         self.process.start()
         child.close()  # so that the worker's death reads as end-of-file here
@@ -102,9 +108,14 @@ class Worker:
         self.process.join()
         raise WorkerDied(_exit_reason(self.process.exitcode))
 
-    def measure(self, cfg: Config, copy_bw: float, timeout: float) -> dict:
+    def ready(self) -> None:
+        """Wait for the worker's hello: it has imported its library and made its warm-up calls
+        (:func:`worker.serve`). Raises :class:`WorkerDied` (again at each call) if it died first."""
         if self.hello is None:
             self.hello = self._receive(STARTUP_TIMEOUT_S)
+
+    def measure(self, cfg: Config, copy_bw: float, timeout: float) -> dict:
+        self.ready()
         try:
             self.conn.send((cfg, copy_bw))
         except OSError:
@@ -162,6 +173,7 @@ class Sweep:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.workers: dict[tuple[str, str, int], Worker | None] = {}
+        self.warm: dict[str, tuple[Config, ...]] = {}  # per implementation: its extra processes' warm-up
 
     # -- setup
     def _check_directory(self, meta: dict, gpu_name: str) -> None:
@@ -181,7 +193,8 @@ class Sweep:
     def _worker(self, impl: str, device: str, process: int) -> Worker:
         worker = self.workers.get((impl, device, process))
         if worker is None:
-            worker = self.workers[(impl, device, process)] = Worker(impl, device, self.method.in_process(process))
+            worker = self.workers[(impl, device, process)] = Worker(
+                impl, device, self.method.in_process(process), self.warm.get(impl, ()) if process else ())
         return worker
 
     def _measure(self, cfg: Config, device: str, copy_bw: float) -> dict:
@@ -265,11 +278,19 @@ class Sweep:
         write_meta(self.out_dir, meta)
         self.impls_meta = meta.get("impls", {})
 
-        for impl in dict.fromkeys(c.impl for c in pending):  # every worker imports while the first measures
+        groups = compile_groups(pending)
+        for group in groups:  # the smallest row of each group: what is compiled per shape, in little memory
+            self.warm[group[0].impl] = self.warm.get(group[0].impl, ()) + (min(group, key=lambda c: c.B),)
+        for impl in self.warm:
             for device in self.devices[:len(pending)]:
                 for process in range(self.method.placement_processes):
                     self._worker(impl, device, process)
-        todo = GroupScheduler(compile_groups(pending))
+        # Nothing is timed until every worker has started: a worker's start creates a CUDA context
+        # and makes warm-up calls, which would share the GPU with a row being timed
+        for worker in list(self.workers.values()):
+            with suppress(WorkerDied):  # its rows report it
+                worker.ready()
+        todo = GroupScheduler(groups)
         bar = tqdm(total=len(pending), unit="row", dynamic_ncols=True, smoothing=0.1)
         lanes = [threading.Thread(target=self._lane, args=(d, copy_bws[d], todo, bar), daemon=True)
                  for d in self.devices]
@@ -481,14 +502,13 @@ def parser() -> Parser:
                         help="idle S seconds after handing more than 1 GiB back to the driver between "
                              "placements and rows (on the H200 a large row's first placement ran 10%% slow "
                              "right after such a release; default %(default)s)")
-    layout.add_argument("--placement-processes", type=positive_int, default=Method.placement_processes, metavar="N",
+    layout.add_argument("--placement-processes", type=positive_int, metavar="N",
                         help="time each row in N worker processes of its implementation, one after another, "
                              "each with its own inputs, spacers and share of the kernel budget and of the extra "
-                             "placements, and pool "
-                             "their placements: a process's placements can sit apart from another's as a whole "
-                             "(default %(default)s: on the H200 three made a published run several times longer, "
-                             "each process paying each implementation's first call; docs/timing.md, "
-                             "\"Placement processes\")")
+                             "placements, and pool their placements: a process's placements can sit apart from "
+                             "another's as a whole; the extra processes make their first calls before the sweep "
+                             f"times anything (default {GPU_PLACEMENT_PROCESSES} on a GPU, "
+                             f"{Method.placement_processes} on the CPU; docs/timing.md, \"Placement processes\")")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
@@ -522,14 +542,17 @@ def configs_from_args(args, devices: list[str]) -> tuple[str, list[Config]]:
     return name, PRESETS[name].configs(impls, layout, only=given)
 
 
-def method_from_args(args, preset: Preset) -> Method:
-    """How the sweep times its rows: the preset's budgets unless the arguments narrow them."""
+def method_from_args(args, preset: Preset, device_type: str) -> Method:
+    """How the sweep times its rows: the preset's budgets unless the arguments narrow them, and
+    :data:`GPU_PLACEMENT_PROCESSES` on a GPU unless ``--placement-processes`` says otherwise."""
     kernel = Budget(min_samples=args.min_samples or preset.kernel.min_samples,
                     max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
                     max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
     return Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
                   disjoint_placements=args.disjoint_placements, settle_s=args.settle,
-                  placement_processes=args.placement_processes, retime_throttled=not args.no_retime)
+                  placement_processes=args.placement_processes or (
+                      GPU_PLACEMENT_PROCESSES if device_type == "cuda" else Method.placement_processes),
+                  retime_throttled=not args.no_retime)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -553,7 +576,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = args.out or Path.cwd() / "sweeps" / f"{name}-{device_type}"
     if out_dir.exists() and not out_dir.is_dir():
         p.error(f"--out {out_dir} is a file; name a directory (new, or one of an earlier run to resume it)")
-    method = method_from_args(args, PRESETS.get(name, PRESETS["published"]))
+    method = method_from_args(args, PRESETS.get(name, PRESETS["published"]), device_type)
     registry.interpret_triton_on(device_type)  # the workers inherit it
 
     sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),

@@ -13,6 +13,7 @@ import torch
 
 from .. import registry
 from .case import Method, run_case
+from .config import Config
 from .timing import as_device
 
 
@@ -36,10 +37,17 @@ def describe(impl: str) -> dict:
     return {"versions": implementation.versions(), "supports": implementation.capabilities.describe()}
 
 
-def serve(impl: str, device: str, method: Method, conn: Connection) -> None:
-    """A worker's life: say hello (:func:`describe`), then measure each (config, copy bandwidth) the
-    driver sends until it sends None. A row that leaves the CUDA context unusable is reported
-    ``crashed`` and ends the worker."""
+def serve(impl: str, device: str, method: Method, conn: Connection, warm: tuple[Config, ...] = ()) -> None:
+    """A worker's life: import its library, make the first call of each configuration in ``warm``,
+    say hello (:func:`describe`), then measure each (config, copy bandwidth) the driver sends until
+    it sends None. A row that leaves the CUDA context unusable is reported ``crashed`` and ends the
+    worker.
+
+    ``warm`` is for a row's second and later placement processes (``Method.placement_processes``):
+    the driver waits for every worker's hello before it times anything, so their first calls
+    (a library's initialisation, FlashInfer's CuTe DSL compilation: seconds each, in every process)
+    run side by side before the sweep instead of one after another inside it. The first process
+    makes its own first calls in its rows, which time them (``first_call_ms``)."""
     device = as_device(device)
     if device.type == "cpu":
         # More threads than idle cores spin against each other in OpenMP barriers (40 ms per small
@@ -51,6 +59,8 @@ def serve(impl: str, device: str, method: Method, conn: Connection) -> None:
     torch.empty(0, device=device)  # create the CUDA context now, while another worker measures
     with suppress(Exception):  # the row reports it (a library that does not import, say)
         registry.get(impl).preload()
+    for cfg in warm:
+        run_case(cfg, device)  # a failure is caught there; the row reports it when it is timed
     conn.send(hello)
     while (request := conn.recv()) is not None:
         cfg, copy_bw = request
