@@ -706,8 +706,8 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
 def test_sweep_starts_every_worker_before_it_times_a_row_and_warms_only_the_extra_processes(monkeypatch, tmp_path):
     """Every worker has said hello (imported, made its warm-up calls) before the first row is timed:
     a worker's start would share the GPU with a timed row. Only the second and later placement
-    processes warm up, on the smallest row of each compile group; the first process's rows time
-    their own first calls."""
+    processes warm up, on each compile group's shape at B = 1; the first process's rows time their
+    own first calls."""
     events = []
 
     class Recorded:
@@ -737,6 +737,10 @@ def test_sweep_starts_every_worker_before_it_times_a_row_and_warms_only_the_extr
     warmed = {(impl, process): warm for kind, impl, process, *warm in events if kind == "start"}
     assert warmed[("naive", 0)] == [()] and warmed[("triton", 0)] == [()]
     assert warmed[("triton", 1)] == [tuple(Config("triton", 1, 2, 2, K, K).key() for K in (16, 32))]
+    configs = [Config("naive", 4, 2, 2, 16, 16)]  # a group without a row at B = 1 warms at B = 1
+    events.clear()
+    sweep_module.Sweep(configs, tmp_path / "b4", ["cpu"], Method(placement_processes=2), command="", preset="smoke").run()
+    assert [warm for kind, impl, process, *warm in events if kind == "start"] == [[()], [(Config("naive", 1, 2, 2, 16, 16).key(),)]]
 
 
 def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):

@@ -31,7 +31,7 @@ import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -279,8 +279,8 @@ class Sweep:
         self.impls_meta = meta.get("impls", {})
 
         groups = compile_groups(pending)
-        for group in groups:  # the smallest row of each group: what is compiled per shape, in little memory
-            self.warm[group[0].impl] = self.warm.get(group[0].impl, ()) + (min(group, key=lambda c: c.B),)
+        for group in groups:  # each group's shape at B = 1: what is compiled per shape, in little memory
+            self.warm[group[0].impl] = self.warm.get(group[0].impl, ()) + (replace(group[0], B=1),)
         for impl in self.warm:
             for device in self.devices[:len(pending)]:
                 for process in range(self.method.placement_processes):

@@ -61,6 +61,8 @@ def serve(impl: str, device: str, method: Method, conn: Connection, warm: tuple[
         registry.get(impl).preload()
     for cfg in warm:
         run_case(cfg, device)  # a failure is caught there; the row reports it when it is timed
+    if warm and device.type == "cuda":
+        torch.cuda.empty_cache()  # for the rows of the processes timing meanwhile
     conn.send(hello)
     while (request := conn.recv()) is not None:
         cfg, copy_bw = request
