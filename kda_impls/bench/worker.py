@@ -67,6 +67,8 @@ def serve(impl: str, device: str, method: Method, conn: Connection, warm: tuple[
     while (request := conn.recv()) is not None:
         cfg, copy_bw = request
         row = run_case(cfg, device, method, copy_bw=copy_bw) | {"device": str(device)}
+        if device.type == "cuda":  # what a row leaves cached, times 39 idle workers, filled the H200
+            torch.cuda.empty_cache()
         lost = row["status"] == "error" and _cuda_context_lost(device)
         if lost:
             row |= {"status": "crashed", "reason": f"CUDA context lost: {row['reason']}"}
