@@ -276,8 +276,8 @@ def compare(a: ResultSet, b: ResultSet, threshold: float = DEFAULT_THRESHOLD,
 
 # Method settings besides the version and the entry state that change where placements land or what
 # runs before them, each with the value a directory from before it existed was timed with (one
-# process a row, no settling: Method's own defaults, which a sweep on a GPU overrides with
-# sweep.GPU_PLACEMENT_PROCESSES).
+# process a row, no settling: Method's own defaults, which a sweep on a GPU overrides with its
+# preset's placement processes).
 PLACEMENT_SETTINGS = {name: getattr(Method, name) for name in ("placement_processes", "settle_s")}
 
 

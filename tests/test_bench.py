@@ -779,13 +779,16 @@ def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
     assert calls == ["preload", "warm B=1", "warm B=4", "hello"]
 
 
-@pytest.mark.parametrize("argv, device_type, processes", [
-    ([], "cuda", sweep_module.GPU_PLACEMENT_PROCESSES), ([], "cpu", 1),
-    (["--placement-processes", "1"], "cuda", 1), (["--placement-processes", "2"], "cpu", 2)])
-def test_sweep_placement_processes_default_by_device(argv, device_type, processes):
-    """Three processes a row on a GPU unless told otherwise; one on the CPU, whose rows are not ranked."""
-    args = sweep_module.parser().parse_args(["--preset", "published", *argv])
-    method = sweep_module.method_from_args(args, PRESETS["published"], device_type)
+@pytest.mark.parametrize("preset, argv, device_type, processes", [
+    ("published", [], "cuda", 3), ("shapes", [], "cuda", 3), ("targets", [], "cuda", 1),
+    ("kimi-linear-48b", [], "cuda", 1), ("published", [], "cpu", 1),
+    ("published", ["--placement-processes", "1"], "cuda", 1), ("targets", ["--placement-processes", "3"], "cuda", 3),
+    ("smoke", ["--placement-processes", "2"], "cpu", 2)])
+def test_sweep_placement_processes_default_by_preset_and_device(preset, argv, device_type, processes):
+    """On a GPU the thorough presets time a row in three processes, the fast ones (a minute for
+    kimi-linear-48b) in one; the CPU, whose rows are not ranked, in one; the option overrides both."""
+    args = sweep_module.parser().parse_args(["--preset", preset, *argv])
+    method = sweep_module.method_from_args(args, PRESETS[preset], device_type)
     assert method.placement_processes == processes
 
 

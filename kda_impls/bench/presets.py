@@ -19,16 +19,21 @@ AXES = ("B", "H", "HV", "K", "V", "state_dtype", "slot_pad", "pad_rows", "T", "c
 POW2_TO_512 = tuple(1 << i for i in range(10))
 BF16_FP32 = ("bfloat16", "float32")
 
+# A preset's budgets: kernel sampling, call sampling, and in how many worker processes a GPU sweep
+# times each row (Method.placement_processes; the CPU's rows, not ranked, always in one).
 # kimi-linear-48b is 60 configurations x every implementation and must finish in about a minute on
 # the H200, compilation included: ~40 ms of kernel sampling (over all placements) and ~15 ms of call
-# sampling per row at most (rows that converge stop sooner). The other presets buy tighter medians
-# with more time.
+# sampling per row at most (rows that converge stop sooner), one process a row. The other presets buy
+# tighter medians with more time, and three processes a row: on the H200 one of fla's kernels sat
+# 2.7% higher in one process's 27 placements than in two others' (Kruskal-Wallis p = 0.007), and with
+# three processes a row three runs of the published preset kept every row at B >= 16 within 1.8%
+# (docs/timing.md, "Three runs of the `published` preset"), at 280-312 s a run against 183-240 s.
 FAST = (Budget(min_samples=12, max_samples=600, max_seconds=0.04),
-        Budget(min_samples=10, max_samples=300, max_seconds=0.015))
+        Budget(min_samples=10, max_samples=300, max_seconds=0.015), 1)
 THOROUGH = (Budget(min_samples=30, max_samples=3000, max_seconds=0.25),
-            Budget(min_samples=20, max_samples=1000, max_seconds=0.1))
+            Budget(min_samples=20, max_samples=1000, max_seconds=0.1), 3)
 CPU_SIZED = (Budget(min_samples=3, max_samples=30, max_seconds=0.02),
-             Budget(min_samples=3, max_samples=30, max_seconds=0.01))
+             Budget(min_samples=3, max_samples=30, max_seconds=0.01), 1)
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class Preset:
     grids: tuple[dict, ...]
     kernel: Budget
     call: Budget
+    placement_processes: int  # on a GPU
 
     def configs(self, impls: list[str], layout: PoolLayout = PoolLayout(), only: dict | None = None
                 ) -> list[Config]:

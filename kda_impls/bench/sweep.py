@@ -9,8 +9,8 @@ that what an implementation compiles in its own process (FlashInfer's CuTe DSL k
 on one lane, not on each. In a
 lane each implementation gets a worker process (multiprocessing "spawn": a fresh interpreter, no
 CUDA state inherited) that handles all its rows there, so imports, the CUDA context and JIT caches
-are paid once; on a GPU each row is timed in three such processes in turn (``--placement-processes``),
-and every worker has started before the first row is timed. A worker that dies (a segfault,
+are paid once; on a GPU a thorough preset times each row in three such processes in turn
+(``--placement-processes``), and every worker has started before the first row is timed. A worker that dies (a segfault,
 an illegal memory access, which poisons the CUDA context, a row past the timeout) makes its row
 ``crashed``; the next row gets a fresh worker. Each finished row is a file in ``DIR/rows/``:
 re-running the same command skips them. ``--shard i/n`` measures every n-th configuration so that
@@ -55,11 +55,6 @@ from .worker import serve
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
 STARTUP_TIMEOUT_S = 600.0
 INTERRUPTED = 130
-# A GPU sweep times each row in three worker processes of its implementation: on the H200 one of
-# fla's kernels sat 2.7% higher in one process's 27 placements than in two others' (Kruskal-Wallis
-# p = 0.007, results/h200/published/run_to_run.md), and three processes a row held that row within
-# 0.53% over three runs (results/h200/wide-rows-pp3/run_to_run.md). The CPU's rows are not ranked.
-GPU_PLACEMENT_PROCESSES = 3
 
 
 class WorkerDied(Exception):
@@ -507,8 +502,9 @@ def parser() -> Parser:
                              "each with its own inputs, spacers and share of the kernel budget and of the extra "
                              "placements, and pool their placements: a process's placements can sit apart from "
                              "another's as a whole; the extra processes make their first calls before the sweep "
-                             f"times anything (default {GPU_PLACEMENT_PROCESSES} on a GPU, "
-                             f"{Method.placement_processes} on the CPU; docs/timing.md, \"Placement processes\")")
+                             "times anything (default: the preset's on a GPU, 3 for published, gva, shapes, full "
+                             "and ad-hoc axes, 1 for the others; 1 on the CPU; docs/timing.md, \"Placement "
+                             "processes\")")
     timing = p.add_argument_group("timing")
     timing.add_argument("--l2-entry", choices=list(ENTRY_STATES), default=DEFAULT_ENTRY,
                         help="what the L2 holds when a timed call starts (default %(default)s; docs/timing.md)")
@@ -544,14 +540,14 @@ def configs_from_args(args, devices: list[str]) -> tuple[str, list[Config]]:
 
 def method_from_args(args, preset: Preset, device_type: str) -> Method:
     """How the sweep times its rows: the preset's budgets unless the arguments narrow them, and
-    :data:`GPU_PLACEMENT_PROCESSES` on a GPU unless ``--placement-processes`` says otherwise."""
+    the preset's placement processes on a GPU unless ``--placement-processes`` says otherwise."""
     kernel = Budget(min_samples=args.min_samples or preset.kernel.min_samples,
                     max_samples=max(preset.kernel.max_samples, args.min_samples or 0),
                     max_seconds=args.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
     return Method(entry=args.l2_entry, kernel=kernel, call=preset.call, extra_placements=args.extra_placements,
                   disjoint_placements=args.disjoint_placements, settle_s=args.settle,
                   placement_processes=args.placement_processes or (
-                      GPU_PLACEMENT_PROCESSES if device_type == "cuda" else Method.placement_processes),
+                      preset.placement_processes if device_type == "cuda" else Method.placement_processes),
                   retime_throttled=not args.no_retime)
 
 
