@@ -618,6 +618,18 @@ def test_gpu_cupti_replay_of_the_harness_pass():
 
 
 @pytest.mark.gpu
+def test_gpu_device_info_names_the_physical_gpu_and_its_driver():
+    """The UUID, not the index (relative to CUDA_VISIBLE_DEVICES): two runs on two GPUs of one box
+    say which ran where; nvidia-smi is asked about that GPU."""
+    from kda_impls.bench.results import device_info
+
+    info = device_info(torch.device("cuda", 0))
+    assert info["uuid"].startswith("GPU-") and info["uuid"] in subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    assert info["driver"] and "error" not in info["driver"].lower()
+
+
+@pytest.mark.gpu
 def test_gpu_limits_and_clocks_are_read():
     limits = clocks.gpu_limits("cuda")
     assert limits.get("power_limit_w", 0) > 0 and limits.get("sm_max_mhz", 0) > 0

@@ -136,11 +136,12 @@ def device_info(device: torch.device) -> dict:
                     platform.machine())
         return {"type": "cpu", "name": name, "cpu_count": os.cpu_count()}
     props = torch.cuda.get_device_properties(device)
+    # the UUID names the physical GPU (its index is relative to CUDA_VISIBLE_DEVICES, nvidia-smi's is not)
+    uuid = f"GPU-{props.uuid}"
     return {
-        "type": "cuda", "name": props.name, "compute_capability": f"{props.major}.{props.minor}",
+        "type": "cuda", "name": props.name, "uuid": uuid, "compute_capability": f"{props.major}.{props.minor}",
         "sm_count": props.multi_processor_count, "l2_bytes": props.L2_cache_size, "memory_bytes": props.total_memory,
-        "driver": _command("nvidia-smi", f"--id={device.index}", "--query-gpu=driver_version",
-                           "--format=csv,noheader"),
+        "driver": _command("nvidia-smi", f"--id={uuid}", "--query-gpu=driver_version", "--format=csv,noheader"),
         "cuda": torch.version.cuda,
     }
 
