@@ -165,8 +165,8 @@ case ${1:-} in
       ( export CUDA_VISIBLE_DEVICES=1
         step asv-gate 420 python3 scripts/validate_gate.py asv "$RES/gate-asv" --max-runs 4 ) > "$LOGS/gpu1.summary" 2>&1 &
     fi
-    # RUNS names the runs this call makes: a run takes ~200 s with 27 placements for every step over
-    # the L2, so three do not fit one 600 s call (RUNS="a1 a2", then RUNS=a3 ASV=0)
+    # RUNS names the runs this call makes: a run takes 280-312 s with three placement processes a row
+    # (183-240 s with one), so one a call on GPU 0; a second beside it on GPU 1 (the header's lanes)
     # PUBLISHED_DIR and SWEEP_ARGS make the runs of another method, e.g. PUBLISHED_DIR=published-pp1
     # SWEEP_ARGS="--placement-processes 1" (then run_to_run.py on them); RUN_LIMIT: seconds a run (300)
     DIR=${PUBLISHED_DIR:-published}
