@@ -520,7 +520,7 @@ def test_every_placement_is_drawn_after_the_cache_is_handed_back(monkeypatch):
     """The first placement too, so that every pool is a fresh allocation as a serving engine's is,
     not carved out of what the row's correctness check left cached."""
     events = []
-    monkeypatch.setattr(timing, "_release", lambda device, settle_s=0.0: events.append("release"))
+    monkeypatch.setattr(timing, "release_cache", lambda device, settle_s=0.0: events.append("release"))
     monkeypatch.setattr(timing, "_time_placement",
                         lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
 
@@ -536,7 +536,7 @@ def test_every_release_of_a_row_may_settle(monkeypatch):
     """--settle reaches each hand-back of the row: before the first placement, after each, and the
     held placements' at the end (held here although the CPU never holds: the room check says yes)."""
     settles = []
-    monkeypatch.setattr(timing, "_release", lambda device, settle_s=0.0: settles.append(settle_s))
+    monkeypatch.setattr(timing, "release_cache", lambda device, settle_s=0.0: settles.append(settle_s))
     monkeypatch.setattr(timing, "_room_for_another", lambda device, placement_bytes: True)
     monkeypatch.setattr(timing, "_time_placement",
                         lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
@@ -554,7 +554,7 @@ def test_gpu_release_idles_only_after_handing_back_a_large_allocation(freed, set
     block = torch.empty(freed, dtype=torch.uint8, device="cuda")
     del block
     start = time.perf_counter()
-    timing._release(torch.device("cuda", torch.cuda.current_device()), settle_s=0.3)
+    timing.release_cache(torch.device("cuda", torch.cuda.current_device()), settle_s=0.3)
     assert (time.perf_counter() - start >= 0.3) == settles
 
 
@@ -802,6 +802,31 @@ def test_sweep_placement_processes_default_by_preset_and_device(preset, argv, de
     args = sweep_module.parser().parse_args(["--preset", preset, *argv])
     method = sweep_module.method_from_args(args, PRESETS[preset], device_type)
     assert method.placement_processes == processes
+
+
+def test_worker_hands_its_cache_back_after_each_row_with_the_methods_settle(monkeypatch):
+    """A row's leftovers are handed back before its row is sent (39 idle workers' caches filled the
+    H200), idling as the method settles; a row that lost the CUDA context is sent as crashed without
+    touching the device again."""
+    from kda_impls.bench import worker
+
+    events, requests = [], [(Config("naive", 1, 2, 2, 16, 16), 1e9), (Config("naive", 4, 2, 2, 16, 16), 1e9), None]
+
+    class Connection:
+        def send(self, message):
+            events.append(("send", message.get("status")))
+
+        def recv(self):
+            return requests.pop(0)
+
+    statuses = iter(["ok", "error"])
+    monkeypatch.setattr(worker, "describe", lambda name: {"status": "hello"})
+    monkeypatch.setattr(worker.torch, "set_num_threads", lambda n: None)
+    monkeypatch.setattr(worker, "run_case", lambda cfg, device, method=None, copy_bw=None: {"status": next(statuses), "reason": "x"})
+    monkeypatch.setattr(worker, "release_cache", lambda device, settle_s=0.0: events.append(("release", settle_s)))
+    monkeypatch.setattr(worker, "_cuda_context_lost", lambda device: True)
+    worker.serve("naive", "cpu", Method(settle_s=0.5), Connection())
+    assert events == [("release", 0.0), ("send", "hello"), ("release", 0.5), ("send", "ok"), ("send", "crashed")]
 
 
 def test_fla_preload_imports_its_kernel_module():

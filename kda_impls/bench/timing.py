@@ -345,7 +345,7 @@ def _reps(call_s: float, calls: int) -> int:
     return max(1, min(math.ceil(TARGET_PASS_S / max(call_s * calls, 1e-9)), MAX_CALLS_PER_PASS // calls))
 
 
-def _release(device: torch.device, settle_s: float = 0.0) -> None:
+def release_cache(device: torch.device, settle_s: float = 0.0) -> None:
     """Hand freed blocks back to the driver, so that the next placement's pools get other pages;
     then, where that handed back more than SETTLE_MIN_BYTES, idle ``settle_s`` seconds."""
     if device.type == "cuda":
@@ -383,7 +383,7 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
     measured: list[Timing] = []
     held: list[tuple] = []
     made, sets, beyond_l2 = entry, 1, False
-    _release(device, settle_s)
+    release_cache(device, settle_s)
     for placement in range(placements + extra_placements):
         if (placement == placements and not beyond_l2
                 and _spread([t.placement_medians[0] for t in measured]) <= PLACEMENT_SPREAD_LIMIT):
@@ -402,10 +402,10 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
         else:
             held.clear()
         del first, launchers, spacer
-        _release(device, settle_s)
+        release_cache(device, settle_s)
     if held:  # disjoint placements: hand their memory back with the row
         held.clear()
-        _release(device, settle_s)
+        release_cache(device, settle_s)
     return Timing([s for t in measured for s in t.samples], measured[0].method,
                   [t.placement_medians[0] for t in measured], entry=made, input_sets=sets)
 

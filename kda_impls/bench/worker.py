@@ -14,7 +14,7 @@ import torch
 from .. import registry
 from .case import Method, run_case
 from .config import Config
-from .timing import as_device
+from .timing import as_device, release_cache
 
 
 def _cuda_context_lost(device: torch.device) -> bool:
@@ -56,22 +56,20 @@ def serve(impl: str, device: str, method: Method, conn: Connection, warm: tuple[
     else:
         torch.cuda.set_device(device)  # libraries that launch on "the current device" use this one
     hello = describe(impl)
-    torch.empty(0, device=device)  # create the CUDA context now, while another worker measures
+    torch.empty(0, device=device)  # create the CUDA context now, before the driver times anything
     with suppress(Exception):  # the row reports it (a library that does not import, say)
         registry.get(impl).preload()
     for cfg in warm:
         run_case(cfg, device)  # a failure is caught there; the row reports it when it is timed
-    if warm and device.type == "cuda":
-        torch.cuda.empty_cache()  # for the rows of the processes timing meanwhile
+    release_cache(device)  # what the warm-ups left cached, for the rows the other processes time
     conn.send(hello)
     while (request := conn.recv()) is not None:
         cfg, copy_bw = request
         row = run_case(cfg, device, method, copy_bw=copy_bw) | {"device": str(device)}
-        if device.type == "cuda":  # what a row leaves cached, times 39 idle workers, filled the H200
-            torch.cuda.empty_cache()
-        lost = row["status"] == "error" and _cuda_context_lost(device)
-        if lost:
-            row |= {"status": "crashed", "reason": f"CUDA context lost: {row['reason']}"}
-        conn.send(row)
-        if lost:
+        if row["status"] == "error" and _cuda_context_lost(device):
+            conn.send(row | {"status": "crashed", "reason": f"CUDA context lost: {row['reason']}"})
             return
+        # what a row leaves cached, times 39 idle workers, filled the H200; handed back as between
+        # placements (idling where the method settles)
+        release_cache(device, method.settle_s)
+        conn.send(row)
