@@ -617,6 +617,24 @@ def test_gpu_cupti_replay_of_the_harness_pass():
     assert timed["method"] == "cuda-graph" and timed["calls"] > 1 and 0 < timed["busy_us"] <= timed["period_us"]
 
 
+def test_device_info_asks_nvidia_smi_about_the_gpu_by_its_uuid(monkeypatch):
+    """On a (faked) GPU seen as cuda:0 through CUDA_VISIBLE_DEVICES: nvidia-smi's --id is the UUID,
+    not 0, which nvidia-smi would read as the box's first GPU."""
+    from types import SimpleNamespace
+
+    from kda_impls.bench import results
+
+    asked = []
+    props = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=1, multi_processor_count=132,
+                            L2_cache_size=62_914_560, uuid="152dc65d-d3f5-48c6-c070-b94578bea03b")
+    monkeypatch.setattr(results.torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(results, "_command", lambda *args: asked.append(args) or "580.159.04")
+    info = results.device_info(torch.device("cuda", 0))
+    assert info["uuid"] == "GPU-152dc65d-d3f5-48c6-c070-b94578bea03b" and info["driver"] == "580.159.04"
+    assert asked == [("nvidia-smi", "--id=GPU-152dc65d-d3f5-48c6-c070-b94578bea03b", "--query-gpu=driver_version",
+                      "--format=csv,noheader")]
+
+
 @pytest.mark.gpu
 def test_gpu_device_info_names_the_physical_gpu_and_its_driver():
     """The UUID, not the index (relative to CUDA_VISIBLE_DEVICES): two runs on two GPUs of one box
