@@ -26,7 +26,7 @@ BF16_FP32 = ("bfloat16", "float32")
 # sampling per row at most (rows that converge stop sooner), one process a row. The other presets buy
 # tighter medians with more time, and three processes a row: on the H200 one of fla's kernels sat
 # 2.7% higher in one process's 27 placements than in two others' (Kruskal-Wallis p = 0.007), and with
-# three processes a row three runs of the published preset kept every row at B >= 16 within 1.8%
+# three processes a row three runs of the published preset kept every row at B >= 16 within 2% (1.74%)
 # (docs/timing.md, "Three runs of the `published` preset"), at 280-312 s a run against 183-240 s.
 FAST = (Budget(min_samples=12, max_samples=600, max_seconds=0.04),
         Budget(min_samples=10, max_samples=300, max_seconds=0.015), 1)
