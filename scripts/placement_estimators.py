@@ -129,6 +129,26 @@ def resampled_by_process(sweeps, min_b: int, placements: int, processes: list[in
     return pd.DataFrame(rows)
 
 
+def processes_per_run(sweeps) -> list[int]:
+    """The placement processes each run pooled into a row (1 for runs from before the setting)."""
+    return [sweep.meta.get("settings", {}).get("method", {}).get("placement_processes", 1) for sweep in sweeps]
+
+
+def process_section(sweeps, args) -> str:
+    """The odds with each run kept as a process, where each run is one; else why not."""
+    pooled = processes_per_run(sweeps)
+    if max(pooled) > 1:
+        return (f"Not drawn: these runs pooled {'/'.join(map(str, pooled))} placement processes a row each, so a "
+                f"run is not one process (the table needs runs of one process a row).")
+    by_process = resampled_by_process(sweeps, args.min_B, args.process_placements, args.processes, args.limit,
+                                      args.seed)
+    return (f"Each run given is one process; three runs of {args.process_placements} placements each, their mean, "
+            f"drawn {DRAWS} times: a run takes P processes of those given (with replacement) and an equal share of "
+            f"its placements from each one's own. P = 1 is one process a row (the fast presets); P > 1 is "
+            f"`--placement-processes P` (the thorough presets: 3). Few processes given make it a rough guide.\n\n"
+            + (by_process.to_markdown(index=False, floatfmt=".3f") if len(by_process) else "(none)"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dirs", nargs="+", type=Path, help="sweep directories with placements.json")
@@ -163,13 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         f"pooled over the runs{' (each first left out)' if args.skip_first else ''}, spread by more; three runs "
         f"of n placements drawn from them {DRAWS} times, each run's kernel time by each estimator.\n\n"
         + (odds.to_markdown(index=False, floatfmt=".3f") if len(odds) else "(none)"),
-        f"## The same odds with each run kept as a process\n\nEach run given is one process; three runs of "
-        f"{args.process_placements} placements each, their mean, drawn {DRAWS} times: a run takes P processes of "
-        f"those given (with replacement) and an equal share of its placements from each one's own. P = 1 is "
-        f"the method as it runs (one worker per implementation); P > 1 is `--placement-processes P`. Few "
-        f"processes given make it a rough guide.\n\n"
-        + (by_process.to_markdown(index=False, floatfmt=".3f") if len(by_process := resampled_by_process(
-            sweeps, args.min_B, args.process_placements, args.processes, args.limit, args.seed)) else "(none)"),
+        "## The same odds with each run kept as a process\n\n" + process_section(sweeps, args),
     ]) + "\n"
     return print_and_save(text, args.out)
 

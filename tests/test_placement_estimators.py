@@ -68,3 +68,17 @@ def test_a_process_apart_as_a_whole_moves_runs_unless_several_share_a_run(tmp_pa
     calm = estimators.resampled_by_process(alike, 16, 27, [1], 0.02, seed=0).set_index("row")
     (row,) = [r for r in calm.index if r.startswith("fla_")]
     assert calm.loc[row, "P=1"] < 0.01
+
+
+def test_runs_that_pooled_several_processes_are_not_resampled_as_one_process_each(tmp_path, capsys):
+    """A run timed with three placement processes a row is not one process: the table that keeps
+    each run as a process says so instead of drawing from it; runs of one process are drawn."""
+    values = {WIDE: list(np.linspace(10, 11, 6))}
+    pooled = [write_sweep_dir(tmp_path / name, {WIDE: [10.0] * 5}, {"settings": {"method": {"placement_processes": 3}}},
+                              values) for name in "ab"]
+    assert estimators.main([str(d) for d in pooled] + ["--sizes", "3"]) == 0
+    assert "Not drawn: these runs pooled 3/3 placement processes" in capsys.readouterr().out
+    single = [write_sweep_dir(tmp_path / f"one{name}", {WIDE: [10.0] * 5}, {}, values) for name in "ab"]
+    assert estimators.main([str(d) for d in single] + ["--sizes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "Not drawn" not in out and "P=3" in out
