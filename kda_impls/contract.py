@@ -300,8 +300,9 @@ class Implementation:
 
     def preload(self) -> None:
         """Import what the first :meth:`bind` would import (a library's kernels, decorated at
-        import), so that a sweep's worker does it when it starts, beside other workers' measuring,
-        instead of inside its first row; a failure is left for that row to report."""
+        import), so that a sweep's worker does it when it starts, beside the other workers' starts
+        and before any row is timed, instead of inside its first row; a failure is left for that row
+        to report."""
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
         return None

@@ -168,7 +168,7 @@ class Sweep:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.workers: dict[tuple[str, str, int], Worker | None] = {}
-        self.warm: dict[str, tuple[Config, ...]] = {}  # per implementation: its extra processes' warm-up
+        self.warm: dict[str, list[Config]] = {}  # per implementation: its extra processes' warm-up
 
     # -- setup
     def _check_directory(self, meta: dict, gpu_name: str) -> None:
@@ -189,7 +189,7 @@ class Sweep:
         worker = self.workers.get((impl, device, process))
         if worker is None:
             worker = self.workers[(impl, device, process)] = Worker(
-                impl, device, self.method.in_process(process), self.warm.get(impl, ()) if process else ())
+                impl, device, self.method.in_process(process), tuple(self.warm.get(impl, ())) if process else ())
         return worker
 
     def _measure(self, cfg: Config, device: str, copy_bw: float) -> dict:
@@ -275,7 +275,7 @@ class Sweep:
 
         groups = compile_groups(pending)
         for group in groups:  # each group's shape at B = 1: what is compiled per shape, in little memory
-            self.warm[group[0].impl] = self.warm.get(group[0].impl, ()) + (replace(group[0], B=1),)
+            self.warm.setdefault(group[0].impl, []).append(replace(group[0], B=1))
         for impl in self.warm:
             for device in self.devices[:len(pending)]:
                 for process in range(self.method.placement_processes):
