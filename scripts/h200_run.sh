@@ -356,6 +356,15 @@ case ${1:-} in
     cp "$LOGS"/memcheck.log "$RES/ncu/" 2>/dev/null
     pack
     ;;
+  rewiden)  # (a bare box will do) the stored tile widened twice (rewiden=1, some with a register cap)
+    # against the table at every shape of the targets preset, then compute-sanitizer on every kernel form
+    TAIL=4 step tune-rewiden 420 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-rewiden/triton_tune.csv" \
+      --value-heads 16,32,64 --head-dims 128x128,64x64 --batches 1,16,64,256 --budget-s 360 --over-table \
+      "rewiden=1;rewiden=1,BV=8,num_warps=1,state_first=1;rewiden=1,BV=16,num_warps=1,state_first=1;rewiden=1,BV=16,num_warps=1,state_first=1,maxnreg=88;rewiden=1,BV=32,num_warps=1,state_first=0;rewiden=1,BV=32,num_warps=4"
+    TAIL=20 step memcheck 90 $ON_GPU compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    TAIL=3 step racecheck 90 $ON_GPU compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    pack
+    ;;
   tune)  # every one-token candidate (with and without the head counts compiled in), every shape
     TAIL=4 step tune 540 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-v4/triton_tune.csv" --budget-s 460
     pack

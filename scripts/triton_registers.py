@@ -51,6 +51,7 @@ CONFIGS = ("BV=8,num_warps=1", "BV=16,num_warps=1", "BV=32,num_warps=1", "BV=32,
            "BV=8,num_warps=1,programs_per_sm=8")
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
                 torch.int64: "i64"}
+OPTIONS = ("num_warps", "maxnreg")  # launch meta that are compile options, not constexprs
 REGISTERS_PER_SM, PROGRAMS_PER_SM, WARPS_PER_SM = 65536, 32, 64
 
 
@@ -99,7 +100,7 @@ def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
             types[name] = "i32"
             if value % 16 == 0 and value != 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    constexprs = ones | {name: value for name, value in meta.items() if name != "num_warps"}
+    constexprs = ones | {name: value for name, value in meta.items() if name not in OPTIONS}
     types |= {name: "constexpr" for name in constexprs}
     return types, {(kernel.arg_names.index(n),): v for n, v in constexprs.items()}, attrs
 
@@ -111,7 +112,7 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
     kernel, _, args, meta = kernel_arguments(inputs, out, config)
     types, constexprs, attrs = signature(kernel, args, meta)
     compiled = triton.compile(ASTSource(kernel, types, constexprs=constexprs, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": meta["num_warps"]})
+                              target=GPUTarget("cuda", 90, 32), options={k: v for k, v in meta.items() if k in OPTIONS})
     with tempfile.TemporaryDirectory() as scratch:
         ptx, cubin = Path(scratch) / "kernel.ptx", Path(scratch) / "kernel.cubin"
         ptx.write_text(compiled.asm["ptx"])

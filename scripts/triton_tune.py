@@ -15,6 +15,9 @@ figures the sweeps report. The best config per shape is also timed on a pool wit
 Bandwidth counts the state read and written once plus every input and the output
 (DecodeInputs.nbytes), against an in-run 1 GiB device-to-device copy (bytes read + written).
 
+``--over-table "rewiden=1;rewiden=1,maxnreg=128"`` times, per shape, only the tabled config and the
+tabled config with each of those fields replaced: a new form against the table in minutes.
+
 Writes the CSV (every candidate), a JSON of the environment and the copy bandwidth beside it
 (``.json``), the regenerated ``triton_tuning.py`` beside it, and prints the best per shape.
 
@@ -43,6 +46,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -90,7 +94,8 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
     SM, and sub-tiles (1-4 KiB tiles, 2 to 16 of them per program: the gate and norms once per
     program, the next tile's load in flight); the plain tiles of one-token steps also with the head counts
     compiled in (``const_heads``), and with the state loaded before the small inputs
-    (``state_first=1``, the order sub-tiles brought). Multi-token steps carry the tile through T tokens, so their set
+    (``state_first=1``, the order sub-tiles brought), and each of those one-tile configs with the
+    stored tile widened twice (``rewiden=1``: fewer registers, more instructions). Multi-token steps carry the tile through T tokens, so their set
     leans to small tiles."""
     per_thread = (32, 64, 128) if B <= 16 or T > 1 else (64, 128, 256)
     tiles = (1024, 2048, 4096, 8192) if T > 1 else (2048, 4096, 8192, 16384)
@@ -108,6 +113,9 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
         # the state loaded first: faster for the 16-row bf16 tiles at K=V=128, slower for the 32-row
         # ones at K=V=64 (7-11%, the same registers; docs/perf-notes.md)
         configs += [replace(config, state_first=1) for config in configs if config.heads == 1 and not config.const_heads]
+        # the reductions and the update each widening the stored tile: fewer registers for some
+        # tiles (bf16 K=V=128, 16 rows: 128 -> 96; fp32, 32 rows: 206 -> 139), more instructions
+        configs += [replace(config, rewiden=1) for config in configs if config.heads == 1 and not config.const_heads]
         for tile in (1024, 2048, 4096):
             BV, num_warps = tile_shape(K, V, element_size, tile)
             configs += [TileConfig(BV=BV, num_warps=num_warps, programs_per_sm=n) for n in (4, 8, 16)]
@@ -134,7 +142,7 @@ def measure(args) -> int:
             for K, V in args.head_dims:
                 for HV in args.value_heads:
                     rows += tune_shape(HV, K, V, T, args.batches, state_dtype, device, copy_gbps, started,
-                                       args.budget_s)
+                                       args.budget_s, args.over_table)
     meta["wall_s"] = time.perf_counter() - started
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -151,15 +159,15 @@ def measure(args) -> int:
     return 1 if failed else 0
 
 
-def tune_shape(HV, K, V, T, batches, state_dtype, device, copy_gbps, started, budget_s) -> list[dict]:
-    """Every batch size of one shape: each config verified and timed per batch."""
-    esize = state_dtype.itemsize
+def tune_shape(HV, K, V, T, batches, state_dtype, device, copy_gbps, started, budget_s,
+               over_table: tuple[str, ...] = ()) -> list[dict]:
+    """Every batch size of one shape: each config verified and timed per batch. The candidates are
+    :func:`candidate_configs`, or with ``over_table`` (``"rewiden=1"``, ...) the tabled config and
+    the tabled config with each one's fields replaced."""
     rows = []
     for B in batches:
         base = dict(state_dtype=dtype_name(state_dtype), HV=HV, K=K, V=V, B=B, T=T, slot_pad=0)
-        configs = {c.fitted(HV, V, T): "candidate" for c in candidate_configs(K, V, esize, B, T)}
-        tabled = choose_config(state_dtype, HV, K, V, B, T).fitted(HV, V, T)
-        configs[tabled] = "table+candidate" if tabled in configs else "table"
+        configs = shape_configs(state_dtype, HV, K, V, B, T, over_table)
         if time.perf_counter() - started > budget_s:
             rows += [{**base, "config": str(c), "source": s, "status": "skipped: time budget"}
                      for c, s in configs.items()]
@@ -173,6 +181,18 @@ def tune_shape(HV, K, V, T, batches, state_dtype, device, copy_gbps, started, bu
     print(f"{time.perf_counter() - started:5.0f} s  {dtype_name(state_dtype):8} HV={HV:<3} K={K:<3} V={V:<3} T={T} "
           f"best us: {best}", flush=True)
     return rows
+
+
+def shape_configs(state_dtype, HV, K, V, B, T, over_table: tuple[str, ...] = ()) -> dict[TileConfig, str]:
+    """``{config fitted to the shape: its source}`` of one shape's candidates (see :func:`tune_shape`),
+    the tabled config among them."""
+    tabled = choose_config(state_dtype, HV, K, V, B, T)
+    candidates = ([TileConfig.parse(text, tabled, source="--over-table") for text in over_table] if over_table
+                  else candidate_configs(K, V, state_dtype.itemsize, B, T))
+    configs = {c.fitted(HV, V, T): "candidate" for c in candidates}
+    tabled = tabled.fitted(HV, V, T)
+    configs[tabled] = "table+candidate" if tabled in configs else "table"
+    return configs
 
 
 def tune_batch(base: dict, configs: dict, device, copy_gbps: float) -> list[dict]:
@@ -333,7 +353,7 @@ def write_table(csv_paths: list[Path | str], into: Path, state_order: tuple[Path
     print(f"wrote {into} from {', '.join(map(str, csv_paths))}")
     if state_order:
         ordered = [line for line in into.read_text().splitlines() if "state order by sweeps" in line]
-        first = sum("state_first=1'" in line for line in ordered)
+        first = sum(re.search(r"state_first=1\b", line) is not None for line in ordered)
         print(f"state order by the sweeps: {first} entries load the state first, {len(ordered) - first} after the "
               f"small inputs")
     return 0
@@ -366,6 +386,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int_list, default=(1,), help="T values, tokens per row (default 1)")
     parser.add_argument("--state-dtypes", type=state_dtypes, default=STATE_DTYPES,
                         help="state dtypes (default bfloat16,float32)")
+    parser.add_argument("--over-table", type=lambda text: tuple(filter(None, text.split(";"))), default=(),
+                        help="instead of the candidate set: the tabled config of each shape and the tabled config "
+                             "with each of these fields replaced (';' between them: \"rewiden=1;rewiden=1,BV=32\")")
     parser.add_argument("--write-table", nargs="+", metavar="CSV[:FIELD=VALUE,...]",
                         help="regenerate kda_impls/impls/triton_tuning.py from measured CSVs and exit (FIELD=VALUE: "
                              "what the run's kernel did where its rows name no such field)")

@@ -118,6 +118,8 @@ FORMS = [
     TileConfig(BV=8, num_warps=1, programs_per_sm=1),
     TileConfig(BV=16, num_warps=2, programs_per_sm=3),
     TileConfig(BV=4, num_warps=1, programs_per_sm=64),
+    TileConfig(BV=8, num_warps=1, rewiden=1),
+    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, state_first=1, rewiden=1, maxnreg=96),
 ]
 
 
@@ -278,6 +280,9 @@ def test_config_override_from_the_environment(monkeypatch):
     ("subtiles=3", "subtiles must be a power of two"),
     ("const_heads=2", "const_heads must be 0 or 1"),
     ("state_first=-1", "state_first must be 0 or 1"),
+    ("rewiden=2", "rewiden must be 0 or 1"),
+    ("maxnreg=20", "maxnreg must be 0"),
+    ("maxnreg=100", "maxnreg must be 0"),
     ("programs_per_sm=65", "programs_per_sm must be in 0..64"),
     ("BV=thirty", "BV must be an integer"),
     ("tile=32", "is not NAME=VALUE"),
@@ -315,17 +320,20 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     exec(table_path.read_text(), namespace)
     # every field named, as the kernel runs the entry: a run from before const_heads measured the head
     # counts at run time (the default), and the multi-token kernel compiles them in
-    tail = "programs_per_sm=0,subtiles=1"
+    tail, end = "programs_per_sm=0,subtiles=1", "rewiden=0,maxnreg=0"
     assert namespace["TABLE"] == {
-        ("bfloat16", 32, 128, 128, 64, 1): f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0,state_first=0",
-        ("bfloat16", 32, 128, 128, 1, 1): f"BV=16,heads=2,num_warps=2,num_stages=2,{tail},const_heads=0,state_first=0",
-        ("bfloat16", 32, 128, 128, 64, 4): f"BV=8,heads=1,num_warps=1,num_stages=1,{tail},const_heads=1,state_first=1"}
+        ("bfloat16", 32, 128, 128, 64, 1):
+            f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0,state_first=0,{end}",
+        ("bfloat16", 32, 128, 128, 1, 1):
+            f"BV=16,heads=2,num_warps=2,num_stages=2,{tail},const_heads=0,state_first=0,{end}",
+        ("bfloat16", 32, 128, 128, 64, 4):
+            f"BV=8,heads=1,num_warps=1,num_stages=1,{tail},const_heads=1,state_first=1,{end}"}
     assert "measured" in namespace["PROVENANCE"]
     # a run on a kernel that loaded the state first, before the field existed: its path says so
     assert triton_tune.write_table([f"{csv_path}:state_first=1", multi_path], table_path) == 0
     exec(table_path.read_text(), namespace)
-    assert namespace["TABLE"][("bfloat16", 32, 128, 128, 64, 1)].endswith("const_heads=0,state_first=1")
-    assert namespace["TABLE"][("bfloat16", 32, 128, 128, 64, 4)].endswith("const_heads=1,state_first=1")
+    assert namespace["TABLE"][("bfloat16", 32, 128, 128, 64, 1)].endswith("const_heads=0,state_first=1,rewiden=0,maxnreg=0")
+    assert namespace["TABLE"][("bfloat16", 32, 128, 128, 64, 4)].endswith("const_heads=1,state_first=1,rewiden=0,maxnreg=0")
     with pytest.raises(ValueError, match="--write-table"):
         triton_tune.write_table([f"{csv_path}:state_first=2"], table_path)
 
@@ -352,8 +360,8 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
     assert triton_tune.write_table([csv_path], table_path, tuple(sweeps)) == 0
     namespace = {}
     exec(table_path.read_text(), namespace)
-    order = {key[4]: config.split("state_first=")[1] for key, config in namespace["TABLE"].items()}
-    assert order == {1: "1", 16: "0", 64: "0", 256: "1"}
+    order = {key[4]: TileConfig.parse(config, TileConfig(BV=128)).state_first for key, config in namespace["TABLE"].items()}
+    assert order == {1: 1, 16: 0, 64: 0, 256: 1}
     assert "state order by sweeps: 3.10 us first, 3.70 us as tabled" in table_path.read_text()
     assert "1 entries load the state first, 1 after the small inputs" in capsys.readouterr().out
 
@@ -468,3 +476,27 @@ def test_register_script_compiles_for_sm90_without_a_gpu():
     assert len(rows) == 3 and regs[0] > regs[2], done.stdout
     if rows[1][6] != "None":  # cuobjdump is there
         assert int(rows[1][6]) <= 40 and int(rows[1][6]) < int(rows[2][6]), done.stdout
+
+
+def test_tune_over_table_times_the_tabled_config_and_its_variants():
+    triton_tune = load_script("triton_tune")
+    tabled = choose_config(torch.bfloat16, 32, 128, 128, 64).fitted(32, 128)
+    configs = triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 1, ("rewiden=1", "rewiden=1,BV=256"))
+    assert configs == {replace(tabled, rewiden=1): "candidate", replace(tabled, BV=128, rewiden=1): "candidate",
+                       tabled: "table"}
+    full = triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 1)
+    assert any(c.rewiden for c in full) and tabled in full  # the full set has the form too
+    # multi-token steps have no re-widened form
+    assert not any(c.rewiden for c in triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 4, ("rewiden=1",)))
+
+
+def test_rewiden_and_register_cap_reach_the_launch():
+    inputs = make_inputs(3, 2, 4, 32, 32, state_dtype=torch.bfloat16, seed=1)
+    out = torch.empty(3, 4, 32, dtype=inputs.v.dtype)
+    _, _, _, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1))
+    assert meta["REWIDEN"] == 0 and "maxnreg" not in meta  # no cap: ptxas chooses
+    _, _, _, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, rewiden=1, maxnreg=96))
+    assert meta["REWIDEN"] == 1 and meta["maxnreg"] == 96
+    # the persistent form and the multi-token kernel have no re-widened form
+    assert TileConfig(BV=8, rewiden=1, programs_per_sm=2).fitted(4, 32).rewiden == 0
+    assert TileConfig(BV=8, rewiden=1).fitted(4, 32, T=2).rewiden == 0

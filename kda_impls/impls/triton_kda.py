@@ -78,6 +78,24 @@ def _delta_rule(S, q, k, v, decay, beta):
 
 
 @triton.jit
+def _delta_rule_rewidened(stored, q, k, v, decay, beta):
+    """:func:`_delta_rule` on a tile as stored, widened to fp32 twice: once for the two
+    reductions (``S k`` and ``S q`` of the decayed tile, through ``decay * k`` and ``decay * q``;
+    the output is ``S q + u (k . q)``), once more for the update. A bf16 tile's second widening
+    goes through its bits (a different instruction from the first), so the compiler cannot merge
+    the two and keep the fp32 tile live across the reductions: the tile then costs its own
+    registers, not twice them. Other dtypes widen the same way both times."""
+    S = stored.to(tl.float32)
+    u = beta * (v - tl.sum(S * (decay * k)[None, :], axis=1))
+    o = tl.sum(S * (decay * q)[None, :], axis=1) + u * tl.sum(k * q)
+    if stored.dtype == tl.bfloat16:
+        S = (stored.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        S = stored.to(tl.float32)
+    return S * decay[None, :] + u[:, None] * k[None, :], o
+
+
+@triton.jit
 def _program_tile(HV, HEADS: tl.constexpr, V_TILES: tl.constexpr):
     """This program's ``(row, first value head, V-tile)``: the V-tile fastest, then the head group,
     then the row, so neighbouring programs stream neighbouring memory. The row is int64: row * HV * V
@@ -93,7 +111,7 @@ def _kda_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, scale, value_heads, group, HV_CONST: tl.constexpr, GROUP_CONST: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
-    SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, REWIDEN: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
     # The head counts: compile-time constants where HV_CONST > 0 (no division on the way to the first
@@ -152,7 +170,10 @@ def _kda_decode_kernel(
             else:
                 v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
                 stored = tl.load(head_state + offs_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
-            S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
+            if REWIDEN:
+                S, o = _delta_rule_rewidened(stored, q, k, v, decay, beta)
+            else:
+                S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
             tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
                      eviction_policy="evict_first")
             tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
@@ -323,6 +344,8 @@ class TileConfig:
     subtiles: int = 1
     const_heads: int = 0
     state_first: int = 0
+    rewiden: int = 0
+    maxnreg: int = 0
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -365,6 +388,11 @@ class TileConfig:
             raise ValueError(f"{source}: const_heads must be 0 or 1; got {self.const_heads}")
         if self.state_first not in (0, 1):
             raise ValueError(f"{source}: state_first must be 0 or 1; got {self.state_first}")
+        if self.rewiden not in (0, 1):
+            raise ValueError(f"{source}: rewiden must be 0 or 1; got {self.rewiden}")
+        if self.maxnreg and not (self.maxnreg % 8 == 0 and 24 <= self.maxnreg <= 255):
+            raise ValueError(f"{source}: maxnreg must be 0 (no cap) or a multiple of 8 in 24..255; "
+                             f"got {self.maxnreg}")
 
     def fitted(self, HV: int, V: int, T: int = 1) -> "TileConfig":
         """This config made legal for a shape: a tile no taller than V, a head group dividing HV, no
@@ -375,9 +403,9 @@ class TileConfig:
         BV = min(self.BV, V)
         fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV))
         if T > 1:
-            return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1)
+            return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1, rewiden=0)
         if fitted.programs_per_sm:
-            return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1, state_first=1)
+            return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1, state_first=1, rewiden=0)
         return replace(fitted, state_first=1) if fitted.subtiles > 1 else fitted
 
 
@@ -509,6 +537,8 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
     # instruction sequence on the path to the first load.
     meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=config.BV, L2_EPS=L2_EPS,
                 SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
+    if config.maxnreg:
+        meta["maxnreg"] = config.maxnreg
     if inputs.T == 1 and config.programs_per_sm:
         n_tiles = grid[0]
         programs = min(n_tiles, config.programs_per_sm * multiprocessors(inputs.device))
@@ -519,7 +549,7 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
         constants = heads if config.const_heads else (0, 0)
         return (_kda_decode_kernel, (grid[0] // config.subtiles,), (*pool, out, *scalars, *heads),
                 meta | dict(HV_CONST=constants[0], GROUP_CONST=constants[1], SUBTILES=config.subtiles,
-                            STATE_FIRST=config.state_first))
+                            STATE_FIRST=config.state_first, REWIDEN=config.rewiden))
     return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
 
 
