@@ -365,6 +365,14 @@ case ${1:-} in
     TAIL=3 step racecheck 90 $ON_GPU compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
     pack
     ;;
+  ceiling)  # (a bare box will do) the memory ceiling of the step's state traffic without its math
+    # (copy, in-place, our tiles with and without the slot load, our kernel; five placements each)
+    TAIL=12 step ceiling-bf16-d128 120 $ON_GPU python3 scripts/memory_ceiling.py --out "$RES/memory-ceiling/bf16-hv32-d128"
+    TAIL=12 step ceiling-bf16-d64 120 $ON_GPU python3 scripts/memory_ceiling.py --D 64 --out "$RES/memory-ceiling/bf16-hv32-d64"
+    TAIL=12 step ceiling-fp32-d128 120 $ON_GPU python3 scripts/memory_ceiling.py --state-dtype float32 \
+      --out "$RES/memory-ceiling/fp32-hv32-d128"
+    pack
+    ;;
   tune)  # every one-token candidate (with and without the head counts compiled in), every shape
     TAIL=4 step tune 540 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-v4/triton_tune.csv" --budget-s 460
     pack

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""What the memory system gives a KDA decode step's state traffic without its math: the copy
+bandwidth our kernel's targets are judged against, taken apart step by step.
+
+    python3 scripts/memory_ceiling.py --out $OUT/memory-ceiling          # bf16 HV=32 K=V=128 B=64,256
+    python3 scripts/memory_ceiling.py --HV 64 --state-dtype float32 --B 256 --placements 5
+
+For each batch size and each of ``--placements`` fresh pools (new allocations, each at a new
+address: the earlier pools stay allocated), back to back on one stream (the pool is many times
+the L2, so each call finds it cold), CUDA events, the median of ``--calls`` calls after three
+warm-ups, the variants interleaved within a placement:
+
+- ``copy-1GiB``: the roofline's copy (1 GiB out of place, read + write counted), the denominator
+  of every "% of copy" the suite reports;
+- ``copy-state``: an out-of-place torch copy of the live state bytes (the step's size);
+- ``inplace-state``: an in-place torch elementwise op on the same bytes (each read and written
+  back at one address, as the step does);
+- ``tiles``: a Triton kernel with our kernel's grid (one program per ``[BV, K]`` tile, the V-tile
+  fastest, then the head, then the row) reading each tile and writing it back unchanged, no math,
+  the tile's row taken from the program id;
+- ``tiles-slots``: the same, each program first loading its row's slot (our kernel's dependent
+  load chain, without its math);
+- ``kda``: our kernel on the same pool, its table config.
+
+Bytes are the live state read and written (``2 B HV V K`` elements) for all but the copy and
+``kda`` (every input and the output too, ``DecodeInputs.nbytes``). If ``tiles-slots`` reaches what
+``kda`` does, the math is not what stands between the kernel and the copy; if ``inplace-state``
+falls short of ``copy-state``, writing back where one read is what costs. The spread over
+placements of each variant says whether placement sensitivity belongs to the traffic pattern or
+to the kernel. Writes ``ceiling.csv``, ``ceiling.md`` and ``meta.json`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kda_impls import make_inputs  # noqa: E402
+from kda_impls.bench.results import environment  # noqa: E402
+from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth  # noqa: E402
+from kda_impls.bench.timing import timed_runs  # noqa: E402
+from kda_impls.impls.triton_kda import TritonKDA  # noqa: E402
+
+WARMUP = 3
+VARIANTS = ("copy-1GiB", "copy-state", "inplace-state", "tiles", "tiles-slots", "kda")
+
+
+@triton.jit
+def _tile_roundtrip_kernel(state_ptr, slots_ptr, slot_stride, flip, HV: tl.constexpr, K: tl.constexpr,
+                           V: tl.constexpr, BV: tl.constexpr, THROUGH_SLOTS: tl.constexpr):
+    """Read one ``[BV, K]`` tile of the pool and write it back XOR ``flip`` (0: unchanged bits, and
+    a value the compiler cannot know, so the store is not dropped as a no-op). Program order as in
+    the KDA kernel: the V-tile fastest, then the head, then the row. The pool is seen as integers
+    of the state's width, so any state dtype round-trips bit for bit."""
+    V_TILES: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    row = pid // (HV * V_TILES)
+    hv = pid // V_TILES % HV
+    first_v = pid % V_TILES * BV
+    if THROUGH_SLOTS:
+        slot = tl.load(slots_ptr + row).to(tl.int64)
+    else:
+        slot = row.to(tl.int64)
+    tile = (state_ptr + slot * slot_stride + hv * (V * K) + (first_v + tl.arange(0, BV))[:, None] * K
+            + tl.arange(0, K)[None, :])
+    bits = tl.load(tile, eviction_policy="evict_first")
+    tl.store(tile, bits ^ flip.to(bits.dtype), eviction_policy="evict_first")
+
+
+def tile_roundtrip(inputs, BV: int, num_warps: int, through_slots: bool, flip: int = 0):
+    """A zero-argument launcher of :func:`_tile_roundtrip_kernel` over every live row's state
+    (``through_slots``: each row's slot as ``inputs.slots`` says; else rows 0..B-1 of the pool)."""
+    bits = inputs.state.view({2: torch.int16, 4: torch.int32}[inputs.state.element_size()])
+    grid = (inputs.B * inputs.HV * (inputs.V // BV),)
+    kernel = _tile_roundtrip_kernel[grid]
+    args = (bits, inputs.slots, inputs.slot_stride, flip)
+    meta = dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=BV, THROUGH_SLOTS=through_slots, num_warps=num_warps)
+    return lambda: kernel(*args, **meta)
+
+
+def variant_launchers(inputs) -> dict:
+    """``{variant: (launcher, bytes moved)}`` on one pool, the tile kernels on our kernel's tile
+    (its table's ``BV`` and warps); the 1 GiB copy is timed with its own buffers."""
+    config = TritonKDA().config_for(inputs)
+    live = inputs.state[inputs.slots.long()]  # a compact copy of the live rows: what copy/in-place move
+    target = torch.empty_like(live)
+    state_bytes = 2 * live.numel() * live.element_size()
+    src = torch.ones(GPU_COPY_BYTES, dtype=torch.uint8, device=inputs.device)
+    dst = torch.empty_like(src)
+    return {
+        "copy-1GiB": (lambda: dst.copy_(src), 2 * GPU_COPY_BYTES),
+        "copy-state": (lambda: target.copy_(live), state_bytes),
+        "inplace-state": (lambda: live.mul_(1.0), state_bytes),
+        "tiles": (tile_roundtrip(inputs, config.BV, config.num_warps, through_slots=False), state_bytes),
+        "tiles-slots": (tile_roundtrip(inputs, config.BV, config.num_warps, through_slots=True), state_bytes),
+        "kda": (TritonKDA().bind(inputs), inputs.nbytes()),
+    }
+
+
+def measure(args) -> pd.DataFrame:
+    device = torch.device("cuda")
+    rows, held = [], []
+    for B in args.B:
+        for placement in range(args.placements):
+            # Fresh inputs each placement; the earlier pools stay allocated, so this one lands elsewhere
+            inputs = make_inputs(B, args.HV, args.HV, args.D, args.D, state_dtype=args.state_dtype,
+                                 device=device, seed=placement)
+            held.append(inputs)
+            config = TritonKDA().config_for(inputs)
+            for variant, (launch, nbytes) in variant_launchers(inputs).items():
+                for _ in range(WARMUP):
+                    launch()
+                seconds = float(pd.Series(timed_runs(launch, args.calls, device)).median())
+                rows.append(dict(B=B, placement=placement, variant=variant, config=str(config), bytes=nbytes, us=seconds * 1e6,
+                                 GBps=nbytes / seconds / 1e9))
+            torch.cuda.empty_cache()
+            print(f"B={B} placement {placement}: "
+                  + ", ".join(f"{r['variant']} {r['GBps']:.0f}" for r in rows[-len(VARIANTS):]), flush=True)
+    return pd.DataFrame(rows)
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (B, variant): the median over placements of GB/s, its share of the same placement's
+    1 GiB copy, and the placement spread of the time (max / min)."""
+    copy = df[df.variant == "copy-1GiB"].set_index(["B", "placement"]).GBps
+    df = df.assign(pct_copy=100 * df.GBps / copy.loc[list(zip(df.B, df.placement))].to_numpy())
+    grouped = df.groupby(["B", "variant"], sort=False)
+    return pd.DataFrame({"GBps": grouped.GBps.median(), "pct_copy": grouped.pct_copy.median(),
+                         "us": grouped.us.median(), "spread": grouped.us.max() / grouped.us.min(),
+                         "placements": grouped.size()}).reset_index()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--HV", type=int, default=32)
+    parser.add_argument("--D", type=int, default=128, help="K = V")
+    parser.add_argument("--B", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
+    parser.add_argument("--state-dtype", type=lambda s: getattr(torch, s), default=torch.bfloat16)
+    parser.add_argument("--placements", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=30)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda")
+    meta = environment(device, args.out, shlex.join(sys.argv)) | {
+        "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_bandwidth(device) / 1e9}
+    df = measure(args)
+    df.to_csv(args.out / "ceiling.csv", index=False)
+    table = summary(df)
+    shape = f"HV={args.HV} K=V={args.D} {str(args.state_dtype).removeprefix('torch.')} state"
+    text = (f"# Memory ceiling of the decode step's state traffic ({meta['gpu']}, {shape})\n\n"
+            f"`{meta['command']}`; median over {args.placements} placements of each placement's median of "
+            f"{args.calls} back-to-back calls; `pct_copy` against the same placement's 1 GiB copy; `spread` "
+            f"is max / min of the time over placements.\n\n"
+            + table.to_markdown(index=False, floatfmt=".3f") + "\n")
+    (args.out / "ceiling.md").write_text(text)
+    (args.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

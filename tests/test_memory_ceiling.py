@@ -1,0 +1,42 @@
+"""scripts/memory_ceiling.py: its tile round-trip kernel touches exactly the tiles our kernel does
+(under the interpreter on the CPU, real shapes on the H200 through the script), and its summary."""
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers import load_script
+from kda_impls import make_inputs
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("through_slots", [True, False], ids=["slots", "rows"])
+def test_tile_roundtrip_flips_exactly_the_live_rows_state(state_dtype, through_slots):
+    ceiling = load_script("memory_ceiling")
+    inputs = make_inputs(3, 2, 4, 16, 32, state_dtype=state_dtype, slot_pad=16, n_slots=7, device=DEVICE, seed=5)
+    width = {2: torch.int16, 4: torch.int32}[inputs.state.element_size()]
+    before = inputs.pool_span().view(width).clone()
+    ceiling.tile_roundtrip(inputs, BV=8, num_warps=1, through_slots=through_slots, flip=1)()
+    after = inputs.pool_span().view(width)
+    rows = inputs.slots.long() if through_slots else torch.arange(inputs.B)
+    expected = before.clone()
+    for slot in rows.tolist():  # every element of the slot's [HV, V, K] state, none of its padding
+        start = slot * inputs.slot_stride
+        expected[start:start + inputs.HV * inputs.V * inputs.K] ^= 1
+    assert torch.equal(after, expected)
+    ceiling.tile_roundtrip(inputs, BV=8, num_warps=1, through_slots=through_slots, flip=0)()
+    assert torch.equal(inputs.pool_span().view(width), expected)  # flip 0: every bit as it was
+
+
+def test_summary_is_per_batch_and_variant_against_the_same_placements_copy():
+    ceiling = load_script("memory_ceiling")
+    rows = [dict(B=64, placement=p, variant=v, GBps=gbps, us=us)
+            for p, scale in ((0, 1.0), (1, 0.5))
+            for v, gbps, us in (("copy-1GiB", 4000.0 * scale, 10.0), ("kda", 3600.0 * scale, 20.0 + 2 * p))]
+    table = ceiling.summary(pd.DataFrame(rows)).set_index("variant")
+    assert table.loc["kda", "pct_copy"] == pytest.approx(90.0)  # each placement against its own copy
+    assert table.loc["kda", "spread"] == pytest.approx(22.0 / 20.0)
+    assert table.loc["copy-1GiB", "placements"] == 2
