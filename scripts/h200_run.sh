@@ -366,8 +366,11 @@ case ${1:-} in
     pack
     ;;
   ceiling)  # (a bare box will do) the memory ceiling of the step's state traffic without its math
-    # (copy, in-place, our tiles with and without the slot load, our kernel; five placements each)
+    # (copy, in-place, our tiles with and without the slot load and in other program shapes, our
+    # kernel; five placements each)
     TAIL=12 step ceiling-bf16-d128 120 $ON_GPU python3 scripts/memory_ceiling.py --out "$RES/memory-ceiling/bf16-hv32-d128"
+    TAIL=12 step ceiling-bf16-hv64-d128 120 $ON_GPU python3 scripts/memory_ceiling.py --HV 64 \
+      --out "$RES/memory-ceiling/bf16-hv64-d128"
     TAIL=12 step ceiling-bf16-d64 120 $ON_GPU python3 scripts/memory_ceiling.py --D 64 --out "$RES/memory-ceiling/bf16-hv32-d64"
     TAIL=12 step ceiling-fp32-d128 120 $ON_GPU python3 scripts/memory_ceiling.py --state-dtype float32 \
       --out "$RES/memory-ceiling/fp32-hv32-d128"

@@ -6,9 +6,10 @@ bandwidth our kernel's targets are judged against, taken apart step by step.
     python3 scripts/memory_ceiling.py --HV 64 --state-dtype float32 --B 256 --placements 5
 
 For each batch size and each of ``--placements`` fresh pools (new allocations, each at a new
-address: the earlier pools stay allocated), back to back on one stream (the pool is many times
-the L2, so each call finds it cold), CUDA events, the median of ``--calls`` calls after three
-warm-ups, the variants interleaved within a placement:
+address: the earlier pools stay allocated), each variant's per-call time is the median over
+``--replays`` replays of a CUDA graph of ``--calls`` back-to-back calls (the pool is many times the
+L2 at the sizes that matter, so each call finds most of it cold; the host's launch gaps are left
+out, as in the harness), the variants interleaved within a placement:
 
 - ``copy-1GiB``: the roofline's copy (1 GiB out of place, read + write counted), the denominator
   of every "% of copy" the suite reports;
@@ -20,6 +21,10 @@ warm-ups, the variants interleaved within a placement:
   the tile's row taken from the program id;
 - ``tiles-slots``: the same, each program first loading its row's slot (our kernel's dependent
   load chain, without its math);
+- ``tiles-slots-x4``: the same with four times the rows per program on four times the warps (the
+  same bytes per thread, a quarter of the programs);
+- ``head-slots``: one program per (row, head) walking its tiles, the next tile's load issued before
+  this one's store (one slot load per head: the chain paid once per head, not per tile);
 - ``kda``: our kernel on the same pool, its table config.
 
 Bytes are the live state read and written (``2 B HV V K`` elements) for all but the copy and
@@ -52,39 +57,47 @@ from kda_impls.bench.timing import timed_runs  # noqa: E402
 from kda_impls.impls.triton_kda import TritonKDA  # noqa: E402
 
 WARMUP = 3
-VARIANTS = ("copy-1GiB", "copy-state", "inplace-state", "tiles", "tiles-slots", "kda")
+VARIANTS = ("copy-1GiB", "copy-state", "inplace-state", "tiles", "tiles-slots", "tiles-slots-x4", "head-slots", "kda")
 
 
 @triton.jit
 def _tile_roundtrip_kernel(state_ptr, slots_ptr, slot_stride, flip, HV: tl.constexpr, K: tl.constexpr,
-                           V: tl.constexpr, BV: tl.constexpr, THROUGH_SLOTS: tl.constexpr):
-    """Read one ``[BV, K]`` tile of the pool and write it back XOR ``flip`` (0: unchanged bits, and
-    a value the compiler cannot know, so the store is not dropped as a no-op). Program order as in
-    the KDA kernel: the V-tile fastest, then the head, then the row. The pool is seen as integers
-    of the state's width, so any state dtype round-trips bit for bit."""
-    V_TILES: tl.constexpr = V // BV
+                           V: tl.constexpr, BV: tl.constexpr, SUBTILES: tl.constexpr, THROUGH_SLOTS: tl.constexpr):
+    """Read ``SUBTILES`` consecutive ``[BV, K]`` tiles of one head of the pool and write each back
+    XOR ``flip`` (0: unchanged bits, and a value the compiler cannot know, so the store is not
+    dropped as a no-op), the next tile's load issued before this one's store (the look-ahead of the
+    KDA kernel's sub-tiles). Program order as in the KDA kernel: the V-tile fastest, then the head,
+    then the row. The pool is seen as integers of the state's width, so any state dtype
+    round-trips bit for bit."""
+    CHUNK: tl.constexpr = BV * SUBTILES
+    V_CHUNKS: tl.constexpr = V // CHUNK
     pid = tl.program_id(0)
-    row = pid // (HV * V_TILES)
-    hv = pid // V_TILES % HV
-    first_v = pid % V_TILES * BV
+    row = pid // (HV * V_CHUNKS)
+    hv = pid // V_CHUNKS % HV
+    first_v = pid % V_CHUNKS * CHUNK
     if THROUGH_SLOTS:
         slot = tl.load(slots_ptr + row).to(tl.int64)
     else:
         slot = row.to(tl.int64)
-    tile = (state_ptr + slot * slot_stride + hv * (V * K) + (first_v + tl.arange(0, BV))[:, None] * K
+    head = (state_ptr + slot * slot_stride + hv * (V * K) + (first_v + tl.arange(0, BV))[:, None] * K
             + tl.arange(0, K)[None, :])
-    bits = tl.load(tile, eviction_policy="evict_first")
-    tl.store(tile, bits ^ flip.to(bits.dtype), eviction_policy="evict_first")
+    ahead = tl.load(head, eviction_policy="evict_first")
+    for s in tl.static_range(SUBTILES):
+        bits = ahead
+        if s + 1 < SUBTILES:
+            ahead = tl.load(head + (s + 1) * BV * K, eviction_policy="evict_first")
+        tl.store(head + s * BV * K, bits ^ flip.to(bits.dtype), eviction_policy="evict_first")
 
 
-def tile_roundtrip(inputs, BV: int, num_warps: int, through_slots: bool, flip: int = 0):
+def tile_roundtrip(inputs, BV: int, num_warps: int, through_slots: bool, subtiles: int = 1, flip: int = 0):
     """A zero-argument launcher of :func:`_tile_roundtrip_kernel` over every live row's state
     (``through_slots``: each row's slot as ``inputs.slots`` says; else rows 0..B-1 of the pool)."""
     bits = inputs.state.view({2: torch.int16, 4: torch.int32}[inputs.state.element_size()])
-    grid = (inputs.B * inputs.HV * (inputs.V // BV),)
+    grid = (inputs.B * inputs.HV * (inputs.V // (BV * subtiles)),)
     kernel = _tile_roundtrip_kernel[grid]
     args = (bits, inputs.slots, inputs.slot_stride, flip)
-    meta = dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=BV, THROUGH_SLOTS=through_slots, num_warps=num_warps)
+    meta = dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=BV, SUBTILES=subtiles, THROUGH_SLOTS=through_slots,
+                num_warps=num_warps)
     return lambda: kernel(*args, **meta)
 
 
@@ -92,6 +105,8 @@ def variant_launchers(inputs) -> dict:
     """``{variant: (launcher, bytes moved)}`` on one pool, the tile kernels on our kernel's tile
     (its table's ``BV`` and warps); the 1 GiB copy is timed with its own buffers."""
     config = TritonKDA().config_for(inputs)
+    BV, warps = config.BV, config.num_warps
+    rows_x4 = min(4 * BV, inputs.V)
     live = inputs.state[inputs.slots.long()]  # a compact copy of the live rows: what copy/in-place move
     target = torch.empty_like(live)
     state_bytes = 2 * live.numel() * live.element_size()
@@ -101,10 +116,27 @@ def variant_launchers(inputs) -> dict:
         "copy-1GiB": (lambda: dst.copy_(src), 2 * GPU_COPY_BYTES),
         "copy-state": (lambda: target.copy_(live), state_bytes),
         "inplace-state": (lambda: live.mul_(1.0), state_bytes),
-        "tiles": (tile_roundtrip(inputs, config.BV, config.num_warps, through_slots=False), state_bytes),
-        "tiles-slots": (tile_roundtrip(inputs, config.BV, config.num_warps, through_slots=True), state_bytes),
+        "tiles": (tile_roundtrip(inputs, BV, warps, through_slots=False), state_bytes),
+        "tiles-slots": (tile_roundtrip(inputs, BV, warps, through_slots=True), state_bytes),
+        # four times the rows on four times the warps: the same bytes per thread, a quarter of the programs
+        "tiles-slots-x4": (tile_roundtrip(inputs, rows_x4, warps * rows_x4 // BV, through_slots=True), state_bytes),
+        # one program per (row, head), its tiles walked with the next one's load in flight: one slot load per head
+        "head-slots": (tile_roundtrip(inputs, BV, warps, through_slots=True, subtiles=inputs.V // BV), state_bytes),
         "kda": (TritonKDA().bind(inputs), inputs.nbytes()),
     }
+
+
+def replayed_seconds(launch, calls: int, replays: int, device) -> list[float]:
+    """Seconds per call of ``launch``, one figure per replay of a CUDA graph of ``calls`` back-to-back
+    calls (after warm-ups, which also compile): the host's launch gaps left out, as the harness does."""
+    for _ in range(WARMUP):
+        launch()
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        for _ in range(calls):
+            launch()
+    graph.replay()
+    return [seconds / calls for seconds in timed_runs(graph.replay, replays, device)]
 
 
 def measure(args) -> pd.DataFrame:
@@ -118,9 +150,7 @@ def measure(args) -> pd.DataFrame:
             held.append(inputs)
             config = TritonKDA().config_for(inputs)
             for variant, (launch, nbytes) in variant_launchers(inputs).items():
-                for _ in range(WARMUP):
-                    launch()
-                seconds = float(pd.Series(timed_runs(launch, args.calls, device)).median())
+                seconds = float(pd.Series(replayed_seconds(launch, args.calls, args.replays, device)).median())
                 rows.append(dict(B=B, placement=placement, variant=variant, config=str(config), bytes=nbytes, us=seconds * 1e6,
                                  GBps=nbytes / seconds / 1e9))
             torch.cuda.empty_cache()
@@ -149,7 +179,8 @@ def main() -> int:
     parser.add_argument("--B", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
     parser.add_argument("--state-dtype", type=lambda s: getattr(torch, s), default=torch.bfloat16)
     parser.add_argument("--placements", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=20, help="calls per CUDA graph")
+    parser.add_argument("--replays", type=int, default=7, help="timed replays of each graph")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -163,8 +194,8 @@ def main() -> int:
     table = summary(df)
     shape = f"HV={args.HV} K=V={args.D} {str(args.state_dtype).removeprefix('torch.')} state"
     text = (f"# Memory ceiling of the decode step's state traffic ({meta['gpu']}, {shape})\n\n"
-            f"`{meta['command']}`; median over {args.placements} placements of each placement's median of "
-            f"{args.calls} back-to-back calls; `pct_copy` against the same placement's 1 GiB copy; `spread` "
+            f"`{meta['command']}`; median over {args.placements} placements of each placement's median over "
+            f"{args.replays} replays of a CUDA graph of {args.calls} back-to-back calls; `pct_copy` against the same placement's 1 GiB copy; `spread` "
             f"is max / min of the time over placements.\n\n"
             + table.to_markdown(index=False, floatfmt=".3f") + "\n")
     (args.out / "ceiling.md").write_text(text)

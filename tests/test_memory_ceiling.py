@@ -14,12 +14,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.interpreter
 @pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("through_slots", [True, False], ids=["slots", "rows"])
-def test_tile_roundtrip_flips_exactly_the_live_rows_state(state_dtype, through_slots):
+@pytest.mark.parametrize("subtiles", [1, 2, 4], ids=["tile", "two-tiles", "head"])
+def test_tile_roundtrip_flips_exactly_the_live_rows_state(state_dtype, through_slots, subtiles):
     ceiling = load_script("memory_ceiling")
     inputs = make_inputs(3, 2, 4, 16, 32, state_dtype=state_dtype, slot_pad=16, n_slots=7, device=DEVICE, seed=5)
     width = {2: torch.int16, 4: torch.int32}[inputs.state.element_size()]
     before = inputs.pool_span().view(width).clone()
-    ceiling.tile_roundtrip(inputs, BV=8, num_warps=1, through_slots=through_slots, flip=1)()
+    ceiling.tile_roundtrip(inputs, BV=8, num_warps=1, through_slots=through_slots, subtiles=subtiles, flip=1)()
     after = inputs.pool_span().view(width)
     rows = inputs.slots.long() if through_slots else torch.arange(inputs.B)
     expected = before.clone()
@@ -27,7 +28,7 @@ def test_tile_roundtrip_flips_exactly_the_live_rows_state(state_dtype, through_s
         start = slot * inputs.slot_stride
         expected[start:start + inputs.HV * inputs.V * inputs.K] ^= 1
     assert torch.equal(after, expected)
-    ceiling.tile_roundtrip(inputs, BV=8, num_warps=1, through_slots=through_slots, flip=0)()
+    ceiling.tile_roundtrip(inputs, BV=8, num_warps=1, through_slots=through_slots, subtiles=subtiles, flip=0)()
     assert torch.equal(inputs.pool_span().view(width), expected)  # flip 0: every bit as it was
 
 
