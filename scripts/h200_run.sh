@@ -376,6 +376,16 @@ case ${1:-} in
       --out "$RES/memory-ceiling/fp32-hv32-d128"
     pack
     ;;
+  ceiling-latency)  # (after part 2 is installed) the same at B = 1 and 16, FlashInfer's calls timed the same
+    # way beside ours: what the step's latency is made of, theirs against ours
+    source /root/gpu-site/env.sh
+    for shape in "--HV 32 --D 128" "--HV 64 --D 128" "--HV 32 --D 64"; do
+      name="latency-$(echo "$shape" | tr -d ' -')"
+      TAIL=12 step "ceiling-$name" 120 $ON_GPU python3 scripts/memory_ceiling.py $shape --B 1,16 \
+        --impls flashinfer,flashinfer-loggate-sigmoid --out "$RES/memory-ceiling/$name"
+    done
+    pack
+    ;;
   tune)  # every one-token candidate (with and without the head counts compiled in), every shape
     TAIL=4 step tune 540 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-v4/triton_tune.csv" --budget-s 460
     pack

@@ -28,10 +28,13 @@ the roofline times its copy. The variants are interleaved within a placement:
   same bytes per thread, a quarter of the programs);
 - ``head-slots``: one program per (row, head) walking its tiles, the next tile's load issued before
   this one's store (one slot load per head: the chain paid once per head, not per tile);
-- ``kda``: our kernel on the same pool, its table config.
+- ``kda``: our kernel on the same pool, its table config;
+- each of ``--impls``: that implementation of the registry on the same pool, timed as ours is.
 
 Bytes are the live state read and written (``2 B HV V K`` elements) for all but the copy and
-``kda`` (every input and the output too, ``DecodeInputs.nbytes``). If ``tiles-slots`` reaches what
+the implementations (every input and the output too, ``DecodeInputs.nbytes``). Where the pool is
+not many times the L2 (small B, K = V = 64), back-to-back calls find much of it in the L2 and the
+figures say what the L2 gives, not the DRAM (over 100% of the copy); at B = 1 they are latencies. If ``tiles-slots`` reaches what
 ``kda`` does, the math is not what stands between the kernel and the copy; if ``inplace-state``
 falls short of ``copy-state``, writing back where one read is what costs. The spread over
 placements of each variant says whether placement sensitivity belongs to the traffic pattern or
@@ -54,16 +57,13 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kda_impls import make_inputs  # noqa: E402
+from kda_impls import get, make_inputs  # noqa: E402
 from kda_impls.bench.results import environment  # noqa: E402
 from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth  # noqa: E402
 from kda_impls.bench.timing import timed_runs  # noqa: E402
 from kda_impls.impls.triton_kda import TritonKDA  # noqa: E402
 
 WARMUP = 3
-VARIANTS = ("copy-1GiB", "copy-state", "inplace-state", "tiles", "tiles-slots", "tiles-sorted-slots", "tiles-slots-x4",
-            "head-slots", "kda")
-
 
 @triton.jit
 def _tile_roundtrip_kernel(state_ptr, slots_ptr, slot_stride, flip, HV: tl.constexpr, K: tl.constexpr,
@@ -106,7 +106,7 @@ def tile_roundtrip(inputs, BV: int, num_warps: int, through_slots: bool, subtile
     return lambda: kernel(*args, **meta)
 
 
-def variant_launchers(inputs) -> dict:
+def variant_launchers(inputs, impls: tuple[str, ...] = ()) -> dict:
     """``{variant: (launcher, bytes moved)}`` on one pool, the tile kernels on our kernel's tile
     (its table's ``BV`` and warps); the 1 GiB copy is timed with its own buffers."""
     config = TritonKDA().config_for(inputs)
@@ -131,7 +131,7 @@ def variant_launchers(inputs) -> dict:
         # one program per (row, head), its tiles walked with the next one's load in flight: one slot load per head
         "head-slots": (tile_roundtrip(inputs, BV, warps, through_slots=True, subtiles=inputs.V // BV), state_bytes),
         "kda": (TritonKDA().bind(inputs), inputs.nbytes()),
-    }
+    } | {name: (get(name).bind(inputs), inputs.nbytes()) for name in impls if not get(name).unsupported(inputs)}
 
 
 def eager_seconds(launch, calls: int, device) -> list[float]:
@@ -164,7 +164,7 @@ def measure(args) -> pd.DataFrame:
                                  device=device, seed=placement)
             held.append(inputs)
             config = TritonKDA().config_for(inputs)
-            for variant, (launch, nbytes) in variant_launchers(inputs).items():
+            for variant, (launch, nbytes) in variant_launchers(inputs, args.impls).items():
                 # A captured torch copy becomes a copy-engine node, slower than the copy kernel the eager
                 # call runs (2.77 against 4.25 TB/s on the H200): the copies are timed eagerly, as the
                 # roofline times its own, and are large enough not to wait on the host
@@ -175,7 +175,8 @@ def measure(args) -> pd.DataFrame:
                                  GBps=nbytes / seconds / 1e9))
             torch.cuda.empty_cache()
             print(f"B={B} placement {placement}: "
-                  + ", ".join(f"{r['variant']} {r['GBps']:.0f}" for r in rows[-len(VARIANTS):]), flush=True)
+                  + ", ".join(f"{r['variant']} {r['GBps']:.0f}" for r in rows if (r["B"], r["placement"]) == (B, placement)),
+                  flush=True)
     return pd.DataFrame(rows)
 
 
@@ -198,6 +199,9 @@ def main() -> int:
     parser.add_argument("--D", type=int, default=128, help="K = V")
     parser.add_argument("--B", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
     parser.add_argument("--state-dtype", type=lambda s: getattr(torch, s), default=torch.bfloat16)
+    parser.add_argument("--impls", type=lambda s: tuple(filter(None, s.split(","))), default=(),
+                        help="implementations of the registry timed beside ours, the same way (e.g. "
+                             "flashinfer,flashinfer-loggate-sigmoid); one that cannot run the shape is left out")
     parser.add_argument("--placements", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--replays", type=int, default=7, help="timed replays of each graph")
