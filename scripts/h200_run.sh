@@ -365,6 +365,13 @@ case ${1:-} in
     TAIL=3 step racecheck 90 $ON_GPU compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
     pack
     ;;
+  tune-order)  # (a bare box will do) at B = 1 and 16, the table against the state load in each of its
+    # three places (state_first 0/1/2), re-widened, and on two B = 1 tiles, at every targets shape
+    TAIL=4 step tune-order 300 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-order/triton_tune.csv" \
+      --value-heads 16,32,64 --head-dims 128x128,64x64 --batches 1,16 --budget-s 240 --over-table \
+      "state_first=0;state_first=1;state_first=2;state_first=2,rewiden=1;BV=8,num_warps=1,state_first=2;BV=16,num_warps=4,state_first=2"
+    pack
+    ;;
   ceiling)  # (a bare box will do) the memory ceiling of the step's state traffic without its math
     # (copy, in-place, our tiles with and without the slot load and in other program shapes, our
     # kernel; five placements each)

@@ -106,8 +106,10 @@ def test_forced_tile_configs(config):
 # fp32 state: the head counts compiled in (alone and with sub-tiles; every other config passes them at
 # run time), the state loaded before the small inputs (alone and with a pipelined head group; every
 # other one-tile config loads it after them),
-# sub-tiles (two per program; more than V holds, fitted to V), and the persistent grid (one program walking every tile, so each
-# look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs than tiles).
+# sub-tiles (two per program; more than V holds, fitted to V), the persistent grid (one program walking every tile, so each
+# look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs than tiles), the
+# stored tile widened twice (alone; with sub-tiles, a head group and a register cap), and the state
+# loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head group).
 FORMS = [
     TileConfig(BV=8, num_warps=1, const_heads=1),
     TileConfig(BV=8, num_warps=1, state_first=1),
@@ -119,6 +121,8 @@ FORMS = [
     TileConfig(BV=16, num_warps=2, programs_per_sm=3),
     TileConfig(BV=4, num_warps=1, programs_per_sm=64),
     TileConfig(BV=8, num_warps=1, rewiden=1),
+    TileConfig(BV=8, num_warps=1, state_first=2),
+    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, state_first=2),
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, state_first=1, rewiden=1, maxnreg=96),
 ]
 
@@ -153,6 +157,7 @@ def test_forms_are_fitted_to_the_shape():
     assert runtime_heads.state_first == 0 and state_first.fitted(4, 32) == state_first
     assert runtime_heads.fitted(4, 32, T=2).state_first == 1
     assert replace(runtime_heads, subtiles=2).fitted(4, 32).state_first == 1
+    assert replace(runtime_heads, subtiles=2, state_first=2).fitted(4, 32).state_first == 2  # before the gate too
     assert replace(runtime_heads, programs_per_sm=2).fitted(4, 32).state_first == 1
 
 
@@ -279,7 +284,8 @@ def test_config_override_from_the_environment(monkeypatch):
     ("num_stages=0", "num_stages must be in 1..8"),
     ("subtiles=3", "subtiles must be a power of two"),
     ("const_heads=2", "const_heads must be 0 or 1"),
-    ("state_first=-1", "state_first must be 0 or 1"),
+    ("state_first=-1", "state_first must be 0, 1 or 2"),
+    ("state_first=3", "state_first must be 0, 1 or 2"),
     ("rewiden=2", "rewiden must be 0 or 1"),
     ("maxnreg=20", "maxnreg must be 0"),
     ("maxnreg=100", "maxnreg must be 0"),
@@ -335,7 +341,7 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     assert namespace["TABLE"][("bfloat16", 32, 128, 128, 64, 1)].endswith("const_heads=0,state_first=1,rewiden=0,maxnreg=0")
     assert namespace["TABLE"][("bfloat16", 32, 128, 128, 64, 4)].endswith("const_heads=1,state_first=1,rewiden=0,maxnreg=0")
     with pytest.raises(ValueError, match="--write-table"):
-        triton_tune.write_table([f"{csv_path}:state_first=2"], table_path)
+        triton_tune.write_table([f"{csv_path}:state_first=3"], table_path)
 
 
 def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, capsys):

@@ -143,11 +143,13 @@ def _kda_decode_kernel(
         h = hv // GROUP
         row_hv = row * HV + hv
         head_state = slot_state + hv * (V * K) + offs_k[None, :]  # [BV, K] tiles: K contiguous, 16-byte accesses
-        # STATE_FIRST: the first tile's load issued before the small inputs' (sub-tiles keep it in
-        # flight while the gate is computed; TileConfig.fitted sets it for them); else each tile
-        # loads after them and the gate. Which is faster depends on the tile: issued first, the bf16
-        # 32-row tile ran 7-11% slower with the same registers (docs/perf-notes.md).
-        if STATE_FIRST:
+        # STATE_FIRST: 1 issues the first tile's load before the small inputs' (sub-tiles keep it in
+        # flight while the gate is computed; TileConfig.fitted sets it for them); 2 after the small
+        # inputs' loads and before the gate (their loads need not wait for the slot, and the gate is
+        # computed while the state is in flight); 0 loads each tile after the gate. Which is faster
+        # depends on the tile: issued first, the bf16 32-row tile ran 7-11% slower with the same
+        # registers (docs/perf-notes.md).
+        if STATE_FIRST == 1:
             ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
         q = tl.load(q_ptr + (row * H + h) * K + offs_k).to(tl.float32)
         k = tl.load(k_ptr + (row * H + h) * K + offs_k).to(tl.float32)
@@ -155,6 +157,8 @@ def _kda_decode_kernel(
         dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
         A_log = tl.load(A_log_ptr + hv)
         beta_logit = tl.load(b_ptr + row_hv).to(tl.float32)
+        if STATE_FIRST == 2:
+            ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
         q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
 
         # The gate and norms above serve SUBTILES tiles of BV rows, walked in order (unrolled), the
@@ -333,8 +337,12 @@ class TileConfig:
     one-token entry was tuned on); the persistent form and the multi-token kernel always compile
     them in (``fitted`` sets 1 there); ``state_first``: 0 issues a one-tile program's state load after
     the small inputs' loads and the gate (the order of the kernel most tabled one-token entries were
-    tuned on), 1 before them (the order sub-tiles brought, which the sub-tile run tuned); sub-tiles,
-    the persistent form and the multi-token kernel load the state first (``fitted`` sets 1 there)."""
+    tuned on), 1 before them (the order sub-tiles brought, which the sub-tile run tuned), 2 after the
+    small inputs' loads and before the gate (their loads go out before the warp waits on the slot,
+    the gate is computed while the state is in flight); sub-tiles load the state before the gate (1
+    unless 2 is asked for), the persistent form and the multi-token kernel first (``fitted`` sets 1
+    there); ``rewiden``: 1 widens the stored tile to fp32 twice (:func:`_delta_rule_rewidened`), 0
+    once; ``maxnreg``: a cap on registers per thread for ptxas (0: none)."""
 
     BV: int
     heads: int = 1
@@ -386,8 +394,8 @@ class TileConfig:
             raise ValueError(f"{source}: subtiles must be a power of two in 1..64; got {self.subtiles}")
         if self.const_heads not in (0, 1):
             raise ValueError(f"{source}: const_heads must be 0 or 1; got {self.const_heads}")
-        if self.state_first not in (0, 1):
-            raise ValueError(f"{source}: state_first must be 0 or 1; got {self.state_first}")
+        if self.state_first not in (0, 1, 2):
+            raise ValueError(f"{source}: state_first must be 0, 1 or 2; got {self.state_first}")
         if self.rewiden not in (0, 1):
             raise ValueError(f"{source}: rewiden must be 0 or 1; got {self.rewiden}")
         if self.maxnreg and not (self.maxnreg % 8 == 0 and 24 <= self.maxnreg <= 255):
@@ -406,7 +414,7 @@ class TileConfig:
             return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1, rewiden=0)
         if fitted.programs_per_sm:
             return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1, state_first=1, rewiden=0)
-        return replace(fitted, state_first=1) if fitted.subtiles > 1 else fitted
+        return replace(fitted, state_first=fitted.state_first or 1) if fitted.subtiles > 1 else fitted
 
 
 def table_key(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: int = 1) -> tuple:
