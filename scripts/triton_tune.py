@@ -34,7 +34,7 @@ loaded the state first, before the field existed. The committed table:
     python3 scripts/triton_tune.py --write-table results/h200/triton-tune-v3/triton_tune.csv \
         results/h200/triton-tune-multitoken/triton_tune.csv results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1 \
         --state-order results/h200/state-order/table results/h200/state-order/first \
-        --over-table-runs results/h200/triton-tune-rewiden/triton_tune.csv
+        --over-table-runs results/h200/triton-tune-rewiden/triton_tune.csv results/h200/triton-tune-order/triton_tune.csv
 
 ``--state-order TABLED FIRST``: where two sweeps of the ``targets`` preset (the table as it ran,
 and every entry with its state loaded first) time an entry more than 1% apart, the entry takes
