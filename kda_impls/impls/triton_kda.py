@@ -10,9 +10,12 @@ per shape by the tuning table: ``subtiles`` (a program walks several ``BV``-row 
 the gate computed once, the next tile's load in flight) and ``programs_per_sm`` (a persistent
 grid walking every tile with a one-tile register look-ahead); ``const_heads`` says
 whether the head counts are compiled into the one-token kernel (a shorter path to the first load)
-or passed at run time (fewer registers for some tiles), and ``state_first`` whether a one-tile
-program issues its state load before the small inputs' or after them. docs/perf-notes.md has what each was
-measured to do on the H200, and what the forms tried and dropped did (each tile read twice).
+or passed at run time (fewer registers for some tiles), ``state_first`` where a one-tile
+program issues its state load (before the small inputs' loads, between them and the gate, or after
+the gate), ``rewiden`` whether the stored tile is widened to fp32 once or twice (the second time
+for the update, so the fp32 tile need not stay live across the reductions), and ``maxnreg`` a cap
+on ptxas's registers. docs/perf-notes.md has what each was measured to do on the H200, and what
+the forms tried and dropped did (each tile read twice).
 
 Multi-token decode (T > 1 tokens per row, speculative verify) has its own kernel with the same
 program mapping: the state tile is read once, from the row's start slot
