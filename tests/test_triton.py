@@ -372,43 +372,41 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
     assert "1 entries load the state first, 1 after the small inputs" in capsys.readouterr().out
 
 
+def offline_sm90(configs: str, HV: int, D: int) -> list[list[str]]:
+    """scripts/triton_registers.py's line per config (bf16 state, B = 256), split into fields:
+    state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, loads before the
+    first 16-byte one, SASS digest. Skips where no ptxas here reads this Triton's PTX."""
+    done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", configs, "--state-dtypes",
+                           "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    if done.returncode == 2 and "no ptxas here" in done.stdout:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [line.split() for line in done.stdout.splitlines() if line.startswith("bfloat16")]
+
+
 def test_state_first_issues_the_state_load_ahead_of_the_small_inputs():
     """state_first=1 compiles the bf16 32-row tile (HV=64 K=V=64, the tile it slowed on the H200)
     with fewer of the small inputs' loads ahead of the first 16-byte state load than state_first=0
     (8 against 2 under Triton 3.6: results/offline-sm90/triton36/load_order_hv64_d64*.txt): fails if
     the kernel ignores the field or reads it the wrong way round; state_first=2 (between the small
     inputs' loads and the gate) compiles to code of its own."""
-    done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs",
-                           "BV=32,num_warps=1;BV=32,num_warps=1,state_first=1;BV=32,num_warps=1,state_first=2",
-                           "--state-dtypes", "bfloat16", "--HV", "64", "--D", "64", "--B", "256"],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
-    if done.returncode == 2 and "no ptxas here" in done.stdout:
-        pytest.skip(done.stdout.strip())
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("bfloat16")]
+    rows = offline_sm90("BV=32,num_warps=1;BV=32,num_warps=1,state_first=1;BV=32,num_warps=1,state_first=2", 64, 64)
     if rows[0][-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
     (after, after_digest), (first, first_digest), (_, between_digest) = ((int(r[-2]), r[-1]) for r in rows)
-    assert first < after and first_digest != after_digest, done.stdout
-    assert between_digest not in (first_digest, after_digest), done.stdout  # state_first=2: a third order
-
+    assert first < after and first_digest != after_digest, rows
+    assert between_digest not in (first_digest, after_digest), rows  # state_first=2: a third order
 
 
 def test_register_cap_and_rewiden_reach_ptxas():
     """maxnreg reaches the compile (ptxas keeps to the cap, where the same tile uncapped takes more),
     and rewiden=1 compiles to other code than the tile widened once."""
-    done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs",
-                           "BV=32,num_warps=1;BV=32,num_warps=1,maxnreg=96;BV=32,num_warps=1,rewiden=1",
-                           "--state-dtypes", "bfloat16", "--HV", "32", "--D", "128", "--B", "256"],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
-    if done.returncode == 2 and "no ptxas here" in done.stdout:
-        pytest.skip(done.stdout.strip())
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("bfloat16")]
-    plain, capped, rewidened = (int(r[3]) for r in rows)  # state, config, kernel, regs, ...
-    assert capped <= 96 < plain, done.stdout
-    if rows[0][-1] != "None":  # a SASS digest, where cuobjdump is beside this Triton
-        assert rows[2][-1] != rows[0][-1], done.stdout
+    plain, capped, rewidened = offline_sm90("BV=32,num_warps=1;BV=32,num_warps=1,maxnreg=96;"
+                                            "BV=32,num_warps=1,rewiden=1", 32, 128)
+    assert int(capped[3]) <= 96 < int(plain[3]), (plain, capped)
+    if plain[-1] != "None":  # a SASS digest, where cuobjdump is beside this Triton
+        assert rewidened[-1] != plain[-1], (plain, rewidened)
 
 
 # ---- on the GPU ---------------------------------------------------------------------------------------
