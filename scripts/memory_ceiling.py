@@ -34,11 +34,13 @@ the roofline times its copy. The variants are interleaved within a placement:
 Bytes are the live state read and written (``2 B HV V K`` elements) for all but the copy and
 the implementations (every input and the output too, ``DecodeInputs.nbytes``). Where the pool is
 not many times the L2 (small B, K = V = 64), back-to-back calls find much of it in the L2 and the
-figures say what the L2 gives, not the DRAM (over 100% of the copy); at B = 1 they are latencies. If ``tiles-slots`` reaches what
+figures say what the L2 gives, not the DRAM (over 100% of the copy); at B = 1 they are latencies.
+If ``tiles-slots`` reaches what
 ``kda`` does, the math is not what stands between the kernel and the copy; if ``inplace-state``
 falls short of ``copy-state``, writing back where one read is what costs. The spread over
 placements of each variant says whether placement sensitivity belongs to the traffic pattern or
-to the kernel. Writes ``ceiling.csv``, ``ceiling.md`` and ``meta.json`` into ``--out``.
+to the kernel. Writes ``ceiling.csv``, ``ceiling.md`` and ``meta.json`` into ``--out``;
+``--report-only`` writes ``ceiling.md`` again from the other two, on any machine.
 """
 
 from __future__ import annotations
@@ -171,11 +173,13 @@ def measure(args) -> pd.DataFrame:
                 times = (eager_seconds(launch, args.calls, device) if variant.startswith("copy")
                          else replayed_seconds(launch, args.calls, args.replays, device))
                 seconds = float(pd.Series(times).median())
-                rows.append(dict(B=B, placement=placement, variant=variant, config=str(config), bytes=nbytes, us=seconds * 1e6,
+                rows.append(dict(B=B, placement=placement, variant=variant, config=str(config), bytes=nbytes,
+                                 us=seconds * 1e6,
                                  GBps=nbytes / seconds / 1e9))
             torch.cuda.empty_cache()
             print(f"B={B} placement {placement}: "
-                  + ", ".join(f"{r['variant']} {r['GBps']:.0f}" for r in rows if (r["B"], r["placement"]) == (B, placement)),
+                  + ", ".join(f"{r['variant']} {r['GBps']:.0f}" for r in rows
+                              if (r["B"], r["placement"]) == (B, placement)),
                   flush=True)
     return pd.DataFrame(rows)
 
@@ -189,6 +193,17 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"GBps": grouped.GBps.median(), "pct_copy": grouped.pct_copy.median(),
                          "us": grouped.us.median(), "spread": grouped.us.max() / grouped.us.min(),
                          "placements": grouped.size()}).reset_index()
+
+
+def report(df: pd.DataFrame, meta: dict, args) -> str:
+    """ceiling.md's text: the run's command and method (from ``args``, the run's own), then :func:`summary`."""
+    shape = f"HV={args.HV} K=V={args.D} {str(args.state_dtype).removeprefix('torch.')} state"
+    return (f"# Memory ceiling of the decode step's state traffic ({meta['gpu']}, {shape})\n\n"
+            f"`{meta['command']}`; median over {args.placements} placements of each placement's median over "
+            f"{args.replays} replays of a CUDA graph of {args.calls} back-to-back calls (the copies: the median "
+            f"of {args.calls} eager calls); `pct_copy` against the same placement's 1 GiB copy; `spread` "
+            f"is max / min of the time over placements.\n\n"
+            + summary(df).to_markdown(index=False, floatfmt=".3f") + "\n")
 
 
 def main() -> int:
@@ -205,7 +220,14 @@ def main() -> int:
     parser.add_argument("--placements", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--replays", type=int, default=7, help="timed replays of each graph")
+    parser.add_argument("--report-only", action="store_true",
+                        help="no GPU: write --out's ceiling.md again from its ceiling.csv and meta.json")
     args = parser.parse_args()
+    if args.report_only:
+        meta = json.loads((args.out / "meta.json").read_text())
+        run_args = parser.parse_args(shlex.split(meta["command"])[1:])  # the run's own settings
+        (args.out / "ceiling.md").write_text(report(pd.read_csv(args.out / "ceiling.csv"), meta, run_args))
+        return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
@@ -215,18 +237,11 @@ def main() -> int:
         "torch": torch.__version__, "triton": triton.__version__, "copy_GBps": copy_bandwidth(device) / 1e9}
     df = measure(args)
     df.to_csv(args.out / "ceiling.csv", index=False)
-    table = summary(df)
-    shape = f"HV={args.HV} K=V={args.D} {str(args.state_dtype).removeprefix('torch.')} state"
-    text = (f"# Memory ceiling of the decode step's state traffic ({meta['gpu']}, {shape})\n\n"
-            f"`{meta['command']}`; median over {args.placements} placements of each placement's median over "
-            f"{args.replays} replays of a CUDA graph of {args.calls} back-to-back calls; `pct_copy` against the same placement's 1 GiB copy; `spread` "
-            f"is max / min of the time over placements.\n\n"
-            + table.to_markdown(index=False, floatfmt=".3f") + "\n")
+    text = report(df, meta, args)
     (args.out / "ceiling.md").write_text(text)
     (args.out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(text)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

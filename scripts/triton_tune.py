@@ -34,7 +34,8 @@ loaded the state first, before the field existed. The committed table:
     python3 scripts/triton_tune.py --write-table results/h200/triton-tune-v3/triton_tune.csv \
         results/h200/triton-tune-multitoken/triton_tune.csv results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1 \
         --state-order results/h200/state-order/table results/h200/state-order/first \
-        --over-table-runs results/h200/triton-tune-rewiden/triton_tune.csv results/h200/triton-tune-order/triton_tune.csv
+        --over-table-runs results/h200/triton-tune-rewiden/triton_tune.csv \
+        results/h200/triton-tune-order/triton_tune.csv
 
 ``--state-order TABLED FIRST``: where two sweeps of the ``targets`` preset (the table as it ran,
 and every entry with its state loaded first) time an entry more than 1% apart, the entry takes
@@ -99,8 +100,8 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
     program, the next tile's load in flight); the plain tiles of one-token steps also with the head counts
     compiled in (``const_heads``), and with the state loaded before the small inputs
     (``state_first=1``, the order sub-tiles brought), and each of those one-tile configs with the
-    stored tile widened twice (``rewiden=1``: fewer registers, more instructions). Multi-token steps carry the tile through T tokens, so their set
-    leans to small tiles."""
+    stored tile widened twice (``rewiden=1``: fewer registers, more instructions). Multi-token steps
+    carry the tile through T tokens, so their set leans to small tiles."""
     per_thread = (32, 64, 128) if B <= 16 or T > 1 else (64, 128, 256)
     tiles = (1024, 2048, 4096, 8192) if T > 1 else (2048, 4096, 8192, 16384)
     configs = []
@@ -346,7 +347,8 @@ def keep_tabled_unless_faster(rows: list[dict], min_gain: float) -> list[dict]:
     starts with "table") unless the best beats it by more than ``min_gain`` (a fraction of its time):
     a candidate that wins by less than the run-to-run spread is noise, and the table keeps what it has."""
     for key in {key_of(r) for r in rows}:
-        shape = [r for r in rows if key_of(r) == key and r.get("source") != PADDED_SOURCE and r.get("us") not in (None, "")]
+        shape = [r for r in rows
+                 if key_of(r) == key and r.get("source") != PADDED_SOURCE and r.get("us") not in (None, "")]
         best = [r for r in shape if r.get("best") in (True, "True")]
         tabled = [r for r in shape if str(r.get("source", "")).startswith("table")]
         if best and tabled and float(best[0]["us"]) > float(tabled[0]["us"]) * (1 - min_gain):
@@ -371,7 +373,8 @@ def write_table(csv_paths: list[Path | str], into: Path, state_order: tuple[Path
             run = [row | {"over_table": True} for row in keep_tabled_unless_faster(run, OVER_TABLE_MARGIN)]
         rows += run
         meta_path = csv_path.with_suffix(".json")
-        metas.append(json.loads(meta_path.read_text()) | {"measured_with": measured_with} if meta_path.exists() else None)
+        metas.append(json.loads(meta_path.read_text()) | {"measured_with": measured_with}
+                     if meta_path.exists() else None)
     if not any(r.get("best") == "True" for r in rows):
         print(f"{', '.join(map(str, csv_paths))}: no measured best config in it; table left as it was")
         return 1

@@ -1,5 +1,9 @@
 """scripts/memory_ceiling.py: its tile round-trip kernel touches exactly the tiles our kernel does
-(under the interpreter on the CPU, real shapes on the H200 through the script), and its summary."""
+(under the interpreter on the CPU, real shapes on the H200 through the script), its summary and
+its report written again from a run's files."""
+
+import json
+import sys
 
 import pandas as pd
 import pytest
@@ -41,3 +45,17 @@ def test_summary_is_per_batch_and_variant_against_the_same_placements_copy():
     assert table.loc["kda", "pct_copy"] == pytest.approx(90.0)  # each placement against its own copy
     assert table.loc["kda", "spread"] == pytest.approx(22.0 / 20.0)
     assert table.loc["copy-1GiB", "placements"] == 2
+
+
+def test_report_only_writes_the_report_again_with_the_runs_own_settings(tmp_path, monkeypatch):
+    ceiling = load_script("memory_ceiling")
+    rows = [dict(B=256, placement=p, variant=v, GBps=4000.0, us=10.0 + p) for p in range(2)
+            for v in ("copy-1GiB", "kda")]
+    pd.DataFrame(rows).to_csv(tmp_path / "ceiling.csv", index=False)
+    command = f"scripts/memory_ceiling.py --out {tmp_path} --HV 64 --placements 2 --calls 9"
+    (tmp_path / "meta.json").write_text(json.dumps({"gpu": "NVIDIA H200", "command": command}))
+    monkeypatch.setattr(sys, "argv", ["memory_ceiling.py", "--out", str(tmp_path), "--report-only"])
+    assert ceiling.main() == 0
+    text = (tmp_path / "ceiling.md").read_text()
+    assert "HV=64 K=V=128 bfloat16 state" in text and "graph of 9 back-to-back calls" in text
+    assert "median over 2 placements" in text and "| kda " in text

@@ -114,7 +114,8 @@ def _kda_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, scale, value_heads, group, HV_CONST: tl.constexpr, GROUP_CONST: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
-    SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, REWIDEN: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, REWIDEN: tl.constexpr, L2_EPS: tl.constexpr,
+    SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
     # The head counts: compile-time constants where HV_CONST > 0 (no division on the way to the first
