@@ -67,6 +67,7 @@ from kda_impls.impls.triton_kda import TritonKDA  # noqa: E402
 
 WARMUP = 3
 
+
 @triton.jit
 def _tile_roundtrip_kernel(state_ptr, slots_ptr, slot_stride, flip, HV: tl.constexpr, K: tl.constexpr,
                            V: tl.constexpr, BV: tl.constexpr, SUBTILES: tl.constexpr, THROUGH_SLOTS: tl.constexpr):
@@ -168,8 +169,9 @@ def measure(args) -> pd.DataFrame:
             config = TritonKDA().config_for(inputs)
             for variant, (launch, nbytes) in variant_launchers(inputs, args.impls).items():
                 # A captured torch copy becomes a copy-engine node, slower than the copy kernel the eager
-                # call runs (2.77 against 4.25 TB/s on the H200): the copies are timed eagerly, as the
-                # roofline times its own, and are large enough not to wait on the host
+                # call runs (results/h200/memory-ceiling/captured-copies-9bc24de: 2.77 TB/s): the copies
+                # are timed eagerly, as the roofline times its own, and are large enough not to wait on
+                # the host
                 times = (eager_seconds(launch, args.calls, device) if variant.startswith("copy")
                          else replayed_seconds(launch, args.calls, args.replays, device))
                 seconds = float(pd.Series(times).median())
