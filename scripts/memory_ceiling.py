@@ -61,11 +61,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls import get, make_inputs  # noqa: E402
 from kda_impls.bench.results import environment  # noqa: E402
-from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth  # noqa: E402
+from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth, median_copy_seconds  # noqa: E402
 from kda_impls.bench.timing import timed_runs  # noqa: E402
-from kda_impls.impls.triton_kda import TritonKDA  # noqa: E402
+from kda_impls.impls.triton_kda import TritonKDA, _program_tile  # noqa: E402
 
 WARMUP = 3
+# What each step of the traffic costs, in points of the copy: (the variant without the step, with it)
+STEPS = {"slots": ("tiles", "tiles-slots"),  # each row's state through its slot
+         "order": ("tiles-sorted-slots", "tiles-slots"),  # of that, the slots' scattered order
+         "math": ("tiles-slots", "kda"),  # our kernel's math, on the same traffic
+         "x4": ("tiles-slots", "tiles-slots-x4"),  # four times the rows per program
+         "head": ("tiles-slots", "head-slots")}  # one program per head
+OWN_VARIANTS = ("copy-1GiB", "copy-state", "inplace-state", "tiles", "tiles-slots", "tiles-sorted-slots",
+                "tiles-slots-x4", "head-slots", "kda")
 
 
 @triton.jit
@@ -78,16 +86,12 @@ def _tile_roundtrip_kernel(state_ptr, slots_ptr, slot_stride, flip, HV: tl.const
     then the row. The pool is seen as integers of the state's width, so any state dtype
     round-trips bit for bit."""
     CHUNK: tl.constexpr = BV * SUBTILES
-    V_CHUNKS: tl.constexpr = V // CHUNK
-    pid = tl.program_id(0)
-    row = pid // (HV * V_CHUNKS)
-    hv = pid // V_CHUNKS % HV
-    first_v = pid % V_CHUNKS * CHUNK
+    row, hv, chunk = _program_tile(HV, 1, V // CHUNK)  # the KDA kernel's own mapping
     if THROUGH_SLOTS:
         slot = tl.load(slots_ptr + row).to(tl.int64)
     else:
-        slot = row.to(tl.int64)
-    head = (state_ptr + slot * slot_stride + hv * (V * K) + (first_v + tl.arange(0, BV))[:, None] * K
+        slot = row
+    head = (state_ptr + slot * slot_stride + hv * (V * K) + (chunk * CHUNK + tl.arange(0, BV))[:, None] * K
             + tl.arange(0, K)[None, :])
     ahead = tl.load(head, eviction_policy="evict_first")
     for s in tl.static_range(SUBTILES):
@@ -109,26 +113,26 @@ def tile_roundtrip(inputs, BV: int, num_warps: int, through_slots: bool, subtile
     return lambda: kernel(*args, **meta)
 
 
-def variant_launchers(inputs, impls: tuple[str, ...] = ()) -> dict:
+def in_slot_order(inputs):
+    """The same inputs with the slots sorted ascending: the same state, rows in address order."""
+    return replace(inputs, slots=inputs.slots.sort().values)
+
+
+def variant_launchers(inputs, config, impls: tuple[str, ...] = ()) -> dict:
     """``{variant: (launcher, bytes moved)}`` on one pool, the tile kernels on our kernel's tile
-    (its table's ``BV`` and warps); the 1 GiB copy is timed with its own buffers."""
-    config = TritonKDA().config_for(inputs)
+    ``config`` (its ``BV`` and warps); the 1 GiB copy is not among them (:func:`measure` times it)."""
     BV, warps = config.BV, config.num_warps
     rows_x4 = min(4 * BV, inputs.V)
-    sorted_slots = replace(inputs, slots=inputs.slots.sort().values)
     live = inputs.state[inputs.slots.long()]  # a compact copy of the live rows: what copy/in-place move
     target = torch.empty_like(live)
     state_bytes = 2 * live.numel() * live.element_size()
-    src = torch.ones(GPU_COPY_BYTES, dtype=torch.uint8, device=inputs.device)
-    dst = torch.empty_like(src)
     return {
-        "copy-1GiB": (lambda: dst.copy_(src), 2 * GPU_COPY_BYTES),
         "copy-state": (lambda: target.copy_(live), state_bytes),
         "inplace-state": (lambda: live.mul_(1.0), state_bytes),
         "tiles": (tile_roundtrip(inputs, BV, warps, through_slots=False), state_bytes),
         "tiles-slots": (tile_roundtrip(inputs, BV, warps, through_slots=True), state_bytes),
         # the same slots in ascending order: neighbouring rows' state at neighbouring addresses
-        "tiles-sorted-slots": (tile_roundtrip(sorted_slots, BV, warps, through_slots=True), state_bytes),
+        "tiles-sorted-slots": (tile_roundtrip(in_slot_order(inputs), BV, warps, through_slots=True), state_bytes),
         # four times the rows on four times the warps: the same bytes per thread, a quarter of the programs
         "tiles-slots-x4": (tile_roundtrip(inputs, rows_x4, warps * rows_x4 // BV, through_slots=True), state_bytes),
         # one program per (row, head), its tiles walked with the next one's load in flight: one slot load per head
@@ -167,17 +171,19 @@ def measure(args) -> pd.DataFrame:
                                  device=device, seed=placement)
             held.append(inputs)
             config = TritonKDA().config_for(inputs)
-            for variant, (launch, nbytes) in variant_launchers(inputs, args.impls).items():
+            # the roofline's copy, again beside each placement; then each variant
+            timed = {"copy-1GiB": (median_copy_seconds(GPU_COPY_BYTES, device, args.calls), 2 * GPU_COPY_BYTES)}
+            for variant, (launch, nbytes) in variant_launchers(inputs, config, args.impls).items():
                 # A captured torch copy becomes a copy-engine node, slower than the copy kernel the eager
                 # call runs (results/h200/memory-ceiling/captured-copies-9bc24de: 2.77 TB/s): the copies
                 # are timed eagerly, as the roofline times its own, and are large enough not to wait on
                 # the host
                 times = (eager_seconds(launch, args.calls, device) if variant.startswith("copy")
                          else replayed_seconds(launch, args.calls, args.replays, device))
-                seconds = float(pd.Series(times).median())
-                rows.append(dict(B=B, placement=placement, variant=variant, config=str(config), bytes=nbytes,
-                                 us=seconds * 1e6,
-                                 GBps=nbytes / seconds / 1e9))
+                timed[variant] = float(pd.Series(times).median()), nbytes
+            rows += [dict(B=B, placement=placement, variant=variant, config=str(config), bytes=nbytes,
+                          us=seconds * 1e6, GBps=nbytes / seconds / 1e9)
+                     for variant, (seconds, nbytes) in timed.items()]
             torch.cuda.empty_cache()
             print(f"B={B} placement {placement}: "
                   + ", ".join(f"{r['variant']} {r['GBps']:.0f}" for r in rows
@@ -197,15 +203,39 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
                          "placements": grouped.size()}).reset_index()
 
 
+def step_costs(table: pd.DataFrame) -> pd.DataFrame:
+    """Per batch size, from :func:`summary`: each of :data:`STEPS` in points of the copy (positive: the
+    step costs), our kernel's time over the math-free tile's through the same slots (us), and our
+    kernel's time over each other implementation's (``kda / <impl>``)."""
+    pct = table.pivot(index="B", columns="variant", values="pct_copy")
+    us = table.pivot(index="B", columns="variant", values="us")
+    costs = pd.DataFrame({f"{step} (points)": pct[without] - pct[with_]
+                          for step, (without, with_) in STEPS.items()})
+    costs["kda - tiles-slots (us)"] = us["kda"] - us["tiles-slots"]
+    for impl in (v for v in table.variant.unique() if v not in OWN_VARIANTS):
+        costs[f"kda / {impl}"] = us["kda"] / us[impl]
+    return costs.reset_index()
+
+
 def report(df: pd.DataFrame, meta: dict, args) -> str:
-    """ceiling.md's text: the run's command and method (from ``args``, the run's own), then :func:`summary`."""
+    """ceiling.md's text: the run's command and method (from ``args``, the run's own), :func:`summary`
+    and :func:`step_costs`."""
     shape = f"HV={args.HV} K=V={args.D} {str(args.state_dtype).removeprefix('torch.')} state"
+    table = summary(df)
+    costs = step_costs(table).astype({"B": str})  # an integer beside floats would print as one
     return (f"# Memory ceiling of the decode step's state traffic ({meta['gpu']}, {shape})\n\n"
             f"`{meta['command']}`; median over {args.placements} placements of each placement's median over "
             f"{args.replays} replays of a CUDA graph of {args.calls} back-to-back calls (the copies: the median "
             f"of {args.calls} eager calls); `pct_copy` against the same placement's 1 GiB copy; `spread` "
             f"is max / min of the time over placements.\n\n"
-            + summary(df).to_markdown(index=False, floatfmt=".3f") + "\n")
+            + table.to_markdown(index=False, floatfmt=".3f") + "\n\n"
+            "## What each step costs\n\n"
+            "Points of the copy between the variant without a step and with it (positive: the step costs; "
+            "`slots`: tiles - tiles-slots; `order`: tiles-sorted-slots - tiles-slots, the part of it the "
+            "slots' order makes; `math`: tiles-slots - kda; `x4`, `head`: tiles-slots - the fatter "
+            "programs), our kernel's time over the math-free tile's, and over each other implementation "
+            "timed with it.\n\n"
+            + costs.to_markdown(index=False, floatfmt=".3f") + "\n")
 
 
 def main() -> int:

@@ -50,7 +50,7 @@ def test_summary_is_per_batch_and_variant_against_the_same_placements_copy():
 def test_report_only_writes_the_report_again_with_the_runs_own_settings(tmp_path, monkeypatch):
     ceiling = load_script("memory_ceiling")
     rows = [dict(B=256, placement=p, variant=v, GBps=4000.0, us=10.0 + p) for p in range(2)
-            for v in ("copy-1GiB", "kda")]
+            for v in ceiling.OWN_VARIANTS]
     pd.DataFrame(rows).to_csv(tmp_path / "ceiling.csv", index=False)
     command = f"scripts/memory_ceiling.py --out {tmp_path} --HV 64 --placements 2 --calls 9"
     (tmp_path / "meta.json").write_text(json.dumps({"gpu": "NVIDIA H200", "command": command}))
@@ -58,4 +58,33 @@ def test_report_only_writes_the_report_again_with_the_runs_own_settings(tmp_path
     assert ceiling.main() == 0
     text = (tmp_path / "ceiling.md").read_text()
     assert "HV=64 K=V=128 bfloat16 state" in text and "graph of 9 back-to-back calls" in text
-    assert "median over 2 placements" in text and "| kda " in text
+    assert "median over 2 placements" in text and "| kda " in text and "## What each step costs" in text
+
+
+def test_step_costs_are_the_points_between_variants_and_our_kernel_against_the_others():
+    ceiling = load_script("memory_ceiling")
+    pct = {"copy-1GiB": 100.0, "tiles": 97.0, "tiles-slots": 93.5, "tiles-sorted-slots": 95.0,
+           "tiles-slots-x4": 91.0, "head-slots": 92.0, "kda": 91.5, "flashinfer": 90.0}
+    us = {"tiles-slots": 100.0, "kda": 102.0, "flashinfer": 120.0}
+    table = pd.DataFrame([dict(B=256, variant=v, pct_copy=p, us=us.get(v, 1.0)) for v, p in pct.items()])
+    costs = ceiling.step_costs(table).set_index("B").loc[256]
+    assert costs["slots (points)"] == pytest.approx(3.5) and costs["order (points)"] == pytest.approx(1.5)
+    assert costs["math (points)"] == pytest.approx(2.0) and costs["x4 (points)"] == pytest.approx(2.5)
+    assert costs["head (points)"] == pytest.approx(1.5) and costs["kda - tiles-slots (us)"] == pytest.approx(2.0)
+    assert costs["kda / flashinfer"] == pytest.approx(102.0 / 120.0)
+    assert "kda / copy-1GiB" not in costs  # the suite's own variants are not implementations
+
+
+@pytest.mark.interpreter
+def test_every_variant_runs_and_the_sorted_one_walks_the_same_slots_in_order():
+    ceiling = load_script("memory_ceiling")
+    from kda_impls.impls.triton_kda import TritonKDA
+    inputs = make_inputs(4, 2, 2, 16, 16, state_dtype=torch.bfloat16, n_slots=9, device=DEVICE, seed=2)
+    ordered = ceiling.in_slot_order(inputs)
+    assert ordered.state is inputs.state and torch.equal(ordered.slots, inputs.slots.sort().values)
+    assert not torch.equal(inputs.slots, ordered.slots)  # the drawn slots were not already in order
+    launchers = ceiling.variant_launchers(inputs, TritonKDA().config_for(inputs), ("naive",))
+    assert set(launchers) == set(ceiling.OWN_VARIANTS) - {"copy-1GiB"} | {"naive"}
+    for launch, nbytes in launchers.values():
+        launch()
+        assert nbytes >= 2 * inputs.B * inputs.HV * inputs.V * inputs.K * inputs.state.element_size()

@@ -24,17 +24,18 @@ def copy_bandwidth(device) -> float:
     return _copy_bandwidth(as_device(device))
 
 
-def _median_copy_seconds(nbytes: int, device: torch.device) -> float:
+def median_copy_seconds(nbytes: int, device: torch.device, repeats: int = COPY_REPEATS) -> float:
+    """Seconds of an ``nbytes`` device-to-device copy: the median of ``repeats`` eager copies after one."""
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)  # warm-up: first touch of the pages, lazy initialisation
-    return float(np.median(timed_runs(lambda: dst.copy_(src), COPY_REPEATS, device)))
+    return float(np.median(timed_runs(lambda: dst.copy_(src), repeats, device)))
 
 
 @functools.cache
 def _copy_bandwidth(device: torch.device) -> float:
     nbytes = GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
-    seconds = _median_copy_seconds(nbytes, device)
+    seconds = median_copy_seconds(nbytes, device)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # hand the buffers' 2 GiB back for the kernels that follow
     return 2 * nbytes / seconds

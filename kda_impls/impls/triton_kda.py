@@ -87,14 +87,12 @@ def _delta_rule_rewidened(stored, q, k, v, decay, beta):
     the output is ``S q + u (k . q)``), once more for the update. A bf16 tile's second widening
     goes through its bits (a different instruction from the first), so the compiler cannot merge
     the two and keep the fp32 tile live across the reductions: the tile then costs its own
-    registers, not twice them. Other dtypes widen the same way both times."""
+    registers, not twice them. Other dtypes use the one widening for both."""
     S = stored.to(tl.float32)
     u = beta * (v - tl.sum(S * (decay * k)[None, :], axis=1))
     o = tl.sum(S * (decay * q)[None, :], axis=1) + u * tl.sum(k * q)
     if stored.dtype == tl.bfloat16:
         S = (stored.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    else:
-        S = stored.to(tl.float32)
     return S * decay[None, :] + u[:, None] * k[None, :], o
 
 
