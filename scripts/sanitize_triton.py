@@ -29,12 +29,13 @@ from kda_impls.impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
 # case racecheck is for), the persistent form (48 tiles over min(48, SMs) programs: the last
 # programs' look-ahead runs past the last tile, where nothing may be read), sub-tiles (two
 # programs per head, each walking four 16-row tiles), the head counts compiled in (the other
-# configs pass them at run time), the state loaded before the small inputs (the other one-tile
-# configs load it after them), and the stored tile widened twice (alone, and with sub-tiles under a
-# register cap that makes ptxas spill to local memory).
+# configs pass them at run time), the state loaded before the small inputs or between their loads
+# and the gate (the other one-tile configs load it after the gate), and the stored tile widened
+# twice (alone, and with sub-tiles under a register cap).
 CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_warps=4, num_stages=2),
            TileConfig(BV=16, num_warps=1, programs_per_sm=1), TileConfig(BV=16, num_warps=1, subtiles=4),
            TileConfig(BV=16, num_warps=2, const_heads=1), TileConfig(BV=16, num_warps=2, state_first=1),
+           TileConfig(BV=16, num_warps=2, state_first=2),
            TileConfig(BV=16, num_warps=1, rewiden=1),
            TileConfig(BV=16, num_warps=1, subtiles=4, rewiden=1, maxnreg=72)]
 
