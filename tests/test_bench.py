@@ -774,8 +774,9 @@ def test_sweep_starts_every_worker_before_it_times_a_row_and_warms_only_the_extr
 
 
 def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
-    """A worker imports its library when it starts (beside other workers' measuring), not inside its
-    first row; a library that fails to preload still says hello, for its rows to report why."""
+    """A worker imports its library when it starts (beside the other workers' starts, before any row is
+    timed), not inside its first row; a library that fails to preload still says hello, for its rows
+    to report why."""
     from kda_impls.bench import worker
 
     calls = []
