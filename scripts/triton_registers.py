@@ -13,7 +13,8 @@ for sm_90a (the first of Triton's bundled assemblers and CUDA's that reads that 
 disassembled by Triton's bundled ``cuobjdump``. Prints one line per config: registers per thread,
 spill bytes, the warps per SM the registers allow (65536 registers per SM, at most 32 programs),
 the SASS instructions before the first global load (the latency a small step waits before its
-first DRAM access) and in all, the global loads issued before the first 16-byte one (the state
+first DRAM access) and in all, the TMA loads (``UTMALDG``: the TMA form's state tiles, two where its
+loop is pipelined, one issued ahead of the loop), the global loads issued before the first 16-byte one (the state
 tile's: how many of the small inputs' loads go ahead of it), and a digest of the SASS without its
 addresses (equal digests: the same code). The figures are this Triton's, and they move with its version: run it
 under the H200 image's (Triton 3.6, ``pip install triton==3.6.0`` in a virtual environment), whose
@@ -39,6 +40,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -66,25 +68,26 @@ def assemblers() -> list[str]:
 
 
 def sass_counts(cubin: Path) -> dict:
-    """SASS instructions before the first global load, and in all; the global loads issued before
+    """SASS instructions before the first global load, and in all; the TMA loads; the global loads issued before
     the first 16-byte one (the state tile's: how many of the small inputs' loads go first); and a
     digest of the instructions without their addresses, equal for equal code (None without cuobjdump)."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
-        return {"sass_before_load": None, "sass": None, "loads_before_16B": None, "sass_digest": None}
+        return {"sass_before_load": None, "sass": None, "tma_loads": None, "loads_before_16B": None, "sass_digest": None}
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     instructions = [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in sass.splitlines()
                     if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     first_load = next((i for i, line in enumerate(instructions) if "LDG" in line), None)
     loads = [line for line in instructions if re.search(r"\bLDG\.", line)]
     wide = next((i for i, line in enumerate(loads) if ".128" in line), None)
-    return {"sass_before_load": first_load, "sass": len(instructions), "loads_before_16B": wide,
+    return {"sass_before_load": first_load, "sass": len(instructions),
+            "tma_loads": sum("UTMALDG" in line for line in instructions), "loads_before_16B": wide,
             "sass_digest": hashlib.sha256("\n".join(instructions).encode()).hexdigest()[:12]}
 
 
 def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
     """Triton's (signature, constexprs, attributes) of a launch: tensors as typed pointers (16-byte
-    aligned, as the pool and inputs are), integers as Triton's launcher specialises them (1 a
+    aligned, as the pool and inputs are), tensor descriptors by their block, integers as Triton's launcher specialises them (1 a
     constant, 16-divisible ones marked so, the rest i32), floats as fp32."""
     names = [n for n in kernel.arg_names if n not in meta]
     types, attrs, ones = {}, {}, {}
@@ -92,6 +95,8 @@ def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
         if isinstance(value, torch.Tensor):
             types[name] = "*" + TRITON_TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, TensorDescriptor):  # the TMA form's view of the pool
+            types[name] = f"tensordesc<{TRITON_TYPES[value.base.dtype]}{list(value.block_shape)}>"
         elif isinstance(value, float):
             types[name] = "fp32"
         elif value == 1:
@@ -133,7 +138,7 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
 
 # The compiled kernel's columns, after each line's own: (heading, field of registers(), width).
 COUNTS = [("regs", "regs", 4), ("spill B", "spill_bytes", 7), ("warps/SM", "warps_per_sm", 8),
-          ("SASS to 1st load", "sass_before_load", 16), ("SASS", "sass", 5),
+          ("SASS to 1st load", "sass_before_load", 16), ("SASS", "sass", 5), ("TMA loads", "tma_loads", 9),
           ("loads before 16B", "loads_before_16B", 16), ("SASS digest", "sass_digest", 12)]
 COUNTS_HEADING = " ".join(f"{heading:>{width}}" for heading, _, width in COUNTS)
 

@@ -23,8 +23,8 @@ from helpers import (REPO, assert_graph_replay_takes_eager_step, assert_launch_a
 from kda_impls import get, make_inputs, reference, rel_err, verify
 from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, _kda_decode_persistent_kernel,
-                                       choose_config, heuristic_config, kernel_arguments, multiprocessors,
-                                       table_key)
+                                       _kda_decode_tma_kernel, choose_config, heuristic_config, kernel_arguments,
+                                       multiprocessors, table_key, tma_addressable)
 from kda_impls.impls.triton_tuning import TABLE
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -108,8 +108,10 @@ def test_forced_tile_configs(config):
 # other one-tile config loads it after them),
 # sub-tiles (two per program; more than V holds, fitted to V), the persistent grid (one program walking every tile, so each
 # look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs than tiles), the
-# stored tile widened twice (alone; with sub-tiles, a head group and a register cap), and the state
-# loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head group).
+# stored tile widened twice (alone; with sub-tiles, a head group and a register cap), the state
+# loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head group), and
+# the state moved by TMA (one program per tile; three programs pipelined three deep, a tail; one program
+# walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the pointer form).
 FORMS = [
     TileConfig(BV=8, num_warps=1, const_heads=1),
     TileConfig(BV=8, num_warps=1, state_first=1),
@@ -124,6 +126,9 @@ FORMS = [
     TileConfig(BV=8, num_warps=1, state_first=2),
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, state_first=2),
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, state_first=1, rewiden=1, maxnreg=96),
+    TileConfig(BV=8, num_warps=1, tma=1),
+    TileConfig(BV=16, num_warps=2, num_stages=3, programs_per_sm=3, tma=1),
+    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, programs_per_sm=64, subtiles=2, rewiden=1, tma=1),
 ]
 
 
@@ -159,6 +164,11 @@ def test_forms_are_fitted_to_the_shape():
     assert replace(runtime_heads, subtiles=2).fitted(4, 32).state_first == 1
     assert replace(runtime_heads, subtiles=2, state_first=2).fitted(4, 32).state_first == 2  # before the gate too
     assert replace(runtime_heads, programs_per_sm=2).fitted(4, 32).state_first == 1
+    # the TMA form walks single heads' whole tiles through its pipelined loop; T > 1 drops it
+    tma = TileConfig(BV=8, heads=2, num_warps=1, num_stages=3, programs_per_sm=4, subtiles=2, rewiden=1, tma=1)
+    assert tma.fitted(4, 32) == TileConfig(BV=8, num_warps=1, num_stages=3, programs_per_sm=4, const_heads=1,
+                                           state_first=1, tma=1)
+    assert tma.fitted(4, 32, T=2).tma == 0
 
 
 def test_forms_shape_the_grid():
@@ -176,6 +186,28 @@ def test_forms_shape_the_grid():
     assert args[-1] == 3 * 4 * 32 // 8  # n_tiles
     _, grid, _, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=64))
     assert grid == (3 * 4 * 32 // 8,)  # never more programs than tiles
+    # the TMA form: one program per tile, or programs_per_sm of them; the pool as [N, HV * V, K] boxes
+    kernel, grid, args, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, num_stages=3, tma=1))
+    assert kernel is _kda_decode_tma_kernel and grid == (3 * 4 * 32 // 8,) and meta["NUM_STAGES"] == 3
+    boxes = args[7]
+    assert boxes.base is inputs.state and boxes.shape == [inputs.N, 4 * 32, 32] and boxes.block_shape == [1, 8, 32]
+    assert boxes.strides == [inputs.slot_stride, 32, 1]
+    _, grid, _, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5, tma=1))
+    assert grid == (5 * multiprocessors(inputs.device),)
+
+
+@pytest.mark.parametrize("state_dtype, slot_pad, addressable", [
+    (torch.bfloat16, 8, True), (torch.bfloat16, 7, False), (torch.float32, 4, True), (torch.float32, 2, False)])
+def test_tma_runs_only_where_tma_can_address_the_pool(state_dtype, slot_pad, addressable):
+    """TMA needs the slot stride in bytes a multiple of 16: a pool whose stride is not runs the same
+    tile through pointers (the pointer form's one program per tile), never the TMA kernel."""
+    inputs = make_inputs(2, 2, 4, 32, 32, state_dtype=state_dtype, slot_pad=slot_pad, seed=1)
+    forced = TileConfig(BV=8, num_warps=1, num_stages=3, programs_per_sm=2, tma=1)
+    config = TritonKDA(forced).config_for(inputs)
+    assert tma_addressable(inputs) is addressable
+    assert config == (forced.fitted(4, 32) if addressable else TileConfig(BV=8, num_warps=1))
+    out = torch.empty(inputs.out_shape, dtype=inputs.v.dtype)
+    assert (kernel_arguments(inputs, out, config)[0] is _kda_decode_tma_kernel) is addressable
 
 
 @pytest.mark.interpreter
@@ -326,7 +358,7 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     exec(table_path.read_text(), namespace)
     # every field named, as the kernel runs the entry: a run from before const_heads measured the head
     # counts at run time (the default), and the multi-token kernel compiles them in
-    tail, end = "programs_per_sm=0,subtiles=1", "rewiden=0,maxnreg=0"
+    tail, end = "programs_per_sm=0,subtiles=1", "rewiden=0,maxnreg=0,tma=0"
     assert namespace["TABLE"] == {
         ("bfloat16", 32, 128, 128, 64, 1):
             f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0,state_first=0,{end}",
@@ -339,7 +371,7 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     assert triton_tune.write_table([f"{csv_path}:state_first=1", multi_path], table_path) == 0
     exec(table_path.read_text(), namespace)
     for key, heads in (((32, 128, 128, 64, 1), 0), ((32, 128, 128, 64, 4), 1)):
-        assert namespace["TABLE"][("bfloat16", *key)].endswith(f"const_heads={heads},state_first=1,rewiden=0,maxnreg=0")
+        assert namespace["TABLE"][("bfloat16", *key)].endswith(f"const_heads={heads},state_first=1,rewiden=0,maxnreg=0,tma=0")
     with pytest.raises(ValueError, match="--write-table"):
         triton_tune.write_table([f"{csv_path}:state_first=3"], table_path)
 
@@ -397,6 +429,19 @@ def test_state_first_issues_the_state_load_ahead_of_the_small_inputs():
     (after, after_digest), (first, first_digest), (_, between_digest) = ((int(r[-2]), r[-1]) for r in rows)
     assert first < after and first_digest != after_digest, rows
     assert between_digest not in (first_digest, after_digest), rows  # state_first=2: a third order
+
+
+def test_tma_form_moves_the_state_by_tma_and_pipelines_its_loop():
+    """tma=1 compiles to TMA loads of the state and no 16-byte global loads (the state does not pass
+    through the pointer path), and its persistent loop pipelined three deep issues one more TMA
+    load, ahead of the loop, than the unpipelined one: fails if the field is ignored or the loop
+    loses its pipelining."""
+    pointers, tma, pipelined = offline_sm90("BV=16,num_warps=4;BV=16,num_warps=4,tma=1;"
+                                            "BV=16,num_warps=4,tma=1,programs_per_sm=4,num_stages=3", 32, 128)
+    if pointers[-1] == "None":
+        pytest.skip("no cuobjdump beside this Triton")
+    assert (pointers[-3], tma[-3], pipelined[-3]) == ("0", "1", "2"), (pointers, tma, pipelined)
+    assert pointers[-2] != "None" and tma[-2] == pipelined[-2] == "None"  # no 16-byte global load
 
 
 def test_register_cap_and_rewiden_reach_ptxas():

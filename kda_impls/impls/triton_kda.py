@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..contract import Capabilities, Implementation
 from ..inputs import DecodeInputs
@@ -264,6 +265,47 @@ def _kda_decode_persistent_kernel(
 
 
 @triton.jit
+def _kda_decode_tma_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_desc, slots_ptr, out_ptr,
+    scale, n_tiles, HV: tl.constexpr, GROUP: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NUM_STAGES: tl.constexpr,
+    L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+):
+    """The one-token step with the state moved by TMA: program p takes work tiles p, p + G, ...
+    (G programs; one tile each when G is the tile count), and the compiler's software pipeline
+    (``NUM_STAGES`` deep) keeps the coming tiles' slots and state tiles in flight while one
+    computes: the state lands in shared memory, so the bytes in flight cost no registers, unlike
+    the persistent form's register look-ahead. ``state_desc`` views the pool as ``[N, HV * V, K]``
+    with the pool's slot stride, so a tile is one box at ``(slot, hv * V + v0, 0)``. A -1 row's
+    box lies outside the pool: the TMA unit reads it as zeros and drops its store, so padding rows
+    need no mask and move no state."""
+    V_TILES: tl.constexpr = V // BV
+    H: tl.constexpr = HV // GROUP
+    offs_k = tl.arange(0, K)
+    offs_bv = tl.arange(0, BV)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
+        row_hv = tl.cast(tile // V_TILES, tl.int64)  # row * HV + hv; a Python int under the interpreter
+        row = row_hv // HV
+        hv = row_hv % HV
+        h = hv // GROUP
+        offs_v = tile % V_TILES * BV + offs_bv
+        slot = tl.load(slots_ptr + row)
+        box = [slot.to(tl.int32), tl.cast(hv * V + tile % V_TILES * BV, tl.int32), 0]
+        stored = state_desc.load(box).reshape(BV, K)
+        q = tl.load(q_ptr + (row * H + h) * K + offs_k).to(tl.float32)
+        k = tl.load(k_ptr + (row * H + h) * K + offs_k).to(tl.float32)
+        a = tl.load(a_ptr + row_hv * K + offs_k).to(tl.float32)
+        dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
+        A_log = tl.load(A_log_ptr + hv)
+        beta_logit = tl.load(b_ptr + row_hv).to(tl.float32)
+        v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
+        q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
+        S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
+        state_desc.store(box, S.to(state_desc.dtype).reshape(1, BV, K))
+        tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, token, h, hv, H, HV, offs_k, offs_v,
                 K: tl.constexpr, V: tl.constexpr):
     """The inputs of one token (``row * T + t``) of one value head, and the slot its state goes to."""
@@ -344,7 +386,11 @@ class TileConfig:
     the gate is computed while the state is in flight); sub-tiles load the state before the gate (1
     unless 2 is asked for), the persistent form and the multi-token kernel first (``fitted`` sets 1
     there); ``rewiden``: 1 widens the stored tile to fp32 twice (:func:`_delta_rule_rewidened`), 0
-    once; ``maxnreg``: a cap on registers per thread for ptxas (0: none)."""
+    once; ``maxnreg``: a cap on registers per thread for ptxas (0: none); ``tma``: 1 moves the state
+    by TMA through shared memory (:func:`_kda_decode_tma_kernel`: one-token steps, single heads, the
+    loop ``num_stages`` deep, one program per tile or ``programs_per_sm`` of them walking the
+    tiles), on a pool whose base and slot stride TMA can address (16-byte multiples; another pool
+    runs the same tile through pointers: :func:`tma_addressable`)."""
 
     BV: int
     heads: int = 1
@@ -356,6 +402,7 @@ class TileConfig:
     state_first: int = 0
     rewiden: int = 0
     maxnreg: int = 0
+    tma: int = 0
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -400,6 +447,8 @@ class TileConfig:
             raise ValueError(f"{source}: state_first must be 0, 1 or 2; got {self.state_first}")
         if self.rewiden not in (0, 1):
             raise ValueError(f"{source}: rewiden must be 0 or 1; got {self.rewiden}")
+        if self.tma not in (0, 1):
+            raise ValueError(f"{source}: tma must be 0 or 1; got {self.tma}")
         if self.maxnreg and not (self.maxnreg % 8 == 0 and 24 <= self.maxnreg <= 255):
             raise ValueError(f"{source}: maxnreg must be 0 (no cap) or a multiple of 8 in 24..255; "
                              f"got {self.maxnreg}")
@@ -409,11 +458,13 @@ class TileConfig:
         more sub-tiles than V holds; the persistent form walks single heads whole tiles, and it,
         sub-tiles, runtime head counts and the state load's place exist for one-token steps only
         (T > 1 drops them; the persistent form compiles the head counts in; sub-tiles load the
-        state first)."""
+        state first). The TMA form walks single heads whole tiles too, its loop ``num_stages`` deep."""
         BV = min(self.BV, V)
         fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV))
         if T > 1:
-            return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1, rewiden=0)
+            return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1, rewiden=0, tma=0)
+        if fitted.tma:
+            return replace(fitted, heads=1, subtiles=1, const_heads=1, state_first=1, rewiden=0)
         if fitted.programs_per_sm:
             return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1, state_first=1, rewiden=0)
         return replace(fitted, state_first=fitted.state_first or 1) if fitted.subtiles > 1 else fitted
@@ -514,6 +565,8 @@ class TritonKDA(Implementation):
             override = os.environ.get(CONFIG_ENV)
             if override:
                 config = TileConfig.parse(override, config)
+        if config.tma and not tma_addressable(inputs):
+            config = replace(config, tma=0, programs_per_sm=0, num_stages=1)
         return config.fitted(inputs.HV, inputs.V, inputs.T)
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
@@ -549,6 +602,13 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
                 SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
     if config.maxnreg:
         meta["maxnreg"] = config.maxnreg
+    if inputs.T == 1 and config.tma:
+        n_tiles = grid[0]
+        programs = min(n_tiles, config.programs_per_sm * multiprocessors(inputs.device)) or n_tiles
+        boxes = TensorDescriptor(inputs.state, shape=[inputs.N, inputs.HV * inputs.V, inputs.K],
+                                 strides=[inputs.slot_stride, inputs.K, 1], block_shape=[1, config.BV, inputs.K])
+        return (_kda_decode_tma_kernel, (programs,), (*pool[:7], boxes, inputs.slots, out, inputs.effective_scale, n_tiles),
+                meta | dict(NUM_STAGES=config.num_stages))
     if inputs.T == 1 and config.programs_per_sm:
         n_tiles = grid[0]
         programs = min(n_tiles, config.programs_per_sm * multiprocessors(inputs.device))
@@ -561,6 +621,14 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
                 meta | dict(HV_CONST=constants[0], GROUP_CONST=constants[1], SUBTILES=config.subtiles,
                             STATE_FIRST=config.state_first, REWIDEN=config.rewiden))
     return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
+
+
+def tma_addressable(inputs: DecodeInputs) -> bool:
+    """Whether TMA can address the pool as :func:`_kda_decode_tma_kernel` views it: its base and its
+    slot and row strides in bytes multiples of 16 (the contract lets this kernel take any pool, so a
+    tile config asking for TMA runs through pointers on one that is not)."""
+    size = inputs.state.element_size()
+    return all(n % 16 == 0 for n in (inputs.state.data_ptr(), inputs.slot_stride * size, inputs.K * size))
 
 
 def multiprocessors(device: torch.device) -> int:
