@@ -367,14 +367,14 @@ case ${1:-} in
     TAIL=3 step racecheck 90 $ON_GPU compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
     pack
     ;;
-  tma)  # (a bare two-GPU box will do) the state moved by TMA (tma=1: one program per tile, or persistent
-    # programs pipelined 3-5 deep) against the table at the bandwidth points of the targets preset:
-    # bf16 on GPU 0; compute-sanitizer on every kernel form, then fp32, on GPU 1
-    VARIANTS="tma=1,BV=16,num_warps=4,programs_per_sm=0,num_stages=1;tma=1,BV=32,num_warps=4,programs_per_sm=0,num_stages=1"
-    VARIANTS="$VARIANTS;tma=1,BV=16,num_warps=4,programs_per_sm=4,num_stages=3;tma=1,BV=16,num_warps=4,programs_per_sm=4,num_stages=5"
-    VARIANTS="$VARIANTS;tma=1,BV=32,num_warps=4,programs_per_sm=4,num_stages=4;tma=1,BV=16,num_warps=2,programs_per_sm=8,num_stages=4"
-    VARIANTS="$VARIANTS;tma=1,BV=64,num_warps=8,programs_per_sm=2,num_stages=4;tma=1,BV=8,num_warps=1,programs_per_sm=16,num_stages=4"
-    TUNE="python3 scripts/triton_tune.py --value-heads 16,32,64 --head-dims 128x128,64x64 --batches 64,256"
+  tma)  # (a bare two-GPU box will do) the state read by TMA (tma=1: one program per tile, or persistent
+    # programs pipelined 4-5 deep) against the table at every batch of the targets preset: bf16 on
+    # GPU 0; compute-sanitizer on every kernel form, then fp32, on GPU 1
+    VARIANTS="tma=1,BV=16,num_warps=4,programs_per_sm=0,num_stages=1;tma=1,BV=8,num_warps=1,programs_per_sm=0,num_stages=1"
+    VARIANTS="$VARIANTS;tma=1,BV=16,num_warps=1,programs_per_sm=0,num_stages=1;tma=1,BV=8,num_warps=1,programs_per_sm=16,num_stages=4"
+    VARIANTS="$VARIANTS;tma=1,BV=8,num_warps=1,programs_per_sm=8,num_stages=5;tma=1,BV=16,num_warps=2,programs_per_sm=8,num_stages=4"
+    VARIANTS="$VARIANTS;tma=1,BV=16,num_warps=1,programs_per_sm=8,num_stages=4;tma=1,BV=32,num_warps=4,programs_per_sm=4,num_stages=4"
+    TUNE="python3 scripts/triton_tune.py --value-heads 16,32,64 --head-dims 128x128,64x64 --batches 1,16,64,256"
     ( export CUDA_VISIBLE_DEVICES=1
       TAIL=20 step memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
       TAIL=3 step racecheck 100 compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py

@@ -31,9 +31,9 @@ from kda_impls.impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
 # programs per head, each walking four 16-row tiles), the head counts compiled in (the other
 # configs pass them at run time), the state loaded before the small inputs or between their loads
 # and the gate (the other one-tile configs load it after the gate), the stored tile widened
-# twice (alone, and with sub-tiles under a register cap), and the state moved by TMA (one program per
+# twice (alone, and with sub-tiles under a register cap), and the state read by TMA (one program per
 # tile; pipelined three deep over min(48, SMs) persistent programs: the -1 rows' boxes lie outside
-# the pool, where TMA must read zeros and write nothing).
+# the pool, where TMA must read zeros and touch no memory).
 CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_warps=4, num_stages=2),
            TileConfig(BV=16, num_warps=1, programs_per_sm=1), TileConfig(BV=16, num_warps=1, subtiles=4),
            TileConfig(BV=16, num_warps=2, const_heads=1), TileConfig(BV=16, num_warps=2, state_first=1),

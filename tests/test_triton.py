@@ -110,7 +110,7 @@ def test_forced_tile_configs(config):
 # look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs than tiles), the
 # stored tile widened twice (alone; with sub-tiles, a head group and a register cap), the state
 # loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head group), and
-# the state moved by TMA (one program per tile; three programs pipelined three deep, a tail; one program
+# the state read by TMA (one program per tile; three programs pipelined three deep, a tail; one program
 # walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the pointer form).
 FORMS = [
     TileConfig(BV=8, num_warps=1, const_heads=1),
@@ -189,7 +189,7 @@ def test_forms_shape_the_grid():
     # the TMA form: one program per tile, or programs_per_sm of them; the pool as [N, HV * V, K] boxes
     kernel, grid, args, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, num_stages=3, tma=1))
     assert kernel is _kda_decode_tma_kernel and grid == (3 * 4 * 32 // 8,) and meta["NUM_STAGES"] == 3
-    boxes = args[7]
+    boxes = args[8]
     assert boxes.base is inputs.state and boxes.shape == [inputs.N, 4 * 32, 32] and boxes.block_shape == [1, 8, 32]
     assert boxes.strides == [inputs.slot_stride, 32, 1]
     _, grid, _, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5, tma=1))

@@ -266,19 +266,21 @@ def _kda_decode_persistent_kernel(
 
 @triton.jit
 def _kda_decode_tma_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_desc, slots_ptr, out_ptr,
-    scale, n_tiles, HV: tl.constexpr, GROUP: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, state_desc, slots_ptr, out_ptr,
+    slot_stride, scale, n_tiles, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NUM_STAGES: tl.constexpr,
     L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
-    """The one-token step with the state moved by TMA: program p takes work tiles p, p + G, ...
+    """The one-token step with the state read by TMA: program p takes work tiles p, p + G, ...
     (G programs; one tile each when G is the tile count), and the compiler's software pipeline
     (``NUM_STAGES`` deep) keeps the coming tiles' slots and state tiles in flight while one
     computes: the state lands in shared memory, so the bytes in flight cost no registers, unlike
     the persistent form's register look-ahead. ``state_desc`` views the pool as ``[N, HV * V, K]``
-    with the pool's slot stride, so a tile is one box at ``(slot, hv * V + v0, 0)``. A -1 row's
-    box lies outside the pool: the TMA unit reads it as zeros and drops its store, so padding rows
-    need no mask and move no state."""
+    with the pool's slot stride, so a tile is one box at ``(slot, hv * V + v0, 0)``; a -1 row's box
+    lies outside the pool, which TMA reads as zeros without touching memory. The new tile is
+    stored through pointers, not by TMA: a TMA store keeps its program alive until the write has
+    landed (the first form did, and ran at 42-75% of copy where the pointer kernel runs at 82-90%:
+    docs/perf-notes.md), where a global store is fire-and-forget."""
     V_TILES: tl.constexpr = V // BV
     H: tl.constexpr = HV // GROUP
     offs_k = tl.arange(0, K)
@@ -301,7 +303,10 @@ def _kda_decode_tma_kernel(
         v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
         q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
         S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
-        state_desc.store(box, S.to(state_desc.dtype).reshape(1, BV, K))
+        live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0  # see _kda_decode_kernel
+        tile_state = (state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
+                      + offs_v[:, None] * K + offs_k[None, :])
+        tl.store(tile_state, S.to(state_ptr.dtype.element_ty), mask=live, eviction_policy="evict_first")
         tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
 
 
@@ -386,8 +391,8 @@ class TileConfig:
     the gate is computed while the state is in flight); sub-tiles load the state before the gate (1
     unless 2 is asked for), the persistent form and the multi-token kernel first (``fitted`` sets 1
     there); ``rewiden``: 1 widens the stored tile to fp32 twice (:func:`_delta_rule_rewidened`), 0
-    once; ``maxnreg``: a cap on registers per thread for ptxas (0: none); ``tma``: 1 moves the state
-    by TMA through shared memory (:func:`_kda_decode_tma_kernel`: one-token steps, single heads, the
+    once; ``maxnreg``: a cap on registers per thread for ptxas (0: none); ``tma``: 1 reads the state
+    by TMA into shared memory, storing it through pointers (:func:`_kda_decode_tma_kernel`: one-token steps, single heads, the
     loop ``num_stages`` deep, one program per tile or ``programs_per_sm`` of them walking the
     tiles), on a pool whose base and slot stride TMA can address (16-byte multiples; another pool
     runs the same tile through pointers: :func:`tma_addressable`)."""
@@ -607,7 +612,7 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
         programs = min(n_tiles, config.programs_per_sm * multiprocessors(inputs.device)) or n_tiles
         boxes = TensorDescriptor(inputs.state, shape=[inputs.N, inputs.HV * inputs.V, inputs.K],
                                  strides=[inputs.slot_stride, inputs.K, 1], block_shape=[1, config.BV, inputs.K])
-        return (_kda_decode_tma_kernel, (programs,), (*pool[:7], boxes, inputs.slots, out, inputs.effective_scale, n_tiles),
+        return (_kda_decode_tma_kernel, (programs,), (*pool[:8], boxes, inputs.slots, out, *scalars, n_tiles),
                 meta | dict(NUM_STAGES=config.num_stages))
     if inputs.T == 1 and config.programs_per_sm:
         n_tiles = grid[0]
