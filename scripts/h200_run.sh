@@ -385,6 +385,24 @@ case ${1:-} in
     wait; cat "$LOGS/gpu1.summary"
     pack
     ;;
+  slots-ahead)  # (a bare two-GPU box will do) the persistent form looking ahead only at the slots
+    # (lookahead=0: each tile's loads issued in its turn, its slot loaded before) against the table at
+    # B = 16-256 of every targets shape: bf16 on GPU 0; compute-sanitizer, then fp32, on GPU 1
+    VARIANTS="lookahead=0,BV=8,num_warps=1,programs_per_sm=8;lookahead=0,BV=8,num_warps=1,programs_per_sm=16"
+    VARIANTS="$VARIANTS;lookahead=0,BV=8,num_warps=1,programs_per_sm=32;lookahead=0,BV=16,num_warps=1,programs_per_sm=8"
+    VARIANTS="$VARIANTS;lookahead=0,BV=16,num_warps=1,programs_per_sm=16;lookahead=0,BV=16,num_warps=2,programs_per_sm=8"
+    VARIANTS="$VARIANTS;lookahead=0,BV=32,num_warps=1,programs_per_sm=8;lookahead=0,BV=4,num_warps=1,programs_per_sm=32"
+    TUNE="python3 scripts/triton_tune.py --value-heads 16,32,64 --head-dims 128x128,64x64 --batches 16,64,256"
+    ( export CUDA_VISIBLE_DEVICES=1
+      TAIL=3 step memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+      TAIL=3 step racecheck 100 compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+      TAIL=4 step tune-slots-ahead-fp32 340 $TUNE --state-dtypes float32 --budget-s 300 --over-table "$VARIANTS" \
+        --out "$RES/triton-tune-slots-ahead/fp32/triton_tune.csv" ) > "$LOGS/gpu1.summary" 2>&1 &
+    TAIL=4 step tune-slots-ahead-bf16 540 $ON_GPU $TUNE --state-dtypes bfloat16 --budget-s 500 --over-table "$VARIANTS" \
+      --out "$RES/triton-tune-slots-ahead/bf16/triton_tune.csv"
+    wait; cat "$LOGS/gpu1.summary"
+    pack
+    ;;
   tune-order)  # (a bare box will do) at B = 1 and 16, the table against the state load in each of its
     # three places (state_first 0/1/2), re-widened, and on two B = 1 tiles, at every targets shape
     TAIL=4 step tune-order 300 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-order/triton_tune.csv" \

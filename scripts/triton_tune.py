@@ -100,7 +100,9 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
     program, the next tile's load in flight); the plain tiles of one-token steps also with the head counts
     compiled in (``const_heads``), and with the state loaded before the small inputs
     (``state_first=1``, the order sub-tiles brought), and each of those one-tile configs with the
-    stored tile widened twice (``rewiden=1``: fewer registers, more instructions). Multi-token steps
+    stored tile widened twice (``rewiden=1``: fewer registers, more instructions), and the state read
+    by TMA (``tma=1``, 1-4 KiB tiles: one program per tile, or 8 programs per SM pipelined four deep;
+    slower on the H200 at every bf16 point, level at fp32 B = 256: docs/perf-notes.md). Multi-token steps
     carry the tile through T tokens, so their set leans to small tiles."""
     per_thread = (32, 64, 128) if B <= 16 or T > 1 else (64, 128, 256)
     tiles = (1024, 2048, 4096, 8192) if T > 1 else (2048, 4096, 8192, 16384)
@@ -124,6 +126,10 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
         for tile in (1024, 2048, 4096):
             BV, num_warps = tile_shape(K, V, element_size, tile)
             configs += [TileConfig(BV=BV, num_warps=num_warps, programs_per_sm=n) for n in (4, 8, 16)]
+        for tile in (1024, 2048, 4096):  # the state read by TMA into shared memory
+            BV, num_warps = tile_shape(K, V, element_size, tile)
+            configs += [TileConfig(BV=BV, num_warps=num_warps, tma=1),
+                        TileConfig(BV=BV, num_warps=num_warps, programs_per_sm=8, num_stages=4, tma=1)]
         for tile in (1024, 2048, 4096):  # sub-tiles: 1-4 KiB tiles, the gate once per 2-16 of them
             BV, num_warps = tile_shape(K, V, element_size, tile)
             configs += [TileConfig(BV=BV, num_warps=num_warps, subtiles=n) for n in (2, 4, 8, 16)]

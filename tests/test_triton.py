@@ -110,6 +110,7 @@ def test_forced_tile_configs(config):
 # look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs than tiles), the
 # stored tile widened twice (alone; with sub-tiles, a head group and a register cap), the state
 # loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head group), and
+# the persistent grid with only the slots looked ahead (one program walking every tile; three programs),
 # the state read by TMA (one program per tile; three programs pipelined three deep, a tail; one program
 # walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the pointer form).
 FORMS = [
@@ -126,6 +127,8 @@ FORMS = [
     TileConfig(BV=8, num_warps=1, state_first=2),
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, state_first=2),
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, state_first=1, rewiden=1, maxnreg=96),
+    TileConfig(BV=8, num_warps=1, programs_per_sm=1, lookahead=0),
+    TileConfig(BV=16, num_warps=2, programs_per_sm=3, lookahead=0),
     TileConfig(BV=8, num_warps=1, tma=1),
     TileConfig(BV=16, num_warps=2, num_stages=3, programs_per_sm=3, tma=1),
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, programs_per_sm=64, subtiles=2, rewiden=1, tma=1),
@@ -169,6 +172,11 @@ def test_forms_are_fitted_to_the_shape():
     assert tma.fitted(4, 32) == TileConfig(BV=8, num_warps=1, num_stages=3, programs_per_sm=4, const_heads=1,
                                            state_first=1, tma=1)
     assert tma.fitted(4, 32, T=2).tma == 0
+    # lookahead is the persistent pointer form's alone: the default anywhere else
+    slots_ahead = replace(runtime_heads, programs_per_sm=4, lookahead=0)
+    assert slots_ahead.fitted(4, 32).lookahead == 0
+    assert replace(slots_ahead, programs_per_sm=0).fitted(4, 32) == runtime_heads
+    assert replace(slots_ahead, tma=1).fitted(4, 32).lookahead == 1 and slots_ahead.fitted(4, 32, T=2).lookahead == 1
 
 
 def test_forms_shape_the_grid():
@@ -184,6 +192,8 @@ def test_forms_shape_the_grid():
     kernel, grid, args, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5))
     assert kernel is _kda_decode_persistent_kernel and grid == (5 * multiprocessors(inputs.device),)
     assert args[-1] == 3 * 4 * 32 // 8  # n_tiles
+    assert kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5))[3]["LOOKAHEAD"] == 1
+    assert kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5, lookahead=0))[3]["LOOKAHEAD"] == 0
     _, grid, _, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=64))
     assert grid == (3 * 4 * 32 // 8,)  # never more programs than tiles
     # the TMA form: one program per tile, or programs_per_sm of them; the pool as [N, HV * V, K] boxes
@@ -358,7 +368,7 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     exec(table_path.read_text(), namespace)
     # every field named, as the kernel runs the entry: a run from before const_heads measured the head
     # counts at run time (the default), and the multi-token kernel compiles them in
-    tail, end = "programs_per_sm=0,subtiles=1", "rewiden=0,maxnreg=0,tma=0"
+    tail, end = "programs_per_sm=0,subtiles=1", "rewiden=0,maxnreg=0,tma=0,lookahead=1"
     assert namespace["TABLE"] == {
         ("bfloat16", 32, 128, 128, 64, 1):
             f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0,state_first=0,{end}",
@@ -371,7 +381,7 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     assert triton_tune.write_table([f"{csv_path}:state_first=1", multi_path], table_path) == 0
     exec(table_path.read_text(), namespace)
     for key, heads in (((32, 128, 128, 64, 1), 0), ((32, 128, 128, 64, 4), 1)):
-        assert namespace["TABLE"][("bfloat16", *key)].endswith(f"const_heads={heads},state_first=1,rewiden=0,maxnreg=0,tma=0")
+        assert namespace["TABLE"][("bfloat16", *key)].endswith(f"const_heads={heads},state_first=1,rewiden=0,maxnreg=0,tma=0,lookahead=1")
     with pytest.raises(ValueError, match="--write-table"):
         triton_tune.write_table([f"{csv_path}:state_first=3"], table_path)
 
@@ -442,6 +452,17 @@ def test_tma_form_moves_the_state_by_tma_and_pipelines_its_loop():
         pytest.skip("no cuobjdump beside this Triton")
     assert (pointers[-3], tma[-3], pipelined[-3]) == ("0", "1", "2"), (pointers, tma, pipelined)
     assert pointers[-2] != "None" and tma[-2] == pipelined[-2] == "None"  # no 16-byte global load
+
+
+def test_persistent_form_without_the_tile_look_ahead_compiles_to_its_own_code():
+    """lookahead=0 keeps no next tile in registers: the persistent 8-row bf16 tile compiles to other
+    code, on no more registers than with the look-ahead (82 and 80 under Triton 3.9; fails if the
+    field is ignored)."""
+    ahead, slots_only = offline_sm90("BV=8,num_warps=1,programs_per_sm=8;BV=8,num_warps=1,programs_per_sm=8,lookahead=0",
+                                     32, 128)
+    assert int(slots_only[3]) <= int(ahead[3]), (ahead, slots_only)
+    if ahead[-1] != "None":  # a SASS digest, where cuobjdump is beside this Triton
+        assert slots_only[-1] != ahead[-1], (ahead, slots_only)
 
 
 def test_register_cap_and_rewiden_reach_ptxas():
@@ -555,6 +576,7 @@ def test_tune_over_table_times_the_tabled_config_and_its_variants():
                        tabled: "table"}
     full = triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 1)
     assert any(c.rewiden for c in full) and tabled in full  # the full set has the form too
+    assert any(c.tma and c.programs_per_sm for c in full) and any(c.tma and not c.programs_per_sm for c in full)
     # multi-token steps have no re-widened form
     assert not any(c.rewiden for c in triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 4, ("rewiden=1",)))
 

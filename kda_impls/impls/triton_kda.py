@@ -227,29 +227,38 @@ def _tile_slot(slots_ptr, tile, n_tiles, HV, V_TILES: tl.constexpr):
 def _kda_decode_persistent_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, scale, n_tiles, HV: tl.constexpr, GROUP: tl.constexpr,
-    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, LOOKAHEAD: tl.constexpr,
     L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     """The one-token step on a persistent grid: program p takes work tiles p, p + G, p + 2G, ...
-    (G programs), and while it computes one tile the next tile's loads are in flight, held in
-    registers in the state's own dtype (bf16 costs half the registers of its fp32 widening), and
-    the slot of the tile after that is loaded: each program keeps one tile of state in flight
-    behind the one it computes, without shared memory or cp.async."""
+    (G programs), and the slots of the tiles ahead are loaded before they are needed, so no tile's
+    state load waits on its slot. With ``LOOKAHEAD`` the next tile's loads are in flight too while
+    one computes, held in registers in the state's own dtype (bf16 costs half the registers of its
+    fp32 widening): one tile of state in flight behind the one in use, without shared memory or
+    cp.async. Without it each tile's loads are issued when its turn comes, as in the
+    one-program-per-tile kernel, but with the slot already in hand (the dependent load the memory
+    ceiling found costing 1-3 points of copy at B = 256: docs/perf-notes.md)."""
     V_TILES: tl.constexpr = V // BV
     pid = tl.program_id(0)
     step = tl.num_programs(0)
     offs_k = tl.arange(0, K)
     offs_bv = tl.arange(0, BV)
     slot = _tile_slot(slots_ptr, pid, n_tiles, HV, V_TILES)
-    ahead = _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, pid, slot, n_tiles,
-                       slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV)
+    if LOOKAHEAD:
+        ahead = _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, pid, slot, n_tiles,
+                           slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV)
     next_slot = _tile_slot(slots_ptr, pid + step, n_tiles, HV, V_TILES)
     for tile in range(pid, n_tiles, step):
-        S, q, k, a, dt_bias, A_log, beta_logit, v = ahead
+        if LOOKAHEAD:
+            S, q, k, a, dt_bias, A_log, beta_logit, v = ahead
+            # Issued before this tile's stores, which the compiler may not move loads past.
+            ahead = _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, tile + step,
+                               next_slot, n_tiles, slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV)
+        else:
+            S, q, k, a, dt_bias, A_log, beta_logit, v = _load_tile(
+                q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, tile, slot, n_tiles,
+                slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV)
         tile_slot = slot
-        # Issued before this tile's stores, which the compiler may not move loads past.
-        ahead = _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, tile + step,
-                           next_slot, n_tiles, slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV)
         slot = next_slot
         next_slot = _tile_slot(slots_ptr, tile + 2 * step, n_tiles, HV, V_TILES)
         row_hv = tl.cast(tile // V_TILES, tl.int64)  # a Python int under the interpreter: no .to()
@@ -395,7 +404,9 @@ class TileConfig:
     by TMA into shared memory, storing it through pointers (:func:`_kda_decode_tma_kernel`: one-token steps, single heads, the
     loop ``num_stages`` deep, one program per tile or ``programs_per_sm`` of them walking the
     tiles), on a pool whose base and slot stride TMA can address (16-byte multiples; another pool
-    runs the same tile through pointers: :func:`tma_addressable`)."""
+    runs the same tile through pointers: :func:`tma_addressable`); ``lookahead``: the persistent
+    form's, 1 the next tile's loads in flight in registers, 0 only the coming tiles' slots (each
+    tile's loads issued in its turn, never waiting on its slot)."""
 
     BV: int
     heads: int = 1
@@ -408,6 +419,7 @@ class TileConfig:
     rewiden: int = 0
     maxnreg: int = 0
     tma: int = 0
+    lookahead: int = 1
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -454,6 +466,8 @@ class TileConfig:
             raise ValueError(f"{source}: rewiden must be 0 or 1; got {self.rewiden}")
         if self.tma not in (0, 1):
             raise ValueError(f"{source}: tma must be 0 or 1; got {self.tma}")
+        if self.lookahead not in (0, 1):
+            raise ValueError(f"{source}: lookahead must be 0 or 1; got {self.lookahead}")
         if self.maxnreg and not (self.maxnreg % 8 == 0 and 24 <= self.maxnreg <= 255):
             raise ValueError(f"{source}: maxnreg must be 0 (no cap) or a multiple of 8 in 24..255; "
                              f"got {self.maxnreg}")
@@ -463,9 +477,11 @@ class TileConfig:
         more sub-tiles than V holds; the persistent form walks single heads whole tiles, and it,
         sub-tiles, runtime head counts and the state load's place exist for one-token steps only
         (T > 1 drops them; the persistent form compiles the head counts in; sub-tiles load the
-        state first). The TMA form walks single heads whole tiles too, its loop ``num_stages`` deep."""
+        state first). The TMA form walks single heads whole tiles too, its loop ``num_stages`` deep.
+        ``lookahead`` is the persistent pointer form's alone (the default elsewhere)."""
         BV = min(self.BV, V)
-        fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV))
+        fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV),
+                         lookahead=self.lookahead if self.programs_per_sm and not self.tma and T == 1 else 1)
         if T > 1:
             return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1, rewiden=0, tma=0)
         if fitted.tma:
@@ -617,7 +633,8 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
     if inputs.T == 1 and config.programs_per_sm:
         n_tiles = grid[0]
         programs = min(n_tiles, config.programs_per_sm * multiprocessors(inputs.device))
-        return _kda_decode_persistent_kernel, (programs,), (*pool, out, *scalars, n_tiles), meta
+        return _kda_decode_persistent_kernel, (programs,), (*pool, out, *scalars, n_tiles), meta | dict(
+            LOOKAHEAD=config.lookahead)
     meta |= dict(HEADS=config.heads, NUM_STAGES=config.num_stages)
     if inputs.T == 1:
         heads = (meta.pop("HV"), meta.pop("GROUP"))
