@@ -35,7 +35,9 @@ loaded the state first, before the field existed. The committed table:
         results/h200/triton-tune-multitoken/triton_tune.csv results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1 \
         --state-order results/h200/state-order/table results/h200/state-order/first \
         --over-table-runs results/h200/triton-tune-rewiden/triton_tune.csv \
-        results/h200/triton-tune-order/triton_tune.csv
+        results/h200/triton-tune-order/triton_tune.csv results/h200/triton-tune-tma/bf16/triton_tune.csv \
+        results/h200/triton-tune-tma/fp32/triton_tune.csv results/h200/triton-tune-slots-ahead/bf16/triton_tune.csv \
+        results/h200/triton-tune-slots-ahead/fp32/triton_tune.csv
 
 ``--state-order TABLED FIRST``: where two sweeps of the ``targets`` preset (the table as it ran,
 and every entry with its state loaded first) time an entry more than 1% apart, the entry takes
