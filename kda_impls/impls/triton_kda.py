@@ -287,9 +287,9 @@ def _kda_decode_tma_kernel(
     the persistent form's register look-ahead. ``state_desc`` views the pool as ``[N, HV * V, K]``
     with the pool's slot stride, so a tile is one box at ``(slot, hv * V + v0, 0)``; a -1 row's box
     lies outside the pool, which TMA reads as zeros without touching memory. The new tile is
-    stored through pointers, not by TMA: a TMA store keeps its program alive until the write has
-    landed (the first form did, and ran at 42-75% of copy where the pointer kernel runs at 82-90%:
-    docs/perf-notes.md), where a global store is fire-and-forget."""
+    stored through pointers, masked on -1 rows: the first form stored it by TMA too, which was no
+    faster and faulted (an illegal instruction under memcheck) at a -1 row's box
+    (docs/perf-notes.md, "The state read by TMA")."""
     V_TILES: tl.constexpr = V // BV
     H: tl.constexpr = HV // GROUP
     offs_k = tl.arange(0, K)
