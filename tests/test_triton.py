@@ -520,7 +520,9 @@ def test_config_override_reaches_the_compiled_kernel(monkeypatch):
     inputs = make_inputs(16, 32, 32, 128, 128, slot_pad=64, pad_rows=2, n_slots=20, device="cuda", seed=8)
     monkeypatch.setenv(CONFIG_ENV, "BV=16,heads=2,num_warps=2,num_stages=2")
     config = TritonKDA().config_for(inputs)
-    assert config == TileConfig(BV=16, heads=2, num_warps=2, num_stages=2)
+    # the fields named replace the table's entry's; the others (its state order) stay
+    tabled = choose_config(inputs.state.dtype, 32, 128, 128, 16)
+    assert config == replace(tabled, BV=16, heads=2, num_warps=2, num_stages=2).fitted(32, 128)
     out = torch.empty(16, 32, 128, dtype=inputs.v.dtype, device="cuda")
     assert compile_kernel(inputs, out, config).metadata.num_warps == 2
     verdict = verify(TritonKDA(), inputs)
