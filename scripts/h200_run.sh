@@ -403,6 +403,13 @@ case ${1:-} in
     wait; cat "$LOGS/gpu1.summary"
     pack
     ;;
+  placement-noise)  # (a bare box will do) our kernel's placement spread against the timer's own: the rows
+    # of targets-8068b63 that missed the 2% target, one that met it and the slow-first-placement row,
+    # each on 27 fresh placements and 27 times on one placement
+    TAIL=16 step placement-noise 500 $ON_GPU python3 scripts/placement_noise.py --out "$RES/placement-noise" --rows \
+      bfloat16:16:128:16,bfloat16:32:128:16,bfloat16:32:128:64,bfloat16:64:128:16,bfloat16:64:128:64,float32:32:64:16,bfloat16:64:64:256,bfloat16:32:128:256,bfloat16:64:128:256
+    pack
+    ;;
   tune-order)  # (a bare box will do) at B = 1 and 16, the table against the state load in each of its
     # three places (state_first 0/1/2), re-widened, and on two B = 1 tiles, at every targets shape
     TAIL=4 step tune-order 300 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-order/triton_tune.csv" \
