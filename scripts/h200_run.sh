@@ -406,7 +406,7 @@ case ${1:-} in
   placement-noise)  # (a bare box will do) our kernel's placement spread against the timer's own: the rows
     # of targets-8068b63 that missed the 2% target, one that met it and the slow-first-placement row,
     # each on 27 fresh placements and 27 times on one placement
-    TAIL=16 step placement-noise 500 $ON_GPU python3 scripts/placement_noise.py --out "$RES/placement-noise" --rows \
+    TAIL=16 step placement-noise 500 $ON_GPU python3 scripts/placement_noise.py --settle 2 --out "$RES/placement-noise" --rows \
       bfloat16:16:128:16,bfloat16:32:128:16,bfloat16:32:128:64,bfloat16:64:128:16,bfloat16:64:128:64,float32:32:64:16,bfloat16:64:64:256,bfloat16:32:128:256,bfloat16:64:128:256
     pack
     ;;

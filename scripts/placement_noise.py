@@ -11,6 +11,11 @@ A row is ``STATE_DTYPE:HV:K:B`` (H = HV, V = K). Writes ``placement_noise.csv`` 
 the coefficient of variation, and Levene's test (scipy) of whether the fresh placements' medians
 vary more than the repeats on one placement do. Where they do not, a spread over the 2% target is
 the timer's resolution at that many medians, not where the pool landed.
+
+The repeats start ``--settle`` seconds after the fresh placements have handed their memory back: in
+the first run (``results/h200/placement-noise-537269b/``, no idle) the first 1-6 repeats of the
+largest rows ran 8-9% slower on the very memory the later ones ran on (docs/timing.md, "Method 4":
+the slow first placement follows a large hand-back of memory, not the placement).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,14 +81,16 @@ def same_medians(cfg: Config, device, n: int, share: Budget, method: Method) -> 
     return [_time_placement(launchers, device, share, entry).placement_medians[0] for _ in range(n)]
 
 
-def study(rows, impls, device, n: int, method: Method) -> pd.DataFrame:
-    """One line per (impl, row, mode, index): the median (us)."""
+def study(rows, impls, device, n: int, method: Method, settle_s: float = 0.0) -> pd.DataFrame:
+    """One line per (impl, row, mode, index): the median (us); ``settle_s`` idle before the repeats."""
     share = placement_share(method)
     records = []
     for impl in impls:
         for dtype, HV, K, B in rows:
             cfg = Config(impl, B, HV, HV, K, K, state_dtype=dtype, layout=PoolLayout(placements=3))
             for mode, timer in zip(MODES, (fresh_medians, same_medians)):
+                if mode == "same":
+                    time.sleep(settle_s)
                 for index, median in enumerate(timer(cfg, device, n, share, method)):
                     records.append(dict(impl=impl, state_dtype=dtype, HV=HV, K=K, B=B, mode=mode, index=index,
                                         us=median * 1e6))
@@ -105,10 +113,11 @@ def summary(medians: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
-def report(table: pd.DataFrame, n: int, device_name: str) -> str:
+def report(table: pd.DataFrame, n: int, device_name: str, settle_s: float) -> str:
     return (f"# The placement spread against the timer's own ({device_name})\n\n"
             f"Each row timed on {n} fresh placements (`fresh`, as a sweep times a large row) and {n} times on one "
-            f"placement's memory (`same`), each with a sweep placement's share of the kernel budget; `spread` = "
+            f"placement's memory (`same`, after {settle_s:g} s idle), each with a sweep placement's share of the "
+            f"kernel budget; `spread` = "
             f"max / min - 1 of the medians, `cv` their coefficient of variation, `levene_p` Levene's test of equal "
             f"variances (small: the fresh placements vary more than the timer does).\n\n"
             + table.to_markdown(index=False, floatfmt=".4f") + "\n")
@@ -121,16 +130,18 @@ def main(argv: list[str] | None = None) -> int:
                         default=[parse_row("bfloat16:32:128:16"), parse_row("bfloat16:32:128:256")])
     parser.add_argument("--impls", default="triton", help="registry names, comma-separated")
     parser.add_argument("--placements", type=positive_int, default=27, help="medians per mode (a sweep's large rows: 27)")
+    parser.add_argument("--settle", type=float, default=2.0,
+                        help="seconds idle between the fresh placements' hand-back and the repeats")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, required=True, help="directory for the CSV, the report and meta.json")
     args = parser.parse_args(argv)
     method = Method()
-    medians = study(args.rows, args.impls.split(","), args.device, args.placements, method)
+    medians = study(args.rows, args.impls.split(","), args.device, args.placements, method, args.settle)
     args.out.mkdir(parents=True, exist_ok=True)
     medians.to_csv(args.out / "placement_noise.csv", index=False)
     env = environment(as_device(args.device), args.out, shlex.join(sys.argv))
     (args.out / "meta.json").write_text(json.dumps(env, indent=1, default=str) + "\n")
-    return print_and_save(report(summary(medians), args.placements, env["gpu"]), args.out / "placement_noise.md")
+    return print_and_save(report(summary(medians), args.placements, env["gpu"], args.settle), args.out / "placement_noise.md")
 
 
 if __name__ == "__main__":

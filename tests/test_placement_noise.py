@@ -62,11 +62,19 @@ def test_summary_spread_and_levene_tell_placements_from_the_timer():
 
 def test_the_script_writes_the_medians_the_report_and_meta(tmp_path):
     assert placement_noise.main(["--rows", "float32:2:16:2", "--impls", "naive", "--device", "cpu",
-                                 "--placements", "3", "--out", str(tmp_path)]) == 0
+                                 "--placements", "3", "--settle", "0", "--out", str(tmp_path)]) == 0
     medians = pd.read_csv(tmp_path / "placement_noise.csv")
     assert sorted(medians["mode"].value_counts().items()) == [("fresh", 3), ("same", 3)]
-    assert "levene_p" in (tmp_path / "placement_noise.md").read_text()
+    text = (tmp_path / "placement_noise.md").read_text()
+    assert "levene_p" in text and "after 0 s idle" in text
     assert "placement_noise.py" in json.loads((tmp_path / "meta.json").read_text())["command"]
+
+
+def test_the_repeats_start_after_the_settle(monkeypatch):
+    slept = []
+    monkeypatch.setattr(placement_noise.time, "sleep", slept.append)
+    medians = placement_noise.study([("float32", 2, 16, 2)], ["naive"], "cpu", 2, Method(kernel=TINY), settle_s=1.5)
+    assert slept == [1.5] and list(medians["mode"]) == ["fresh", "fresh", "same", "same"]
 
 
 def test_a_bad_row_is_a_clear_error(capsys):
