@@ -410,6 +410,13 @@ case ${1:-} in
       bfloat16:16:128:16,bfloat16:32:128:16,bfloat16:32:128:64,bfloat16:64:128:16,bfloat16:64:128:64,float32:32:64:16,bfloat16:64:64:256,bfloat16:32:128:256,bfloat16:64:128:256
     pack
     ;;
+  placement-noise-libraries)  # (after part 2 is installed) the same for fla and FlashInfer beside ours at
+    # three of those rows: is a fresh placement's spread ours alone?
+    source /root/gpu-site/env.sh
+    TAIL=12 step placement-noise-libraries 400 $ON_GPU python3 scripts/placement_noise.py --settle 2 \
+      --impls triton,fla,flashinfer --out "$RES/placement-noise-libraries" --rows bfloat16:32:128:16,bfloat16:64:128:16,bfloat16:32:128:64
+    pack
+    ;;
   tune-order)  # (a bare box will do) at B = 1 and 16, the table against the state load in each of its
     # three places (state_first 0/1/2), re-widened, and on two B = 1 tiles, at every targets shape
     TAIL=4 step tune-order 300 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-order/triton_tune.csv" \
