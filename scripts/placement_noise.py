@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """How much of a row's placement spread is the timer's own: a row's medians over N fresh placements,
 as a sweep times a large row, against N medians re-timed on one placement's memory (an A/A: the
-memory does not change between them), each with the share of the kernel budget a sweep gives one
-placement.
+memory does not change between them) and N more on it with the rows' slots shuffled among them
+before each (what a fresh placement changes besides the memory: its inputs draw another slot
+order), each with the share of the kernel budget a sweep gives one placement.
 
     python3 scripts/placement_noise.py --rows bfloat16:32:128:16,bfloat16:32:128:256 --out DIR
 
 A row is ``STATE_DTYPE:HV:K:B`` (H = HV, V = K). Writes ``placement_noise.csv`` (each median) and
 ``placement_noise.md``: per row and mode the spread (max / min - 1, issue 13's placement target),
 the coefficient of variation, and Levene's test (scipy) of whether the fresh placements' medians
-vary more than the repeats on one placement do. Where they do not, a spread over the 2% target is
-the timer's resolution at that many medians, not where the pool landed.
+vary more than the repeats on one placement do (``levene_p``), and of whether the reshuffled slots
+do (``levene_p_slots``). Where neither does, a spread over the 2% target is the timer's resolution
+at that many medians; where only the fresh placements do, it is where the pool landed; where the
+reshuffled slots do too, the order the slots scatter the rows in.
 
 The repeats start ``--settle`` seconds after the fresh placements have handed their memory back: in
 the first run (``results/h200/placement-noise-537269b/``, no idle) the first 1-6 repeats of the
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,7 +45,7 @@ from kda_impls.bench.timing import Budget, _time_placement, as_device, kernel_ti
 from kda_impls.cli import Parser, positive_int, print_and_save  # noqa: E402
 from kda_impls.registry import get  # noqa: E402
 
-MODES = ("fresh", "same")
+MODES = ("fresh", "same", "reslotted")
 
 
 def parse_row(text: str) -> tuple[str, int, int, int]:
@@ -70,15 +74,29 @@ def fresh_medians(cfg: Config, device, n: int, share: Budget, method: Method) ->
     return list(timing.placement_medians)
 
 
-def same_medians(cfg: Config, device, n: int, share: Budget, method: Method) -> list[float]:
+def same_medians(cfg: Config, device, n: int, share: Budget, method: Method, reslot: bool = False) -> list[float]:
     """``n`` medians of one placement: its inputs drawn and bound once (with the input sets the
-    entry state rotates over), then timed ``n`` times with ``share`` of the budget each."""
+    entry state rotates over), then timed ``n`` times with ``share`` of the budget each; with
+    ``reslot`` each time after its rows' slots are shuffled among them in place (the slot order a
+    fresh draw changes, on the same memory)."""
     device = as_device(device)
     first = cfg.make_inputs(device, 1)
     entry, sets = rotation_plan(method.entry, first, device)
     bind = get(cfg.impl).bind
-    launchers = [bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
-    return [_time_placement(launchers, device, share, entry).placement_medians[0] for _ in range(n)]
+    input_sets = [first] + [first.clone() for _ in range(sets - 1)]
+    launchers = [bind(x) for x in input_sets]
+    shuffle = torch.Generator().manual_seed(method.seed)
+    medians = []
+    for _ in range(n):
+        if reslot:
+            for x in input_sets:
+                x.slots.copy_(x.slots[torch.randperm(len(x.slots), generator=shuffle).to(x.slots.device)])
+        medians.append(_time_placement(launchers, device, share, entry).placement_medians[0])
+    return medians
+
+
+def reslotted_medians(cfg: Config, device, n: int, share: Budget, method: Method) -> list[float]:
+    return same_medians(cfg, device, n, share, method, reslot=True)
 
 
 def study(rows, impls, device, n: int, method: Method, settle_s: float = 0.0) -> pd.DataFrame:
@@ -88,8 +106,8 @@ def study(rows, impls, device, n: int, method: Method, settle_s: float = 0.0) ->
     for impl in impls:
         for dtype, HV, K, B in rows:
             cfg = Config(impl, B, HV, HV, K, K, state_dtype=dtype, layout=PoolLayout(placements=3))
-            for mode, timer in zip(MODES, (fresh_medians, same_medians)):
-                if mode == "same":
+            for mode, timer in zip(MODES, (fresh_medians, same_medians, reslotted_medians)):
+                if mode != "fresh":
                     time.sleep(settle_s)
                 for index, median in enumerate(timer(cfg, device, n, share, method)):
                     records.append(dict(impl=impl, state_dtype=dtype, HV=HV, K=K, B=B, mode=mode, index=index,
@@ -99,7 +117,8 @@ def study(rows, impls, device, n: int, method: Method, settle_s: float = 0.0) ->
 
 def summary(medians: pd.DataFrame) -> pd.DataFrame:
     """Per row: each mode's spread (max / min - 1) and coefficient of variation, and Levene's test
-    (median-centred) of equal variances between the modes."""
+    (median-centred) of equal variances, fresh placements and reshuffled slots each against the
+    repeats on one placement."""
     lines = []
     for key, row in medians.groupby(["impl", "state_dtype", "HV", "K", "B"], sort=False):
         by_mode = {mode: row[row["mode"] == mode]["us"].to_numpy() for mode in MODES}
@@ -109,6 +128,7 @@ def summary(medians: pd.DataFrame) -> pd.DataFrame:
             line[f"{mode}_spread"] = float(us.max() / us.min() - 1)
             line[f"{mode}_cv"] = float(np.std(us, ddof=1) / np.mean(us))
         line["levene_p"] = float(stats.levene(by_mode["fresh"], by_mode["same"], center="median").pvalue)
+        line["levene_p_slots"] = float(stats.levene(by_mode["reslotted"], by_mode["same"], center="median").pvalue)
         lines.append(line)
     return pd.DataFrame(lines)
 
@@ -116,10 +136,12 @@ def summary(medians: pd.DataFrame) -> pd.DataFrame:
 def report(table: pd.DataFrame, n: int, device_name: str, settle_s: float) -> str:
     return (f"# The placement spread against the timer's own ({device_name})\n\n"
             f"Each row timed on {n} fresh placements (`fresh`, as a sweep times a large row) and {n} times on one "
-            f"placement's memory (`same`, after {settle_s:g} s idle), each with a sweep placement's share of the "
+            f"placement's memory (`same`, after {settle_s:g} s idle) and {n} times more on it with the rows' slots "
+            f"shuffled among them before each (`reslotted`), each with a sweep placement's share of the "
             f"kernel budget; `spread` = "
             f"max / min - 1 of the medians, `cv` their coefficient of variation, `levene_p` Levene's test of equal "
-            f"variances (small: the fresh placements vary more than the timer does).\n\n"
+            f"variances (small: the fresh placements vary more than the timer does), `levene_p_slots` the same for "
+            f"the reshuffled slots (small: the slot order alone moves the time).\n\n"
             + table.to_markdown(index=False, floatfmt=".4f") + "\n")
 
 

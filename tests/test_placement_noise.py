@@ -40,6 +40,34 @@ def test_fresh_placements_draw_new_inputs_and_the_repeats_one_set(monkeypatch):
     assert len(same) == 4 and drawn == [1]  # one placement, timed four times
 
 
+def test_reslotted_repeats_shuffle_the_slots_in_place_on_one_placement(monkeypatch):
+    """Each repeat runs on the one placement's slots tensor, its values permuted among the rows: the
+    set of slots stays, their order changes, and nothing is drawn anew."""
+    made = []
+    real_make = Config.make_inputs
+
+    def make_inputs(self, device, seed=0, **kw):
+        made.append(real_make(self, device, seed, **kw))
+        return made[-1]
+
+    seen = []
+    real_time = placement_noise._time_placement
+
+    def time_placement(launchers, device, share, entry):
+        seen.append(made[-1].slots.clone())
+        return real_time(launchers, device, share, entry)
+
+    monkeypatch.setattr(Config, "make_inputs", make_inputs)
+    monkeypatch.setattr(placement_noise, "_time_placement", time_placement)
+    cfg = Config("naive", 8, 2, 2, 16, 16, layout=PoolLayout(placements=3))
+    assert len(placement_noise.reslotted_medians(cfg, "cpu", 4, TINY, Method())) == 4 and len(made) == 1
+    assert all(sorted(slots.tolist()) == sorted(seen[0].tolist()) for slots in seen)
+    assert len({tuple(slots.tolist()) for slots in seen}) > 1
+    seen.clear()
+    placement_noise.same_medians(cfg, "cpu", 3, TINY, Method())
+    assert len({tuple(slots.tolist()) for slots in seen}) == 1  # the plain repeats keep the order
+
+
 def test_the_share_is_a_sweep_placements():
     share = placement_noise.placement_share(Method())
     assert share == Method().kernel.share(3)
@@ -48,14 +76,15 @@ def test_the_share_is_a_sweep_placements():
 def test_summary_spread_and_levene_tell_placements_from_the_timer():
     def rows(fresh, same):
         return pd.DataFrame([dict(impl="x", state_dtype="bfloat16", HV=32, K=128, B=16, mode=mode, index=i, us=us)
-                             for mode, values in (("fresh", fresh), ("same", same)) for i, us in enumerate(values)])
+                             for mode, values in (("fresh", fresh), ("same", same), ("reslotted", fresh))
+                             for i, us in enumerate(values)])
 
     timer = [100.0, 100.2, 99.9, 100.1, 100.3, 99.8, 100.0, 100.2, 99.9, 100.1]
     spread_out = [100.0, 105.0, 97.0, 103.0, 98.0, 104.0, 96.0, 102.0, 99.0, 101.0]
     table = placement_noise.summary(rows(spread_out, timer))
     line = table.iloc[0]
     assert line["fresh_spread"] == pytest.approx(105.0 / 96.0 - 1) and line["same_spread"] == pytest.approx(100.3 / 99.8 - 1)
-    assert line["levene_p"] < 0.01  # the fresh placements vary more than the timer
+    assert line["levene_p"] < 0.01 and line["levene_p_slots"] < 0.01  # both vary more than the timer
     alike = placement_noise.summary(rows(timer, list(reversed(timer)))).iloc[0]
     assert alike["levene_p"] > 0.5 and alike["fresh_spread"] == pytest.approx(alike["same_spread"])
 
@@ -64,7 +93,7 @@ def test_the_script_writes_the_medians_the_report_and_meta(tmp_path):
     assert placement_noise.main(["--rows", "float32:2:16:2", "--impls", "naive", "--device", "cpu",
                                  "--placements", "3", "--settle", "0", "--out", str(tmp_path)]) == 0
     medians = pd.read_csv(tmp_path / "placement_noise.csv")
-    assert sorted(medians["mode"].value_counts().items()) == [("fresh", 3), ("same", 3)]
+    assert sorted(medians["mode"].value_counts().items()) == [("fresh", 3), ("reslotted", 3), ("same", 3)]
     text = (tmp_path / "placement_noise.md").read_text()
     assert "levene_p" in text and "after 0 s idle" in text
     assert "placement_noise.py" in json.loads((tmp_path / "meta.json").read_text())["command"]
@@ -74,7 +103,7 @@ def test_the_repeats_start_after_the_settle(monkeypatch):
     slept = []
     monkeypatch.setattr(placement_noise.time, "sleep", slept.append)
     medians = placement_noise.study([("float32", 2, 16, 2)], ["naive"], "cpu", 2, Method(kernel=TINY), settle_s=1.5)
-    assert slept == [1.5] and list(medians["mode"]) == ["fresh", "fresh", "same", "same"]
+    assert slept == [1.5, 1.5] and list(medians["mode"]) == ["fresh"] * 2 + ["same"] * 2 + ["reslotted"] * 2
 
 
 def test_a_bad_row_is_a_clear_error(capsys):
