@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     medians = study(args.rows, args.impls.split(","), args.device, args.placements, method, args.settle)
     args.out.mkdir(parents=True, exist_ok=True)
     medians.to_csv(args.out / "placement_noise.csv", index=False)
-    env = environment(as_device(args.device), args.out, shlex.join(sys.argv))
+    command = shlex.join(["scripts/placement_noise.py", *(sys.argv[1:] if argv is None else argv)])
+    env = environment(as_device(args.device), args.out, command)
     (args.out / "meta.json").write_text(json.dumps(env, indent=1, default=str) + "\n")
     return print_and_save(report(summary(medians), args.placements, env["gpu"], args.settle), args.out / "placement_noise.md")
 
