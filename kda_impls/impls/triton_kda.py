@@ -5,10 +5,12 @@ Each program owns one batch row, a group of ``heads`` consecutive value heads an
 within the program. It reads its state tile once, decays it, applies the delta rule, writes it
 back through ``slots`` and writes the output tile: the state crosses memory exactly twice, which
 is the floor for a memory-bound step. A row whose slot is -1 writes zeros to its output, every
-state access masked off. Two other forms of the one-token step are tile config fields, chosen
+state access masked off. Three other forms of the one-token step are tile config fields, chosen
 per shape by the tuning table: ``subtiles`` (a program walks several ``BV``-row tiles of a head,
-the gate computed once, the next tile's load in flight) and ``programs_per_sm`` (a persistent
-grid walking every tile with a one-tile register look-ahead); ``const_heads`` says
+the gate computed once, the next tile's load in flight), ``programs_per_sm`` (a persistent
+grid walking every tile, with a one-tile register look-ahead or, ``lookahead=0``, only the
+coming tiles' slots loaded ahead) and ``tma`` (the state read by TMA into shared memory, one
+program per tile or persistent, pipelined ``num_stages`` deep); ``const_heads`` says
 whether the head counts are compiled into the one-token kernel (a shorter path to the first load)
 or passed at run time (fewer registers for some tiles), ``state_first`` where a one-tile
 program issues its state load (before the small inputs' loads, between them and the gate, or after
