@@ -123,6 +123,20 @@ analysis() {
   TAIL=3 step estimators 60 python3 scripts/placement_estimators.py "$RES"/published/a{1,2,3} \
     --out "$RES/published/estimators.md"
 }
+over_table_both_gpus() {  # over_table_both_gpus NAME BATCHES VARIANTS: the tabled config against VARIANTS
+  # (--over-table) at BATCHES of every targets shape, into triton-tune-NAME/: bf16 on GPU 0;
+  # compute-sanitizer on every kernel form, then fp32, on GPU 1
+  local name=$1 variants=$3
+  local tune="python3 scripts/triton_tune.py --value-heads 16,32,64 --head-dims 128x128,64x64 --batches $2"
+  ( export CUDA_VISIBLE_DEVICES=1
+    TAIL=3 step memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    TAIL=3 step racecheck 100 compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    TAIL=4 step "tune-$name-fp32" 340 $tune --state-dtypes float32 --budget-s 300 --over-table "$variants" \
+      --out "$RES/triton-tune-$name/fp32/triton_tune.csv" ) > "$LOGS/gpu1.summary" 2>&1 &
+  TAIL=4 step "tune-$name-bf16" 540 $ON_GPU $tune --state-dtypes bfloat16 --budget-s 500 --over-table "$variants" \
+    --out "$RES/triton-tune-$name/bf16/triton_tune.csv"
+  wait; cat "$LOGS/gpu1.summary"
+}
 kimi_cost() {  # what the method costs on the preset with the 60 s target (docs/timing.md, "What it costs")
   TAIL=2 step kimi 420 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset kimi-linear-48b --devices cuda:0 \
     --impls naive,triton,fla,flashinfer ${SWEEP_ARGS:-} --out "$RES/kimi-linear-48b"
@@ -368,39 +382,22 @@ case ${1:-} in
     pack
     ;;
   tma)  # (a bare two-GPU box will do) the state read by TMA (tma=1: one program per tile, or persistent
-    # programs pipelined 4-5 deep) against the table at every batch of the targets preset: bf16 on
-    # GPU 0; compute-sanitizer on every kernel form, then fp32, on GPU 1
+    # programs pipelined 4-5 deep) against the table at every batch of the targets preset
     VARIANTS="tma=1,BV=16,num_warps=4,programs_per_sm=0,num_stages=1;tma=1,BV=8,num_warps=1,programs_per_sm=0,num_stages=1"
     VARIANTS="$VARIANTS;tma=1,BV=16,num_warps=1,programs_per_sm=0,num_stages=1;tma=1,BV=8,num_warps=1,programs_per_sm=16,num_stages=4"
     VARIANTS="$VARIANTS;tma=1,BV=8,num_warps=1,programs_per_sm=8,num_stages=5;tma=1,BV=16,num_warps=2,programs_per_sm=8,num_stages=4"
     VARIANTS="$VARIANTS;tma=1,BV=16,num_warps=1,programs_per_sm=8,num_stages=4;tma=1,BV=32,num_warps=4,programs_per_sm=4,num_stages=4"
-    TUNE="python3 scripts/triton_tune.py --value-heads 16,32,64 --head-dims 128x128,64x64 --batches 1,16,64,256"
-    ( export CUDA_VISIBLE_DEVICES=1
-      TAIL=20 step memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-      TAIL=3 step racecheck 100 compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-      TAIL=4 step tune-tma-fp32 340 $TUNE --state-dtypes float32 --budget-s 300 --over-table "$VARIANTS" \
-        --out "$RES/triton-tune-tma/fp32/triton_tune.csv" ) > "$LOGS/gpu1.summary" 2>&1 &
-    TAIL=4 step tune-tma-bf16 540 $ON_GPU $TUNE --state-dtypes bfloat16 --budget-s 500 --over-table "$VARIANTS" \
-      --out "$RES/triton-tune-tma/bf16/triton_tune.csv"
-    wait; cat "$LOGS/gpu1.summary"
+    over_table_both_gpus tma 1,16,64,256 "$VARIANTS"
     pack
     ;;
   slots-ahead)  # (a bare two-GPU box will do) the persistent form looking ahead only at the slots
     # (lookahead=0: each tile's loads issued in its turn, its slot loaded before) against the table at
-    # B = 16-256 of every targets shape: bf16 on GPU 0; compute-sanitizer, then fp32, on GPU 1
+    # B = 16-256 of every targets shape
     VARIANTS="lookahead=0,BV=8,num_warps=1,programs_per_sm=8;lookahead=0,BV=8,num_warps=1,programs_per_sm=16"
     VARIANTS="$VARIANTS;lookahead=0,BV=8,num_warps=1,programs_per_sm=32;lookahead=0,BV=16,num_warps=1,programs_per_sm=8"
     VARIANTS="$VARIANTS;lookahead=0,BV=16,num_warps=1,programs_per_sm=16;lookahead=0,BV=16,num_warps=2,programs_per_sm=8"
     VARIANTS="$VARIANTS;lookahead=0,BV=32,num_warps=1,programs_per_sm=8;lookahead=0,BV=4,num_warps=1,programs_per_sm=32"
-    TUNE="python3 scripts/triton_tune.py --value-heads 16,32,64 --head-dims 128x128,64x64 --batches 16,64,256"
-    ( export CUDA_VISIBLE_DEVICES=1
-      TAIL=3 step memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-      TAIL=3 step racecheck 100 compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-      TAIL=4 step tune-slots-ahead-fp32 340 $TUNE --state-dtypes float32 --budget-s 300 --over-table "$VARIANTS" \
-        --out "$RES/triton-tune-slots-ahead/fp32/triton_tune.csv" ) > "$LOGS/gpu1.summary" 2>&1 &
-    TAIL=4 step tune-slots-ahead-bf16 540 $ON_GPU $TUNE --state-dtypes bfloat16 --budget-s 500 --over-table "$VARIANTS" \
-      --out "$RES/triton-tune-slots-ahead/bf16/triton_tune.csv"
-    wait; cat "$LOGS/gpu1.summary"
+    over_table_both_gpus slots-ahead 16,64,256 "$VARIANTS"
     pack
     ;;
   placement-noise)  # (a bare box will do) our kernel's placement spread against the timer's own: the rows

@@ -100,6 +100,21 @@ def _delta_rule_rewidened(stored, q, k, v, decay, beta):
 
 
 @triton.jit
+def _load_head_inputs(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, row_h, hv, row_hv, offs_k,
+                      K: tl.constexpr):
+    """One token's small inputs for value head ``hv`` of its row (``row_h``: the row's query-key
+    head, ``row * H + h``; ``row_hv``: ``row * HV + hv``), in the order the kernels issue them: q, k
+    and a widened to fp32, dt_bias, A_log and the beta logit (fp32)."""
+    q = tl.load(q_ptr + row_h * K + offs_k).to(tl.float32)
+    k = tl.load(k_ptr + row_h * K + offs_k).to(tl.float32)
+    a = tl.load(a_ptr + row_hv * K + offs_k).to(tl.float32)
+    dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
+    A_log = tl.load(A_log_ptr + hv)
+    beta_logit = tl.load(b_ptr + row_hv).to(tl.float32)
+    return q, k, a, dt_bias, A_log, beta_logit
+
+
+@triton.jit
 def _program_tile(HV, HEADS: tl.constexpr, V_TILES: tl.constexpr):
     """This program's ``(row, first value head, V-tile)``: the V-tile fastest, then the head group,
     then the row, so neighbouring programs stream neighbouring memory. The row is int64: row * HV * V
@@ -156,12 +171,8 @@ def _kda_decode_kernel(
         # registers (docs/perf-notes.md).
         if STATE_FIRST == 1:
             ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
-        q = tl.load(q_ptr + (row * H + h) * K + offs_k).to(tl.float32)
-        k = tl.load(k_ptr + (row * H + h) * K + offs_k).to(tl.float32)
-        a = tl.load(a_ptr + row_hv * K + offs_k).to(tl.float32)
-        dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
-        A_log = tl.load(A_log_ptr + hv)
-        beta_logit = tl.load(b_ptr + row_hv).to(tl.float32)
+        q, k, a, dt_bias, A_log, beta_logit = _load_head_inputs(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
+                                                                row * H + h, hv, row_hv, offs_k, K)
         if STATE_FIRST == 2:
             ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
         q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
@@ -305,12 +316,8 @@ def _kda_decode_tma_kernel(
         slot = tl.load(slots_ptr + row)
         box = [slot.to(tl.int32), tl.cast(hv * V + tile % V_TILES * BV, tl.int32), 0]
         stored = state_desc.load(box).reshape(BV, K)
-        q = tl.load(q_ptr + (row * H + h) * K + offs_k).to(tl.float32)
-        k = tl.load(k_ptr + (row * H + h) * K + offs_k).to(tl.float32)
-        a = tl.load(a_ptr + row_hv * K + offs_k).to(tl.float32)
-        dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
-        A_log = tl.load(A_log_ptr + hv)
-        beta_logit = tl.load(b_ptr + row_hv).to(tl.float32)
+        q, k, a, dt_bias, A_log, beta_logit = _load_head_inputs(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
+                                                                row * H + h, hv, row_hv, offs_k, K)
         v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
         q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
         S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
