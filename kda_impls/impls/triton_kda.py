@@ -249,8 +249,9 @@ def _kda_decode_persistent_kernel(
     one computes, held in registers in the state's own dtype (bf16 costs half the registers of its
     fp32 widening): one tile of state in flight behind the one in use, without shared memory or
     cp.async. Without it each tile's loads are issued when its turn comes, as in the
-    one-program-per-tile kernel, but with the slot already in hand (the dependent load the memory
-    ceiling found costing 1-3 points of copy at B = 256: docs/perf-notes.md)."""
+    one-program-per-tile kernel, but with the slot already in hand (the dependent load behind part
+    of the 1.3-6.9 points of copy the memory ceiling found the slots cost at B = 256; it was no
+    faster at 34 of 36 tuned points: docs/perf-notes.md, "The slots looked ahead")."""
     V_TILES: tl.constexpr = V // BV
     pid = tl.program_id(0)
     step = tl.num_programs(0)
