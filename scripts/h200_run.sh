@@ -60,6 +60,13 @@
 #   scripts/h200_run.sh tune-multitoken  # then the multi-token shapes; regenerate the table with
 #                                  # --write-table from the CSVs
 #
+# The tenth session's (each a bare box, but the last, which needs part 2 installed):
+#
+#   scripts/h200_run.sh tma        # two GPUs: the TMA form against the table; sanitizers on every form
+#   scripts/h200_run.sh slots-ahead  # the same for the persistent form looking ahead only at the slots
+#   scripts/h200_run.sh placement-noise  # our placement spread against the timer's own (placement_noise.py)
+#   scripts/h200_run.sh placement-noise-libraries  # the same for fla and FlashInfer beside ours
+#
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
