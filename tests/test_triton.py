@@ -220,6 +220,17 @@ def test_tma_runs_only_where_tma_can_address_the_pool(state_dtype, slot_pad, add
     assert (kernel_arguments(inputs, out, config)[0] is _kda_decode_tma_kernel) is addressable
 
 
+def test_tma_runs_only_on_a_pool_whose_base_tma_can_address():
+    """A pool whose base is 8 bytes off a 16-byte boundary (its slot stride fine) runs through pointers."""
+    inputs = make_inputs(2, 2, 4, 32, 32, state_dtype=torch.bfloat16, slot_pad=8, seed=1)
+    storage = torch.zeros(inputs.state.numel() + inputs.slot_stride + 4, dtype=inputs.state.dtype)
+    shifted = storage[4:].as_strided(inputs.state.shape, inputs.state.stride())
+    shifted.copy_(inputs.state)
+    moved = replace(inputs, state=shifted)
+    assert tma_addressable(inputs) and not tma_addressable(moved)
+    assert TritonKDA(TileConfig(BV=8, num_warps=1, tma=1)).config_for(moved).tma == 0
+
+
 @pytest.mark.interpreter
 def test_slot_order_and_scale_are_honoured():
     inputs = runnable(make_inputs(4, 1, 2, 16, 16, state_dtype=torch.float32, n_slots=8, device=DEVICE, seed=4))

@@ -657,10 +657,10 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
 
 def tma_addressable(inputs: DecodeInputs) -> bool:
     """Whether TMA can address the pool as :func:`_kda_decode_tma_kernel` views it: its base and its
-    slot and row strides in bytes multiples of 16 (the contract lets this kernel take any pool, so a
-    tile config asking for TMA runs through pointers on one that is not)."""
-    size = inputs.state.element_size()
-    return all(n % 16 == 0 for n in (inputs.state.data_ptr(), inputs.slot_stride * size, inputs.K * size))
+    slot stride in bytes multiples of 16 (its row stride, K elements of 2 or 4 bytes with K a power of
+    two >= 16, always is). The contract lets this kernel take any pool, so a tile config asking for
+    TMA runs through pointers on one that is not."""
+    return inputs.state.data_ptr() % 16 == 0 and inputs.slot_stride * inputs.state.element_size() % 16 == 0
 
 
 def multiprocessors(device: torch.device) -> int:
