@@ -237,6 +237,18 @@ def _tile_slot(slots_ptr, tile, n_tiles, HV, V_TILES: tl.constexpr):
 
 
 @triton.jit
+def _store_tile(state_ptr, out_ptr, S, o, slot, slot_stride, hv, row_hv, offs_v, offs_k,
+                K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """A work tile's new state stored in place through its slot, and its output rows; a -1 slot
+    stores no state (the mask is a [BV, K] splat: see :func:`_kda_decode_kernel`) and zeros."""
+    live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0
+    tile_state = (state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
+                  + offs_v[:, None] * K + offs_k[None, :])
+    tl.store(tile_state, S.to(state_ptr.dtype.element_ty), mask=live, eviction_policy="evict_first")
+    tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _kda_decode_persistent_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, scale, n_tiles, HV: tl.constexpr, GROUP: tl.constexpr,
@@ -280,11 +292,7 @@ def _kda_decode_persistent_kernel(
         q, k, decay, beta = _token_gate(q.to(tl.float32), k.to(tl.float32), a.to(tl.float32), dt_bias, A_log,
                                         beta_logit.to(tl.float32), scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
         S, o = _delta_rule(S.to(tl.float32), q, k, v.to(tl.float32), decay, beta)
-        live = (tl.zeros([BV, K], dtype=tl.int32) + tile_slot) >= 0
-        head_state = (state_ptr + tl.maximum(tile_slot, 0).to(tl.int64) * slot_stride + row_hv % HV * (V * K)
-                      + offs_v[:, None] * K + offs_k[None, :])
-        tl.store(head_state, S.to(state_ptr.dtype.element_ty), mask=live, eviction_policy="evict_first")
-        tl.store(out_ptr + row_hv * V + offs_v, tl.where(tile_slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+        _store_tile(state_ptr, out_ptr, S, o, tile_slot, slot_stride, row_hv % HV, row_hv, offs_v, offs_k, K, V, BV)
 
 
 @triton.jit
@@ -313,20 +321,17 @@ def _kda_decode_tma_kernel(
         row = row_hv // HV
         hv = row_hv % HV
         h = hv // GROUP
-        offs_v = tile % V_TILES * BV + offs_bv
+        first_v = tile % V_TILES * BV
+        offs_v = first_v + offs_bv
         slot = tl.load(slots_ptr + row)
-        box = [slot.to(tl.int32), tl.cast(hv * V + tile % V_TILES * BV, tl.int32), 0]
+        box = [slot.to(tl.int32), tl.cast(hv * V + first_v, tl.int32), 0]
         stored = state_desc.load(box).reshape(BV, K)
         q, k, a, dt_bias, A_log, beta_logit = _load_head_inputs(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
                                                                 row * H + h, hv, row_hv, offs_k, K)
         v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
         q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
         S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
-        live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0  # see _kda_decode_kernel
-        tile_state = (state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
-                      + offs_v[:, None] * K + offs_k[None, :])
-        tl.store(tile_state, S.to(state_ptr.dtype.element_ty), mask=live, eviction_policy="evict_first")
-        tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
+        _store_tile(state_ptr, out_ptr, S, o, slot, slot_stride, hv, row_hv, offs_v, offs_k, K, V, BV)
 
 
 @triton.jit
