@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kda_impls.bench.config import Config  # noqa: E402
 from kda_impls.bench.cupti import kernels_of, op_busy, replay_durations, step_durations  # noqa: E402
 from kda_impls.bench.results import environment, load, write_meta  # noqa: E402
-from kda_impls.bench.timing import entry_op, rotation_plan  # noqa: E402
+from kda_impls.bench.timing import entry_op, rotation_inputs  # noqa: E402
 from kda_impls.cli import comma_list, positive_int, print_and_save  # noqa: E402
 from kda_impls.registry import get  # noqa: E402
 
@@ -47,8 +47,8 @@ def crosscheck_row(row: dict, device: torch.device, calls: int, seed: int, befor
     cfg = Config.from_columns(row)
     impl = get(cfg.impl)
     first = cfg.make_inputs(device, seed + 1)
-    made, sets = rotation_plan(row["l2_entry"], first, device)
-    launchers = [impl.bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
+    made, input_sets = rotation_inputs(row["l2_entry"], first, device)
+    launchers = [impl.bind(x) for x in input_sets]
     op = entry_op(made, device)
     if op is not None and made not in before_kernels:
         before_kernels[made] = kernels_of(op, device)

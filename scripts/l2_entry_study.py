@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kda_impls.bench.config import Config  # noqa: E402
 from kda_impls.bench.cupti import kernels_of, step_durations  # noqa: E402
 from kda_impls.bench.results import environment, load, write_meta  # noqa: E402
-from kda_impls.bench.timing import entry_op, rotation_plan  # noqa: E402
+from kda_impls.bench.timing import entry_op, rotation_inputs  # noqa: E402
 from kda_impls.registry import get  # noqa: E402
 
 HIDDEN, PROJECTED = 2304, 3 * 32 * 128  # Kimi-Linear-48B-A3B: hidden size; q, k, v of 32 heads of 128
@@ -63,8 +63,8 @@ def study_row(cfg: Config, device, calls: int) -> dict:
     row["decode-layer"] = step_durations([impl.bind(first)], device, calls, before=gemv,
                                          before_kernels=kernels_of(gemv, device))["busy_us"]
     for entry in SYNTHETIC:
-        made, sets = rotation_plan(entry, first, device)
-        launchers = [impl.bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
+        made, input_sets = rotation_inputs(entry, first, device)
+        launchers = [impl.bind(x) for x in input_sets]
         op = entry_op(made, device)
         row[entry] = step_durations(launchers, device, calls, before=op,
                                     before_kernels=kernels_of(op, device) if op else 0)["busy_us"]

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kda_impls.bench.case import Method  # noqa: E402
 from kda_impls.bench.config import Config, PoolLayout  # noqa: E402
 from kda_impls.bench.results import environment  # noqa: E402
-from kda_impls.bench.timing import Budget, _time_placement, as_device, kernel_time, rotation_plan  # noqa: E402
+from kda_impls.bench.timing import Budget, _time_placement, as_device, kernel_time, rotation_inputs  # noqa: E402
 from kda_impls.cli import Parser, positive_int, print_and_save  # noqa: E402
 from kda_impls.registry import get  # noqa: E402
 
@@ -80,11 +80,8 @@ def same_medians(cfg: Config, device, n: int, share: Budget, method: Method, res
     ``reslot`` each time after its rows' slots are shuffled among them in place (the slot order a
     fresh draw changes, on the same memory)."""
     device = as_device(device)
-    first = cfg.make_inputs(device, 1)
-    entry, sets = rotation_plan(method.entry, first, device)
-    bind = get(cfg.impl).bind
-    input_sets = [first] + [first.clone() for _ in range(sets - 1)]
-    launchers = [bind(x) for x in input_sets]
+    entry, input_sets = rotation_inputs(method.entry, cfg.make_inputs(device, 1), device)
+    launchers = [get(cfg.impl).bind(x) for x in input_sets]
     shuffle = torch.Generator().manual_seed(method.seed)
     medians = []
     for _ in range(n):

@@ -532,6 +532,31 @@ def test_every_placement_is_drawn_after_the_cache_is_handed_back(monkeypatch):
     assert events == ["release", "make 0", "release", "make 1", "release", "make 2", "release"]
 
 
+def test_a_freed_placement_holds_nothing_when_its_memory_is_handed_back(monkeypatch):
+    """Without disjoint placements, nothing of a placement (its inputs, their copies, the launchers)
+    is alive at the hand-back after it: the next placement may then land on the memory it used."""
+    import gc
+    import weakref
+
+    made, alive_at_release = [], []
+
+    def release(device, settle_s=0.0):
+        gc.collect()
+        alive_at_release.append([ref() is not None for ref in made])
+
+    monkeypatch.setattr(timing, "release_cache", release)
+    monkeypatch.setattr(timing, "_time_placement",
+                        lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
+
+    def make(placement):
+        inputs = make_inputs(1, 1, 1, 16, 16, seed=placement)
+        made.append(weakref.ref(inputs))
+        return inputs
+
+    kernel_time(make, lambda x: (lambda: x), "cpu", placements=2)
+    assert alive_at_release == [[], [False], [False, False]]
+
+
 def test_every_release_of_a_row_may_settle(monkeypatch):
     """--settle reaches each hand-back of the row: before the first placement, after each, and the
     held placements' at the end (held here although the CPU never holds: the room check says yes)."""

@@ -394,14 +394,14 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
         if placement == 0:
             l2 = l2_bytes(device)  # the CPU's: 0, no cache modelled
             beyond_l2 = l2 > 0 and first.nbytes() > l2
-        made, sets = rotation_plan(entry, first, device)
-        launchers = [bind(x) for x in [first] + [first.clone() for _ in range(sets - 1)]]
+        made, input_sets = rotation_inputs(entry, first, device)
+        sets, launchers = len(input_sets), [bind(x) for x in input_sets]
         measured.append(_time_placement(launchers, device, share, made))
         if disjoint and _room_for_another(device, _reserved(device) - before):
             held.append((first, launchers, spacer))
         else:
             held.clear()
-        del first, launchers, spacer
+        del first, input_sets, launchers, spacer
         release_cache(device, settle_s)
     if held:  # disjoint placements: hand their memory back with the row
         held.clear()
@@ -464,6 +464,13 @@ def call_time(launcher: Launcher, device, budget: Budget = Budget(max_seconds=0.
 def working_set_bytes(inputs: DecodeInputs) -> int:
     """Bytes of the pool's whole span (slots and the padding between them) and every other input."""
     return inputs.pool_span().nbytes + inputs.bytes_besides_pool()
+
+
+def rotation_inputs(entry: str, first: DecodeInputs, device) -> tuple[str, list[DecodeInputs]]:
+    """(the entry state the timers make, the input sets one placement rotates over): ``first`` and
+    the copies of it :func:`rotation_plan` asks for."""
+    made, sets = rotation_plan(entry, first, device)
+    return made, [first] + [first.clone() for _ in range(sets - 1)]
 
 
 def rotation_plan(entry: str, inputs: DecodeInputs, device) -> tuple[str, int]:
