@@ -58,12 +58,6 @@ def parse_row(text: str) -> tuple[str, int, int, int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not STATE_DTYPE:HV:K:B (bfloat16 or float32)") from None
 
 
-def placement_share(method: Method, layout_placements: int = 3) -> Budget:
-    """The kernel budget one placement of a sweep row gets: the method's budget split over the
-    layout's placements (the added placements get the same share: timing.kernel_time)."""
-    return method.kernel.share(layout_placements)
-
-
 def fresh_medians(cfg: Config, device, n: int, share: Budget, method: Method) -> list[float]:
     """``n`` placements as a sweep times them (fresh allocations behind random spacers, held), each
     with ``share`` of the budget (the budget handed to kernel_time is ``share`` times ``n``)."""
@@ -97,12 +91,14 @@ def reslotted_medians(cfg: Config, device, n: int, share: Budget, method: Method
 
 
 def study(rows, impls, device, n: int, method: Method, settle_s: float = 0.0) -> pd.DataFrame:
-    """One line per (impl, row, mode, index): the median (us); ``settle_s`` idle before the repeats."""
-    share = placement_share(method)
+    """One line per (impl, row, mode, index): the median (us); ``settle_s`` idle before the repeats.
+    Each median gets the kernel budget one placement of a sweep row gets: the method's budget split
+    over the layout's placements (an added placement gets the same share: timing.kernel_time)."""
     records = []
     for impl in impls:
         for dtype, HV, K, B in rows:
-            cfg = Config(impl, B, HV, HV, K, K, state_dtype=dtype, layout=PoolLayout(placements=3))
+            cfg = Config(impl, B, HV, HV, K, K, state_dtype=dtype, layout=PoolLayout())
+            share = method.kernel.share(cfg.layout.placements)
             for mode, timer in zip(MODES, (fresh_medians, same_medians, reslotted_medians)):
                 if mode != "fresh":
                     time.sleep(settle_s)

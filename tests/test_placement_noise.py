@@ -68,9 +68,12 @@ def test_reslotted_repeats_shuffle_the_slots_in_place_on_one_placement(monkeypat
     assert len({tuple(slots.tolist()) for slots in seen}) == 1  # the plain repeats keep the order
 
 
-def test_the_share_is_a_sweep_placements():
-    share = placement_noise.placement_share(Method())
-    assert share == Method().kernel.share(3)
+def test_each_median_gets_a_sweep_placements_share_of_the_budget(monkeypatch):
+    shares = []
+    for name in ("fresh_medians", "same_medians", "reslotted_medians"):
+        monkeypatch.setattr(placement_noise, name, lambda cfg, device, n, share, method: shares.append(share) or [1e-6] * n)
+    placement_noise.study([("float32", 2, 16, 2)], ["naive"], "cpu", 2, Method())
+    assert shares == [Method().kernel.share(PoolLayout().placements)] * 3 and PoolLayout().placements == 3
 
 
 def test_summary_spread_and_levene_tell_placements_from_the_timer():
