@@ -16,7 +16,9 @@ Bandwidth counts the state read and written once plus every input and the output
 (DecodeInputs.nbytes), against an in-run 1 GiB device-to-device copy (bytes read + written).
 
 ``--over-table "rewiden=1;rewiden=1,maxnreg=128"`` times, per shape, only the tabled config and the
-tabled config with each of those fields replaced: a new form against the table in minutes.
+tabled config with each of those fields replaced: a new form against the table in minutes. Such a
+run also writes ``over_table.md`` beside its CSV (per shape, the fastest variant against the tabled
+config; ``--over-table-report CSV ...`` writes it again from committed runs).
 
 Writes the CSV (every candidate), a JSON of the environment and the copy bandwidth beside it
 (``.json``), the regenerated ``triton_tuning.py`` beside it, and prints the best per shape.
@@ -54,9 +56,10 @@ import re
 import shlex
 import sys
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -167,7 +170,9 @@ def measure(args) -> int:
     table_out = args.out.with_name("triton_tuning.py")
     table_out.write_text(render_table(rows, meta))
     print_summary(rows)
-    print(f"\nwrote {args.out}, {args.out.with_suffix('.json')}, {table_out} in {meta['wall_s']:.0f} s")
+    report = [write_over_table_report(args.out)] if args.over_table else []
+    print(f"\nwrote {', '.join(map(str, [args.out, args.out.with_suffix('.json'), table_out, *report]))} "
+          f"in {meta['wall_s']:.0f} s")
     failed = [r for r in rows if r["status"] not in ("ok", "skipped: time budget")]
     return 1 if failed else 0
 
@@ -364,6 +369,50 @@ def keep_tabled_unless_faster(rows: list[dict], min_gain: float) -> list[dict]:
     return rows
 
 
+def read_rows(csv_path: Path | str) -> list[dict]:
+    with open(csv_path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def over_table_report(rows: list[dict], source: str) -> str:
+    """A run over the table (``--over-table``), shape by shape: the tabled config's time, the fastest
+    variant's, their ratio (below 1: the variant is faster) and the fields the variant changes; then
+    the ratios' range per state dtype and head dims, and how many variants beat the table by more
+    than OVER_TABLE_MARGIN (what ``--over-table-runs`` takes into the table)."""
+    lines = []
+    for key in sorted({key_of(r) for r in rows}):
+        shape = [r for r in rows if key_of(r) == key and r.get("source") != PADDED_SOURCE and r.get("status") == "ok"]
+        tabled = [r for r in shape if str(r["source"]).startswith("table")]
+        variants = [r for r in shape if r["source"] == "candidate"]
+        if not (tabled and variants):
+            continue
+        best = min(variants, key=lambda r: float(r["us"]))
+        table_config, best_config = (TileConfig.parse(r["config"], TileConfig(BV=key[3])) for r in (tabled[0], best))
+        changed = ",".join(f"{f.name}={getattr(best_config, f.name)}" for f in fields(TileConfig)
+                           if getattr(best_config, f.name) != getattr(table_config, f.name))
+        lines.append(dict(zip(("state_dtype", "HV", "K", "V", "B", "T"), key), table_us=float(tabled[0]["us"]),
+                          best_us=float(best["us"]), ratio=float(best["us"]) / float(tabled[0]["us"]),
+                          best_pct_copy=float(best["pct_copy"]), best_changes=changed or "(the tabled config)"))
+    if not lines:
+        return f"# {source} over the table\n\nNo shape has both the tabled config and a variant timed.\n"
+    shapes = pd.DataFrame(lines)
+    ranges = shapes.groupby(["state_dtype", "K", "V"]).agg(
+        shapes=("ratio", "size"), ratio_min=("ratio", "min"), ratio_max=("ratio", "max"),
+        past_margin=("ratio", lambda r: int((r < 1 - OVER_TABLE_MARGIN).sum()))).reset_index()
+    return (f"# {source} over the table\n\nPer shape, the fastest variant against the tabled config timed in the same "
+            f"run (`ratio` = best_us / table_us; `best_changes`: the fields it sets otherwise). By state dtype and "
+            f"head dims, the ratios' range and how many beat the table by more than {OVER_TABLE_MARGIN:.0%} "
+            f"(`past_margin`):\n\n{ranges.to_markdown(index=False, floatfmt='.3f')}\n\n"
+            f"{shapes.to_markdown(index=False, floatfmt='.3f')}\n")
+
+
+def write_over_table_report(csv_path: Path) -> Path:
+    """``over_table.md`` beside a run's CSV, from its rows."""
+    out = Path(csv_path).with_name("over_table.md")
+    out.write_text(over_table_report(read_rows(csv_path), str(csv_path)))
+    return out
+
+
 def write_table(csv_paths: list[Path | str], into: Path, state_order: tuple[Path, Path] | None = None,
                 over_table_runs: list[Path | str] = ()) -> int:
     """The table from the CSVs (``PATH`` or ``PATH:FIELD=VALUE,...``, the fields of the kernel that
@@ -375,8 +424,7 @@ def write_table(csv_paths: list[Path | str], into: Path, state_order: tuple[Path
     for spec in map(str, [*csv_paths, *over_table_runs]):
         path, _, measured_with = spec.partition(":")
         csv_path = Path(path)
-        with open(csv_path, newline="") as f:
-            run = [row | {"measured_with": measured_with} for row in csv.DictReader(f)]
+        run = [row | {"measured_with": measured_with} for row in read_rows(csv_path)]
         if spec in map(str, over_table_runs):
             run = [row | {"over_table": True} for row in keep_tabled_unless_faster(run, OVER_TABLE_MARGIN)]
         rows += run
@@ -437,7 +485,13 @@ def main() -> int:
                         help="with --write-table: two sweep directories of our kernel, the table as it ran and "
                              "every entry with its state loaded first; each entry takes the faster order where they "
                              f"differ by more than {STATE_ORDER_MARGIN:.0%}")
+    parser.add_argument("--over-table-report", nargs="+", type=Path, metavar="CSV",
+                        help="write over_table.md beside each CSV of an --over-table run and exit (no GPU needed)")
     args = parser.parse_args()
+    if args.over_table_report:
+        for csv_path in args.over_table_report:
+            print(f"wrote {write_over_table_report(csv_path)}")
+        return 0
     if (args.state_order or args.over_table_runs) and not args.write_table:
         parser.error("--state-order and --over-table-runs go with --write-table")
     if args.write_table:

@@ -594,6 +594,29 @@ def test_tune_over_table_times_the_tabled_config_and_its_variants():
     assert not any(c.rewiden for c in triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 4, ("rewiden=1",)))
 
 
+def test_over_table_report_sets_each_shapes_fastest_variant_against_the_tabled_config(tmp_path):
+    """Per shape: the tabled config's time, the fastest variant's (never the padded-pool row nor a
+    failed one), their ratio and the fields it changes; per dtype and head dims the ratios' range
+    and how many beat the table by more than the margin."""
+    triton_tune = load_script("triton_tune")
+    tabled = "BV=16,heads=1,num_warps=1,num_stages=1,programs_per_sm=0,subtiles=1,const_heads=0,state_first=1"
+
+    def row(B, config, source, us, status="ok"):
+        return dict(state_dtype="bfloat16", HV=32, K=128, V=128, B=B, T=1, slot_pad=0, config=config, source=source,
+                    status=status, us=us, pct_copy=80.0)
+
+    rows = [row(64, tabled, "table", 10.0), row(64, tabled + ",tma=1", "candidate", 9.7),
+            row(64, tabled + ",lookahead=0,programs_per_sm=8", "candidate", 11.0),
+            row(64, tabled, triton_tune.PADDED_SOURCE, 1.0), row(64, tabled + ",BV=8", "candidate", "", "error: x"),
+            row(256, tabled, "table+candidate", 40.0), row(256, tabled + ",rewiden=1", "candidate", 40.4)]
+    path = tmp_path / "triton_tune.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    text = " ".join(triton_tune.write_over_table_report(path).read_text().split())
+    assert "| bfloat16 | 128 | 128 | 2 | 0.970 | 1.010 | 1 |" in text, text  # the range; one past 2%
+    assert "| 64 | 1 | 10.000 | 9.700 | 0.970 | 80.000 | tma=1 |" in text, text  # not the padded row's 1.0
+    assert "| 256 | 1 | 40.000 | 40.400 | 1.010 | 80.000 | rewiden=1 |" in text, text
+
+
 def test_rewiden_and_register_cap_reach_the_launch():
     inputs = make_inputs(3, 2, 4, 32, 32, state_dtype=torch.bfloat16, seed=1)
     out = torch.empty(3, 4, 32, dtype=inputs.v.dtype)

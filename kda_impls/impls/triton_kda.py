@@ -262,8 +262,8 @@ def _kda_decode_persistent_kernel(
     fp32 widening): one tile of state in flight behind the one in use, without shared memory or
     cp.async. Without it each tile's loads are issued when its turn comes, as in the
     one-program-per-tile kernel, but with the slot already in hand (the dependent load behind part
-    of the 1.3-6.9 points of copy the memory ceiling found the slots cost at B = 256; it was no
-    faster at 34 of 36 tuned points: docs/perf-notes.md, "The slots looked ahead")."""
+    of the 1.3-6.9 points of copy the memory ceiling found the slots cost at B = 256; it beat the
+    table past 2% at 1 of 36 tuned points: docs/perf-notes.md, "The slots looked ahead")."""
     V_TILES: tl.constexpr = V // BV
     pid = tl.program_id(0)
     step = tl.num_programs(0)
@@ -309,8 +309,8 @@ def _kda_decode_tma_kernel(
     the persistent form's register look-ahead. ``state_desc`` views the pool as ``[N, HV * V, K]``
     with the pool's slot stride, so a tile is one box at ``(slot, hv * V + v0, 0)``; a -1 row's box
     lies outside the pool, which TMA reads as zeros without touching memory. The new tile is
-    stored through pointers, masked on -1 rows: the first form stored it by TMA too, which was no
-    faster and faulted (an illegal instruction under memcheck) at a -1 row's box
+    stored through pointers, masked on -1 rows: the first form stored it by TMA too, which was as
+    far behind the table and faulted (an illegal instruction under memcheck) at a -1 row's box
     (docs/perf-notes.md, "The state read by TMA")."""
     V_TILES: tl.constexpr = V // BV
     H: tl.constexpr = HV // GROUP
