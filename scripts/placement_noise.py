@@ -16,8 +16,8 @@ at that many medians; where only the fresh placements do, it is where the pool l
 reshuffled slots do too, the order the slots scatter the rows in.
 
 The repeats start ``--settle`` seconds after the fresh placements have handed their memory back: in
-the first run (``results/h200/placement-noise-537269b/``, no idle) the first 1-6 repeats of the
-largest rows ran 8-9% slower on the very memory the later ones ran on (docs/timing.md, "Method 4":
+the first run (``results/h200/placement-noise-537269b/``, no idle) the first repeats of the
+largest rows ran slower on the very memory the later ones ran on (docs/timing.md, "Method 4":
 the slow first placement follows a large hand-back of memory, not the placement).
 """
 
