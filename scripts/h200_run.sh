@@ -67,6 +67,11 @@
 #   scripts/h200_run.sh placement-noise  # our placement spread against the timer's own (placement_noise.py)
 #   scripts/h200_run.sh placement-noise-libraries  # the same for fla and FlashInfer beside ours
 #
+# The eleventh session's (bare two-GPU boxes):
+#
+#   scripts/h200_run.sh eviction   # the table without the state's evict-first hints, against the table
+#   scripts/h200_run.sh placement-noise-eviction  # placement_noise.py on the table with and without them
+#
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
@@ -405,6 +410,24 @@ case ${1:-} in
     VARIANTS="$VARIANTS;lookahead=0,BV=16,num_warps=1,programs_per_sm=16;lookahead=0,BV=16,num_warps=2,programs_per_sm=8"
     VARIANTS="$VARIANTS;lookahead=0,BV=32,num_warps=1,programs_per_sm=8;lookahead=0,BV=4,num_warps=1,programs_per_sm=32"
     over_table_both_gpus slots-ahead 16,64,256 "$VARIANTS"
+    pack
+    ;;
+  eviction)  # (a bare two-GPU box will do) each tabled config with the state's loads, its stores or both
+    # left without the evict-first hint (as FlashInfer's kernel leaves them) at every batch of the targets preset
+    over_table_both_gpus eviction 1,16,64,256 "load_evict_first=0,store_evict_first=0;load_evict_first=0;store_evict_first=0"
+    pack
+    ;;
+  placement-noise-eviction)  # (a bare two-GPU box will do) placement_noise.py on the table as committed and
+    # without the state's evict-first hints, at four rows of placement-noise/, each config on both GPUs in
+    # turn (GPU 0 the table first, GPU 1 the unhinted config first)
+    rows=bfloat16:32:128:16,bfloat16:64:128:16,bfloat16:32:128:64,bfloat16:32:128:256
+    noise() {  # noise NAME GPU CONFIG: placement_noise.py into placement-noise-eviction/NAME-gpuGPU
+      TAIL=8 step "placement-noise-$1-gpu$2" 280 env CUDA_VISIBLE_DEVICES=$2 KDA_TRITON_CONFIG="$3" python3 scripts/placement_noise.py \
+        --settle 2 --out "$RES/placement-noise-eviction/$1-gpu$2" --rows $rows
+    }
+    ( noise unhinted 1 "load_evict_first=0,store_evict_first=0"; noise table 1 "" ) > "$LOGS/gpu1.summary" 2>&1 &
+    noise table 0 ""; noise unhinted 0 "load_evict_first=0,store_evict_first=0"
+    wait; cat "$LOGS/gpu1.summary"
     pack
     ;;
   placement-noise)  # (a bare box will do) our kernel's placement spread against the timer's own: the rows

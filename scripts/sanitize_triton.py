@@ -33,8 +33,8 @@ from kda_impls.impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
 # and the gate (the other one-tile configs load it after the gate), the stored tile widened
 # twice (alone, and with sub-tiles under a register cap), and the state read by TMA (one program per
 # tile; pipelined three deep over min(48, SMs) persistent programs: the -1 rows' boxes lie outside
-# the pool, where TMA must read zeros and touch no memory), and the persistent form looking ahead
-# only at the slots.
+# the pool, where TMA must read zeros and touch no memory), the persistent form looking ahead
+# only at the slots, and the state's accesses without eviction hints.
 CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_warps=4, num_stages=2),
            TileConfig(BV=16, num_warps=1, programs_per_sm=1), TileConfig(BV=16, num_warps=1, subtiles=4),
            TileConfig(BV=16, num_warps=2, const_heads=1), TileConfig(BV=16, num_warps=2, state_first=1),
@@ -42,7 +42,8 @@ CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_
            TileConfig(BV=16, num_warps=1, rewiden=1),
            TileConfig(BV=16, num_warps=1, subtiles=4, rewiden=1, maxnreg=72),
            TileConfig(BV=16, num_warps=4, tma=1), TileConfig(BV=16, num_warps=4, num_stages=3, programs_per_sm=1, tma=1),
-           TileConfig(BV=16, num_warps=1, programs_per_sm=1, lookahead=0)]
+           TileConfig(BV=16, num_warps=1, programs_per_sm=1, lookahead=0),
+           TileConfig(BV=16, num_warps=2, load_evict_first=0, store_evict_first=0)]
 
 
 def main() -> int:

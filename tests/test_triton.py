@@ -112,7 +112,8 @@ def test_forced_tile_configs(config):
 # loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head group), and
 # the persistent grid with only the slots looked ahead (one program walking every tile; three programs),
 # the state read by TMA (one program per tile; three programs pipelined three deep, a tail; one program
-# walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the pointer form).
+# walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the pointer form),
+# and the state's accesses without eviction hints (one program per tile, persistent, TMA).
 FORMS = [
     TileConfig(BV=8, num_warps=1, const_heads=1),
     TileConfig(BV=8, num_warps=1, state_first=1),
@@ -132,6 +133,9 @@ FORMS = [
     TileConfig(BV=8, num_warps=1, tma=1),
     TileConfig(BV=16, num_warps=2, num_stages=3, programs_per_sm=3, tma=1),
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, programs_per_sm=64, subtiles=2, rewiden=1, tma=1),
+    TileConfig(BV=8, num_warps=1, load_evict_first=0, store_evict_first=0),
+    TileConfig(BV=8, num_warps=1, programs_per_sm=3, load_evict_first=0, store_evict_first=0),
+    TileConfig(BV=8, num_warps=1, tma=1, store_evict_first=0),
 ]
 
 
@@ -177,6 +181,13 @@ def test_forms_are_fitted_to_the_shape():
     assert slots_ahead.fitted(4, 32).lookahead == 0
     assert replace(slots_ahead, programs_per_sm=0).fitted(4, 32) == runtime_heads
     assert replace(slots_ahead, tma=1).fitted(4, 32).lookahead == 1 and slots_ahead.fitted(4, 32, T=2).lookahead == 1
+    # the eviction hints hold in every form but the TMA form's loads, which take none
+    unhinted = replace(runtime_heads, load_evict_first=0, store_evict_first=0)
+    for form in (unhinted, replace(unhinted, programs_per_sm=4), replace(unhinted, subtiles=2)):
+        assert (form.fitted(4, 32).load_evict_first, form.fitted(4, 32).store_evict_first) == (0, 0)
+        assert (form.fitted(4, 32, T=2).load_evict_first, form.fitted(4, 32, T=2).store_evict_first) == (0, 0)
+    tma_unhinted = replace(unhinted, tma=1).fitted(4, 32)
+    assert (tma_unhinted.load_evict_first, tma_unhinted.store_evict_first) == (1, 0)
 
 
 def test_forms_shape_the_grid():
@@ -204,6 +215,17 @@ def test_forms_shape_the_grid():
     assert boxes.strides == [inputs.slot_stride, 32, 1]
     _, grid, _, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5, tma=1))
     assert grid == (5 * multiprocessors(inputs.device),)
+    # the eviction hints, per form: the TMA kernel takes only the stores'
+    for form, hints in ((TileConfig(BV=8, num_warps=1), ("evict_first", "evict_first")),
+                        (TileConfig(BV=8, num_warps=1, load_evict_first=0), ("", "evict_first")),
+                        (TileConfig(BV=8, num_warps=1, programs_per_sm=5, store_evict_first=0), ("evict_first", "")),
+                        (TileConfig(BV=8, num_warps=1, tma=1, store_evict_first=0), (None, ""))):
+        meta = kernel_arguments(inputs, out, form)[3]
+        assert (meta.get("LOAD_HINT"), meta["STORE_HINT"]) == hints, form
+    multitoken = make_inputs(3, 2, 4, 32, 32, T=2, state_dtype=torch.bfloat16, seed=1)
+    meta = kernel_arguments(multitoken, torch.empty(multitoken.out_shape, dtype=multitoken.v.dtype),
+                            TileConfig(BV=8, num_warps=1, store_evict_first=0).fitted(4, 32, T=2))[3]
+    assert (meta["LOAD_HINT"], meta["STORE_HINT"]) == ("evict_first", "")
 
 
 @pytest.mark.parametrize("state_dtype, slot_pad, addressable", [
@@ -379,7 +401,7 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     exec(table_path.read_text(), namespace)
     # every field named, as the kernel runs the entry: a run from before const_heads measured the head
     # counts at run time (the default), and the multi-token kernel compiles them in
-    tail, end = "programs_per_sm=0,subtiles=1", "rewiden=0,maxnreg=0,tma=0,lookahead=1"
+    tail, end = "programs_per_sm=0,subtiles=1", "rewiden=0,maxnreg=0,tma=0,lookahead=1,load_evict_first=1,store_evict_first=1"
     assert namespace["TABLE"] == {
         ("bfloat16", 32, 128, 128, 64, 1):
             f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0,state_first=0,{end}",
@@ -392,7 +414,8 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     assert triton_tune.write_table([f"{csv_path}:state_first=1", multi_path], table_path) == 0
     exec(table_path.read_text(), namespace)
     for key, heads in (((32, 128, 128, 64, 1), 0), ((32, 128, 128, 64, 4), 1)):
-        assert namespace["TABLE"][("bfloat16", *key)].endswith(f"const_heads={heads},state_first=1,rewiden=0,maxnreg=0,tma=0,lookahead=1")
+        assert namespace["TABLE"][("bfloat16", *key)].endswith(f"const_heads={heads},state_first=1,rewiden=0,maxnreg=0,tma=0,lookahead=1,"
+                                                                    "load_evict_first=1,store_evict_first=1")
     with pytest.raises(ValueError, match="--write-table"):
         triton_tune.write_table([f"{csv_path}:state_first=3"], table_path)
 
@@ -425,12 +448,12 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
     assert "1 entries load the state first, 1 after the small inputs" in capsys.readouterr().out
 
 
-def offline_sm90(configs: str, HV: int, D: int) -> list[list[str]]:
-    """scripts/triton_registers.py's line per config (bf16 state, B = 256), split into fields:
+def offline_sm90(configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
+    """scripts/triton_registers.py's line per config (bf16 state, B = 256, T tokens), split into fields:
     state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, loads before the
     first 16-byte one, SASS digest. Skips where no ptxas here reads this Triton's PTX."""
     done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", configs, "--state-dtypes",
-                           "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256"],
+                           "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256", "--T", str(T)],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
     if done.returncode == 2 and "no ptxas here" in done.stdout:
         pytest.skip(done.stdout.strip())
@@ -474,6 +497,27 @@ def test_persistent_form_without_the_tile_look_ahead_compiles_to_its_own_code():
     assert int(slots_only[3]) <= int(ahead[3]), (ahead, slots_only)
     if ahead[-1] != "None":  # a SASS digest, where cuobjdump is beside this Triton
         assert slots_only[-1] != ahead[-1], (ahead, slots_only)
+
+
+def test_eviction_hints_mark_only_the_state_accesses_they_name():
+    """load_evict_first and store_evict_first reach the SASS: by default every state load and store
+    is marked evict-first (.EF) and nothing else is; each field at 0 clears its own accesses' marks
+    alone, in the one-program-per-tile, the persistent and the multi-token kernels; the TMA form marks
+    only its stores (fails if a field is ignored, crossed or applied to the other form's accesses)."""
+    rows = offline_sm90("BV=16,num_warps=1,state_first=1;BV=16,num_warps=1,state_first=1,load_evict_first=0;"
+                        "BV=16,num_warps=1,state_first=1,store_evict_first=0;BV=8,num_warps=1,programs_per_sm=8;"
+                        "BV=8,num_warps=1,programs_per_sm=8,load_evict_first=0,store_evict_first=0;"
+                        "BV=16,num_warps=4,tma=1", 32, 128)
+    if rows[0][-1] == "None":
+        pytest.skip("no cuobjdump beside this Triton")
+    (plain, no_loads, no_stores, persistent, persistent_unhinted, tma) = ((int(r[-5]), int(r[-4])) for r in rows)
+    # 16 rows of 128 bf16 in 16-byte accesses on one warp: 8 loads and 8 stores per thread
+    assert plain == (8, 8) and no_loads == (0, 8) and no_stores == (8, 0), rows
+    assert persistent[0] > 0 and persistent[1] > 0 and persistent_unhinted == (0, 0), rows
+    assert tma[0] == 0 and tma[1] > 0, rows
+    multitoken = offline_sm90("BV=8,num_warps=1;BV=8,num_warps=1,load_evict_first=0,store_evict_first=0", 32, 128, T=4)
+    (hinted, unhinted) = ((int(r[-5]), int(r[-4])) for r in multitoken)
+    assert hinted[0] > 0 and hinted[1] > 0 and unhinted == (0, 0), multitoken
 
 
 def test_register_cap_and_rewiden_reach_ptxas():

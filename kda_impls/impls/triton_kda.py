@@ -58,6 +58,8 @@ CONFIG_ENV = "KDA_TRITON_CONFIG"
 HEAD_DIMS = (16, 32, 64, 128, 256)
 # Softplus is linear past this (torch's threshold too): exp would overflow long before it matters.
 SOFTPLUS_LINEAR_ABOVE = 20.0
+# Triton's eviction_policy of a state access by the tile config's load/store_evict_first (0: no hint).
+EVICTION_POLICY = ("", "evict_first")
 
 
 @triton.jit
@@ -130,8 +132,8 @@ def _kda_decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, scale, value_heads, group, HV_CONST: tl.constexpr, GROUP_CONST: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
-    SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, REWIDEN: tl.constexpr, L2_EPS: tl.constexpr,
-    SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, REWIDEN: tl.constexpr, LOAD_HINT: tl.constexpr,
+    STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
     # The head counts: compile-time constants where HV_CONST > 0 (no division on the way to the first
@@ -170,11 +172,11 @@ def _kda_decode_kernel(
         # depends on the tile: issued first, the bf16 32-row tile ran 7-11% slower with the same
         # registers (docs/perf-notes.md).
         if STATE_FIRST == 1:
-            ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
+            ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
         q, k, a, dt_bias, A_log, beta_logit = _load_head_inputs(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
                                                                 row * H + h, hv, row_hv, offs_k, K)
         if STATE_FIRST == 2:
-            ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
+            ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
         q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
 
         # The gate and norms above serve SUBTILES tiles of BV rows, walked in order (unrolled), the
@@ -185,24 +187,24 @@ def _kda_decode_kernel(
                 stored = ahead
                 if s + 1 < SUBTILES:
                     ahead = tl.load(head_state + (offs_v + BV)[:, None] * K, mask=live, other=0.0,
-                                    eviction_policy="evict_first")
+                                    eviction_policy=LOAD_HINT)
                 v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
             else:
                 v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
-                stored = tl.load(head_state + offs_v[:, None] * K, mask=live, other=0.0, eviction_policy="evict_first")
+                stored = tl.load(head_state + offs_v[:, None] * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
             if REWIDEN:
                 S, o = _delta_rule_rewidened(stored, q, k, v, decay, beta)
             else:
                 S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
             tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
-                     eviction_policy="evict_first")
+                     eviction_policy=STORE_HINT)
             tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, tile, slot, n_tiles,
                slot_stride, HV, GROUP, offs_k, offs_bv,
-               K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+               K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, LOAD_HINT: tl.constexpr):
     """Issue every load of work tile ``tile`` (``(row, head, V-tile)``, the V-tile fastest) whose slot
     is ``slot``: the state tile as stored (widened only where it is used) and the head's inputs.
     A tile past ``n_tiles`` (the last programs' look-ahead; :func:`_tile_slot` gives it slot -1)
@@ -217,7 +219,7 @@ def _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_
     offs_v = tile % V_TILES * BV + offs_bv
     head_state = (state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
                   + offs_v[:, None] * K + offs_k[None, :])
-    S = tl.load(head_state, mask=live, other=0.0, eviction_policy="evict_first")
+    S = tl.load(head_state, mask=live, other=0.0, eviction_policy=LOAD_HINT)
     H = HV // GROUP
     q = tl.load(q_ptr + (row * H + h) * K + offs_k)
     k = tl.load(k_ptr + (row * H + h) * K + offs_k)
@@ -238,13 +240,13 @@ def _tile_slot(slots_ptr, tile, n_tiles, HV, V_TILES: tl.constexpr):
 
 @triton.jit
 def _store_tile(state_ptr, out_ptr, S, o, slot, slot_stride, hv, row_hv, offs_v, offs_k,
-                K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+                K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, STORE_HINT: tl.constexpr):
     """A work tile's new state stored in place through its slot, and its output rows; a -1 slot
     stores no state (the mask is a [BV, K] splat: see :func:`_kda_decode_kernel`) and zeros."""
     live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0
     tile_state = (state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
                   + offs_v[:, None] * K + offs_k[None, :])
-    tl.store(tile_state, S.to(state_ptr.dtype.element_ty), mask=live, eviction_policy="evict_first")
+    tl.store(tile_state, S.to(state_ptr.dtype.element_ty), mask=live, eviction_policy=STORE_HINT)
     tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
 
 
@@ -252,8 +254,8 @@ def _store_tile(state_ptr, out_ptr, S, o, slot, slot_stride, hv, row_hv, offs_v,
 def _kda_decode_persistent_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, scale, n_tiles, HV: tl.constexpr, GROUP: tl.constexpr,
-    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, LOOKAHEAD: tl.constexpr,
-    L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, LOOKAHEAD: tl.constexpr, LOAD_HINT: tl.constexpr,
+    STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     """The one-token step on a persistent grid: program p takes work tiles p, p + G, p + 2G, ...
     (G programs), and the slots of the tiles ahead are loaded before they are needed, so no tile's
@@ -272,18 +274,18 @@ def _kda_decode_persistent_kernel(
     slot = _tile_slot(slots_ptr, pid, n_tiles, HV, V_TILES)
     if LOOKAHEAD:
         ahead = _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, pid, slot, n_tiles,
-                           slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV)
+                           slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV, LOAD_HINT)
     next_slot = _tile_slot(slots_ptr, pid + step, n_tiles, HV, V_TILES)
     for tile in range(pid, n_tiles, step):
         if LOOKAHEAD:
             S, q, k, a, dt_bias, A_log, beta_logit, v = ahead
             # Issued before this tile's stores, which the compiler may not move loads past.
             ahead = _load_tile(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, tile + step,
-                               next_slot, n_tiles, slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV)
+                               next_slot, n_tiles, slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV, LOAD_HINT)
         else:
             S, q, k, a, dt_bias, A_log, beta_logit, v = _load_tile(
                 q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, tile, slot, n_tiles,
-                slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV)
+                slot_stride, HV, GROUP, offs_k, offs_bv, K, V, BV, LOAD_HINT)
         tile_slot = slot
         slot = next_slot
         next_slot = _tile_slot(slots_ptr, tile + 2 * step, n_tiles, HV, V_TILES)
@@ -292,14 +294,15 @@ def _kda_decode_persistent_kernel(
         q, k, decay, beta = _token_gate(q.to(tl.float32), k.to(tl.float32), a.to(tl.float32), dt_bias, A_log,
                                         beta_logit.to(tl.float32), scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
         S, o = _delta_rule(S.to(tl.float32), q, k, v.to(tl.float32), decay, beta)
-        _store_tile(state_ptr, out_ptr, S, o, tile_slot, slot_stride, row_hv % HV, row_hv, offs_v, offs_k, K, V, BV)
+        _store_tile(state_ptr, out_ptr, S, o, tile_slot, slot_stride, row_hv % HV, row_hv, offs_v, offs_k, K, V, BV,
+                    STORE_HINT)
 
 
 @triton.jit
 def _kda_decode_tma_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, state_desc, slots_ptr, out_ptr,
     slot_stride, scale, n_tiles, HV: tl.constexpr, GROUP: tl.constexpr,
-    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NUM_STAGES: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NUM_STAGES: tl.constexpr, STORE_HINT: tl.constexpr,
     L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     """The one-token step with the state read by TMA: program p takes work tiles p, p + G, ...
@@ -331,7 +334,7 @@ def _kda_decode_tma_kernel(
         v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
         q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
         S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
-        _store_tile(state_ptr, out_ptr, S, o, slot, slot_stride, hv, row_hv, offs_v, offs_k, K, V, BV)
+        _store_tile(state_ptr, out_ptr, S, o, slot, slot_stride, hv, row_hv, offs_v, offs_k, K, V, BV, STORE_HINT)
 
 
 @triton.jit
@@ -353,7 +356,7 @@ def _kda_multitoken_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr,
     slot_stride, scale, T, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
-    L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    LOAD_HINT: tl.constexpr, STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
 ):
     """T tokens per row (T > 1): the program mapping of :func:`_kda_decode_kernel`; each state tile
     is read once, from the row's start slot, carried through the T tokens in registers and
@@ -378,7 +381,7 @@ def _kda_multitoken_kernel(
         q, k, a, beta_logit, v, slot = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, first_token, h, hv,
                                                    H, HV, offs_k, offs_v, K, V)
         S = tl.load(start_state + hv * (V * K) + tile, mask=live, other=0.0,
-                    eviction_policy="evict_first").to(tl.float32)
+                    eviction_policy=LOAD_HINT).to(tl.float32)
         for t in tl.range(0, T, num_stages=1):
             # The next token's inputs (the last token's again on the last pass: a harmless reload
             # rather than a branch) are issued before this token's stores, which the compiler may not
@@ -390,7 +393,7 @@ def _kda_multitoken_kernel(
             S, o = _delta_rule(S, q, k, v, decay, beta)
             stores = live & ((no_slot + slot) >= 0)
             tl.store(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K) + tile,
-                     S.to(state_ptr.dtype.element_ty), mask=stores, eviction_policy="evict_first")
+                     S.to(state_ptr.dtype.element_ty), mask=stores, eviction_policy=STORE_HINT)
             tl.store(out_ptr + ((first_token + t) * HV + hv) * V + offs_v,
                      tl.where(start >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
             q, k, a, beta_logit, v, slot = ahead
@@ -421,7 +424,11 @@ class TileConfig:
     tiles), on a pool whose base and slot stride TMA can address (16-byte multiples; another pool
     runs the same tile through pointers: :func:`tma_addressable`); ``lookahead``: the persistent
     form's, 1 the next tile's loads in flight in registers, 0 only the coming tiles' slots (each
-    tile's loads issued in its turn, never waiting on its slot)."""
+    tile's loads issued in its turn, never waiting on its slot); ``load_evict_first`` and
+    ``store_evict_first``: 1 marks the state's loads (the pointer forms'; TMA's carry no hint) or
+    its stores ``evict_first`` (every tabled entry was tuned with both: the state is touched once a
+    step, so it should not push the small inputs out of the caches), 0 leaves them unhinted, as
+    FlashInfer's kernel does (docs/perf-notes.md, "The eviction hints")."""
 
     BV: int
     heads: int = 1
@@ -435,6 +442,8 @@ class TileConfig:
     maxnreg: int = 0
     tma: int = 0
     lookahead: int = 1
+    load_evict_first: int = 1
+    store_evict_first: int = 1
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -481,8 +490,9 @@ class TileConfig:
             raise ValueError(f"{source}: rewiden must be 0 or 1; got {self.rewiden}")
         if self.tma not in (0, 1):
             raise ValueError(f"{source}: tma must be 0 or 1; got {self.tma}")
-        if self.lookahead not in (0, 1):
-            raise ValueError(f"{source}: lookahead must be 0 or 1; got {self.lookahead}")
+        for flag in ("lookahead", "load_evict_first", "store_evict_first"):
+            if getattr(self, flag) not in (0, 1):
+                raise ValueError(f"{source}: {flag} must be 0 or 1; got {getattr(self, flag)}")
         if self.maxnreg and not (self.maxnreg % 8 == 0 and 24 <= self.maxnreg <= 255):
             raise ValueError(f"{source}: maxnreg must be 0 (no cap) or a multiple of 8 in 24..255; "
                              f"got {self.maxnreg}")
@@ -493,14 +503,15 @@ class TileConfig:
         sub-tiles, runtime head counts and the state load's place exist for one-token steps only
         (T > 1 drops them; the persistent form compiles the head counts in; sub-tiles load the
         state first). The TMA form walks single heads whole tiles too, its loop ``num_stages`` deep.
-        ``lookahead`` is the persistent pointer form's alone (the default elsewhere)."""
+        ``lookahead`` is the persistent pointer form's alone (the default elsewhere), and the TMA form's
+        state loads take no hint (``load_evict_first`` the default there)."""
         BV = min(self.BV, V)
         fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV),
                          lookahead=self.lookahead if self.programs_per_sm and not self.tma and T == 1 else 1)
         if T > 1:
             return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1, rewiden=0, tma=0)
         if fitted.tma:
-            return replace(fitted, heads=1, subtiles=1, const_heads=1, state_first=1, rewiden=0)
+            return replace(fitted, heads=1, subtiles=1, const_heads=1, state_first=1, rewiden=0, load_evict_first=1)
         if fitted.programs_per_sm:
             return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1, state_first=1, rewiden=0)
         return replace(fitted, state_first=fitted.state_first or 1) if fitted.subtiles > 1 else fitted
@@ -635,7 +646,9 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
     # 0): the program-to-tile mapping divides by them, and a division by a runtime value is a long
     # instruction sequence on the path to the first load.
     meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=config.BV, L2_EPS=L2_EPS,
-                SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, num_warps=config.num_warps)
+                SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, STORE_HINT=EVICTION_POLICY[config.store_evict_first],
+                num_warps=config.num_warps)
+    load_hint = dict(LOAD_HINT=EVICTION_POLICY[config.load_evict_first])
     if config.maxnreg:
         meta["maxnreg"] = config.maxnreg
     if inputs.T == 1 and config.tma:
@@ -648,9 +661,9 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
     if inputs.T == 1 and config.programs_per_sm:
         n_tiles = grid[0]
         programs = min(n_tiles, config.programs_per_sm * multiprocessors(inputs.device))
-        return _kda_decode_persistent_kernel, (programs,), (*pool, out, *scalars, n_tiles), meta | dict(
+        return _kda_decode_persistent_kernel, (programs,), (*pool, out, *scalars, n_tiles), meta | load_hint | dict(
             LOOKAHEAD=config.lookahead)
-    meta |= dict(HEADS=config.heads, NUM_STAGES=config.num_stages)
+    meta |= load_hint | dict(HEADS=config.heads, NUM_STAGES=config.num_stages)
     if inputs.T == 1:
         heads = (meta.pop("HV"), meta.pop("GROUP"))
         constants = heads if config.const_heads else (0, 0)
