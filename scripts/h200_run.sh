@@ -71,6 +71,7 @@
 #
 #   scripts/h200_run.sh eviction   # the table without the state's evict-first hints, against the table
 #   scripts/h200_run.sh placement-noise-eviction  # placement_noise.py on the table with and without them
+#   scripts/h200_run.sh placement-noise-hints  # the same at six rows, each hint dropped alone and both
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -148,6 +149,11 @@ over_table_both_gpus() {  # over_table_both_gpus NAME BATCHES VARIANTS: the tabl
   TAIL=4 step "tune-$name-bf16" 540 $ON_GPU $tune --state-dtypes bfloat16 --budget-s 500 --over-table "$variants" \
     --out "$RES/triton-tune-$name/bf16/triton_tune.csv"
   wait; cat "$LOGS/gpu1.summary"
+}
+hints_noise() {  # hints_noise RUN NAME GPU CONFIG: placement_noise.py at $rows under KDA_TRITON_CONFIG=CONFIG
+  # on GPU number GPU, into placement-noise-RUN/NAME-gpuGPU
+  TAIL=8 step "placement-noise-$2-gpu$3" 280 env CUDA_VISIBLE_DEVICES=$3 KDA_TRITON_CONFIG="$4" python3 scripts/placement_noise.py \
+    --settle 2 --out "$RES/placement-noise-$1/$2-gpu$3" --rows $rows
 }
 kimi_cost() {  # what the method costs on the preset with the 60 s target (docs/timing.md, "What it costs")
   TAIL=2 step kimi 420 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset kimi-linear-48b --devices cuda:0 \
@@ -421,12 +427,19 @@ case ${1:-} in
     # without the state's evict-first hints, at four rows of placement-noise/, each config on both GPUs in
     # turn (GPU 0 the table first, GPU 1 the unhinted config first)
     rows=bfloat16:32:128:16,bfloat16:64:128:16,bfloat16:32:128:64,bfloat16:32:128:256
-    noise() {  # noise NAME GPU CONFIG: placement_noise.py into placement-noise-eviction/NAME-gpuGPU
-      TAIL=8 step "placement-noise-$1-gpu$2" 280 env CUDA_VISIBLE_DEVICES=$2 KDA_TRITON_CONFIG="$3" python3 scripts/placement_noise.py \
-        --settle 2 --out "$RES/placement-noise-eviction/$1-gpu$2" --rows $rows
-    }
-    ( noise unhinted 1 "load_evict_first=0,store_evict_first=0"; noise table 1 "" ) > "$LOGS/gpu1.summary" 2>&1 &
-    noise table 0 ""; noise unhinted 0 "load_evict_first=0,store_evict_first=0"
+    ( hints_noise eviction unhinted 1 "load_evict_first=0,store_evict_first=0"; hints_noise eviction table 1 "" ) \
+      > "$LOGS/gpu1.summary" 2>&1 &
+    hints_noise eviction table 0 ""; hints_noise eviction unhinted 0 "load_evict_first=0,store_evict_first=0"
+    wait; cat "$LOGS/gpu1.summary"
+    pack
+    ;;
+  placement-noise-hints)  # (a bare two-GPU box will do) placement_noise.py at six bf16 rows of B = 16-64
+    # (five that missed the 2% target in targets-8068b63), the table as committed and with the state's
+    # loads' hint, its stores' or both dropped: which hint the spread follows (two configs per GPU)
+    rows=bfloat16:16:128:16,bfloat16:32:128:16,bfloat16:64:128:16,bfloat16:32:128:64,bfloat16:64:128:64,bfloat16:32:64:64
+    ( hints_noise hints loads-unhinted 1 "load_evict_first=0"; hints_noise hints stores-unhinted 1 "store_evict_first=0" ) \
+      > "$LOGS/gpu1.summary" 2>&1 &
+    hints_noise hints table 0 ""; hints_noise hints unhinted 0 "load_evict_first=0,store_evict_first=0"
     wait; cat "$LOGS/gpu1.summary"
     pack
     ;;
