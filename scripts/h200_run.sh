@@ -72,6 +72,7 @@
 #   scripts/h200_run.sh eviction   # the table without the state's evict-first hints, against the table
 #   scripts/h200_run.sh placement-noise-eviction  # placement_noise.py on the table with and without them
 #   scripts/h200_run.sh placement-noise-hints  # the same at six rows, each hint dropped alone and both
+#   scripts/h200_run.sh eviction-tiles  # other tiles without the hints, against the table at B = 64 and 256
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -421,6 +422,15 @@ case ${1:-} in
   eviction)  # (a bare two-GPU box will do) each tabled config with the state's loads, its stores or both
     # left without the evict-first hint (as FlashInfer's kernel leaves them) at every batch of the targets preset
     over_table_both_gpus eviction 1,16,64,256 "load_evict_first=0,store_evict_first=0;load_evict_first=0;store_evict_first=0"
+    pack
+    ;;
+  eviction-tiles)  # (a bare two-GPU box will do) at B = 64 and 256, where the eviction run found the
+    # unhinted table entries fastest, other tiles without the hints: the table's tiles were tuned with them
+    U=load_evict_first=0,store_evict_first=0
+    VARIANTS="BV=8,num_warps=1,state_first=0,$U;BV=8,num_warps=1,state_first=1,$U;BV=16,num_warps=1,state_first=0,$U"
+    VARIANTS="$VARIANTS;BV=16,num_warps=1,state_first=1,$U;BV=16,num_warps=2,state_first=1,$U"
+    VARIANTS="$VARIANTS;BV=32,num_warps=1,state_first=0,$U;BV=32,num_warps=2,state_first=1,$U;BV=4,num_warps=1,state_first=0,$U"
+    over_table_both_gpus eviction-tiles 64,256 "$VARIANTS"
     pack
     ;;
   placement-noise-eviction)  # (a bare two-GPU box will do) placement_noise.py on the table as committed and
