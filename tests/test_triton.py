@@ -9,9 +9,11 @@ reference, untouched slots and the padding between slots compared bit for bit.
 
 import itertools
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -418,6 +420,30 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
                                                                     "load_evict_first=1,store_evict_first=1")
     with pytest.raises(ValueError, match="--write-table"):
         triton_tune.write_table([f"{csv_path}:state_first=3"], table_path)
+
+
+def test_committed_table_is_what_its_documented_command_writes(tmp_path):
+    """The command triton_tune.py's docstring names for the committed table, run on the committed
+    measurements, writes that table: fails if the table was edited by hand, or regenerated from
+    runs the command does not list."""
+    triton_tune = load_script("triton_tune")
+    command = triton_tune.__doc__.split("The committed table:")[1].split("\n\n")[1]
+    words = shlex.split(command.replace("\\\n", " "))
+    options, name = {"--write-table": []}, "--write-table"
+    for word in words[words.index("--write-table") + 1:]:
+        if word.startswith("--"):
+            name = word
+            options[name] = []
+        else:
+            options[name].append(word)
+    assert set(options) == {"--write-table", "--state-order", "--over-table-runs"}, options
+    resolved = {name: [str(REPO / path) for path in paths] for name, paths in options.items()}
+    table_path = tmp_path / "triton_tuning.py"
+    assert triton_tune.write_table(resolved["--write-table"], table_path,
+                                   tuple(map(Path, resolved["--state-order"])), resolved["--over-table-runs"]) == 0
+    namespace = {}
+    exec(table_path.read_text(), namespace)
+    assert namespace["TABLE"] == TABLE
 
 
 def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, capsys):
