@@ -73,6 +73,8 @@
 #   scripts/h200_run.sh placement-noise-eviction  # placement_noise.py on the table with and without them
 #   scripts/h200_run.sh placement-noise-hints  # the same at six rows, each hint dropped alone and both
 #   scripts/h200_run.sh eviction-tiles  # other tiles without the hints, against the table at B = 64 and 256
+#   SWEEP=results/h200/targets-<sha> scripts/h200_run.sh cupti-triton  # (bare one-GPU box) CUPTI on our
+#                                  # kernel's unpadded rows of a committed targets run at B = 64 and 256
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -422,6 +424,11 @@ case ${1:-} in
   eviction)  # (a bare two-GPU box will do) each tabled config with the state's loads, its stores or both
     # left without the evict-first hint (as FlashInfer's kernel leaves them) at every batch of the targets preset
     over_table_both_gpus eviction 1,16,64,256 "load_evict_first=0,store_evict_first=0;load_evict_first=0;store_evict_first=0"
+    pack
+    ;;
+  cupti-triton)  # (a bare box will do) the second clock on the bandwidth rows of a committed targets run
+    TAIL=12 step cupti-triton 500 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls triton \
+      --B 64,256 --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")"
     pack
     ;;
   eviction-tiles)  # (a bare two-GPU box will do) at B = 64 and 256, where the eviction run found the
