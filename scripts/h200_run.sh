@@ -73,6 +73,8 @@
 #   scripts/h200_run.sh placement-noise-eviction  # placement_noise.py on the table with and without them
 #   scripts/h200_run.sh placement-noise-hints  # the same at six rows, each hint dropped alone and both
 #   scripts/h200_run.sh eviction-tiles  # other tiles without the hints, against the table at B = 64 and 256
+#   scripts/h200_run.sh ncu-b1     # (after part 2 is installed) Nsight Compute on our B = 1 step and
+#                                  # FlashInfer's at three bf16 shapes
 #   SWEEP=results/h200/targets-<sha> scripts/h200_run.sh cupti-triton  # (bare one-GPU box) CUPTI on our
 #                                  # kernel's unpadded rows of a committed targets run at B = 64 and 256
 #
@@ -424,6 +426,13 @@ case ${1:-} in
   eviction)  # (a bare two-GPU box will do) each tabled config with the state's loads, its stores or both
     # left without the evict-first hint (as FlashInfer's kernel leaves them) at every batch of the targets preset
     over_table_both_gpus eviction 1,16,64,256 "load_evict_first=0,store_evict_first=0;load_evict_first=0;store_evict_first=0"
+    pack
+    ;;
+  ncu-b1)  # (after part 2 is installed) where FlashInfer's B = 1 step is shorter than ours: launch shape,
+    # registers, stalls, each step with the L2 flushed
+    source /root/gpu-site/env.sh
+    TAIL=30 step ncu-b1 400 $ON_GPU python3 scripts/ncu_profile.py --out "$RES/ncu-b1" --cases \
+      bf16-B1-table,bf16-B1-flashinfer,bf16-B1-HV64-table,bf16-B1-HV64-flashinfer,bf16-B1-D64-table,bf16-B1-D64-flashinfer
     pack
     ;;
   cupti-triton)  # (a bare box will do) the second clock on the bandwidth rows of a committed targets run

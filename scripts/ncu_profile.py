@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Nsight Compute counters of the Triton KDA decode kernel, beside a device-to-device copy of the
-same bytes: where the time goes when the kernel misses the copy bandwidth.
+same bytes (where the time goes when the kernel misses the copy bandwidth) and beside FlashInfer's
+call at B = 1 (where its step is shorter: its launch shape, registers and stalls against ours).
 
-    python3 scripts/ncu_profile.py --out results/h200/ncu        # every case of CASES, under ncu
+    python3 scripts/ncu_profile.py --out results/h200/ncu        # our kernel's cases of CASES, under ncu
+    python3 scripts/ncu_profile.py --cases bf16-B1-table,bf16-B1-flashinfer --out DIR   # FlashInfer needs its package
 
 For each case, ncu (``--clock-control none``: the clocks are left as they run; ``--cache-control
 all``: the L2 is flushed before each replay pass, so the state comes from DRAM) profiles the
@@ -36,18 +38,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kda_impls.bench.config import Config  # noqa: E402
 from kda_impls.bench.results import environment  # noqa: E402
 from kda_impls.impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
+from kda_impls.registry import get  # noqa: E402
 
-# name: (state dtype, HV, K=V, B, T, forced tile config or None for the table's choice)
+# name: (implementation, state dtype, HV, K=V, B, T, forced tile config of our kernel, or None for the
+# table's choice (another implementation: its own call), or "copy")
 CASES = {
-    "bf16-B256-table": ("bfloat16", 32, 128, 256, 1, None),
-    "bf16-B256-BV8": ("bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1"),
-    "bf16-B256-persistent": ("bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1,programs_per_sm=8"),
-    "bf16-B256-subtiles": ("bfloat16", 32, 128, 256, 1, "BV=4,num_warps=1,subtiles=16"),
-    "fp32-B256-table": ("float32", 32, 128, 256, 1, None),
-    "bf16-B1-table": ("bfloat16", 32, 128, 1, 1, None),
-    "bf16-B128-T8-table": ("bfloat16", 32, 128, 128, 8, None),
-    "bf16-B256-copy": ("bfloat16", 32, 128, 256, 1, "copy"),
+    "bf16-B256-table": ("triton", "bfloat16", 32, 128, 256, 1, None),
+    "bf16-B256-BV8": ("triton", "bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1"),
+    "bf16-B256-persistent": ("triton", "bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1,programs_per_sm=8"),
+    "bf16-B256-subtiles": ("triton", "bfloat16", 32, 128, 256, 1, "BV=4,num_warps=1,subtiles=16"),
+    "fp32-B256-table": ("triton", "float32", 32, 128, 256, 1, None),
+    "bf16-B1-table": ("triton", "bfloat16", 32, 128, 1, 1, None),
+    "bf16-B128-T8-table": ("triton", "bfloat16", 32, 128, 128, 8, None),
+    "bf16-B256-copy": ("triton", "bfloat16", 32, 128, 256, 1, "copy"),
+    "bf16-B1-flashinfer": ("flashinfer", "bfloat16", 32, 128, 1, 1, None),
+    "bf16-B1-HV64-table": ("triton", "bfloat16", 64, 128, 1, 1, None),
+    "bf16-B1-HV64-flashinfer": ("flashinfer", "bfloat16", 64, 128, 1, 1, None),
+    "bf16-B1-D64-table": ("triton", "bfloat16", 32, 64, 1, 1, None),
+    "bf16-B1-D64-flashinfer": ("flashinfer", "bfloat16", 32, 64, 1, 1, None),
 }
+OURS = [name for name, case in CASES.items() if case[0] == "triton"]  # the default: no other package needed
 SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats")
 # The summary's metrics (ncu's raw names), each in its own column.
 SUMMARY = {
@@ -77,16 +87,17 @@ NCU_GLOB = "/opt/nvidia/nsight-compute/*/ncu"  # where the H200 image keeps it w
 
 def workload(name: str) -> None:
     """Three warm-up launches and one more, in the NVTX range ncu profiles."""
-    state_dtype, HV, D, B, T, config = CASES[name]
-    cfg = Config("triton", B, HV, HV, D, D, state_dtype=state_dtype, T=T)
+    impl, state_dtype, HV, D, B, T, config = CASES[name]
+    cfg = Config(impl, B, HV, HV, D, D, state_dtype=state_dtype, T=T)
     inputs = cfg.make_inputs(torch.device("cuda"))
     if config == "copy":  # the state's bytes read and written once, as the kernel moves them
         # An elementwise kernel, not copy_: a contiguous copy_ is a memcpy, which ncu does not profile.
         source = inputs.state.clone()
         launch = lambda: torch.mul(source, 1, out=inputs.state)  # noqa: E731
+    elif config:
+        launch = TritonKDA(TileConfig.parse(config, TileConfig(BV=D))).bind(inputs)
     else:
-        impl = TritonKDA(TileConfig.parse(config, TileConfig(BV=D)) if config else None)
-        launch = impl.bind(inputs)
+        launch = get(impl).bind(inputs)
     for _ in range(WARMUP):
         launch()
     with torch.cuda.nvtx.range(RANGE):
@@ -125,7 +136,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "ncu")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    parser.add_argument("--cases", default=",".join(OURS),
+                        help=f"comma-separated, of: {', '.join(CASES)} (default: our kernel's and the copy)")
     parser.add_argument("--workload", choices=CASES, help="run one case's launches (what ncu profiles) and exit")
     args = parser.parse_args()
     if not torch.cuda.is_available():

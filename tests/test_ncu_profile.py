@@ -21,3 +21,19 @@ def test_summary_takes_the_named_metrics_with_their_units_and_leaves_absent_ones
     assert summary["duration (usecond)"] == "146.2" and summary["DRAM % of peak (%)"] == "88.5"
     assert summary["regs/thread (register/thread)"] == "168"
     assert summary["stall: long scoreboard"] == ""  # not in this page
+
+
+def test_every_case_names_a_registered_implementation_and_the_default_runs_ours_alone():
+    """A case names an implementation the registry has (a misspelt one would fail only on the GPU
+    box, under ncu), our kernel's forced configs parse, and the default cases need no other package."""
+    from kda_impls.impls.triton_kda import TileConfig
+    from kda_impls.registry import get
+
+    ncu_profile = load_script("ncu_profile")
+    for impl, _, _, D, _, _, config in ncu_profile.CASES.values():
+        get(impl)
+        if config not in (None, "copy"):
+            assert impl == "triton"
+            TileConfig.parse(config, TileConfig(BV=D))
+    assert ncu_profile.OURS and all(ncu_profile.CASES[name][0] == "triton" for name in ncu_profile.OURS)
+    assert "bf16-B1-flashinfer" in ncu_profile.CASES and "bf16-B1-flashinfer" not in ncu_profile.OURS
