@@ -41,7 +41,8 @@ loaded the state first, before the field existed. The committed table:
         results/h200/triton-tune-tma/fp32/triton_tune.csv results/h200/triton-tune-slots-ahead/bf16/triton_tune.csv \
         results/h200/triton-tune-slots-ahead/fp32/triton_tune.csv results/h200/triton-tune-eviction/bf16/triton_tune.csv \
         results/h200/triton-tune-eviction/fp32/triton_tune.csv results/h200/triton-tune-eviction-tiles/bf16/triton_tune.csv \
-        results/h200/triton-tune-eviction-tiles/fp32/triton_tune.csv
+        results/h200/triton-tune-eviction-tiles/fp32/triton_tune.csv results/h200/triton-tune-b1-warps/bf16/triton_tune.csv \
+        results/h200/triton-tune-b1-warps/fp32/triton_tune.csv
 
 ``--state-order TABLED FIRST``: where two sweeps of the ``targets`` preset (the table as it ran,
 and every entry with its state loaded first) time an entry more than 1% apart, the entry takes
