@@ -6,7 +6,8 @@
 # Steps after `go` need the box still warm from the one before (the packages stay installed there).
 # A call carries the tracked tree with the wheelhouse part, 64 MiB in all: with part 2 (~44 MB) the
 # tree (~25 MB with results/h200) is too large, so move results/h200 aside for such a call, keeping
-# the tune CSVs `validate_gate.py planted` reads (triton-tune-v3/, triton-tune-subtiles/).
+# the tune CSVs `validate_gate.py planted` reads (`validate_gate.TUNE_CSVS`: triton-tune-v3/,
+# triton-tune-subtiles/, triton-tune-eviction-tiles/).
 # A wheelhouse that holds two versions of one wheel (platformdirs, 2026-11-30) fails part 2's install
 # (pip: ResolutionImpossible): delete the older from .gpu/part1 and, on the box, from /root/gpu-stage.
 #
