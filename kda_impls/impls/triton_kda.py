@@ -426,9 +426,10 @@ class TileConfig:
     form's, 1 the next tile's loads in flight in registers, 0 only the coming tiles' slots (each
     tile's loads issued in its turn, never waiting on its slot); ``load_evict_first`` and
     ``store_evict_first``: 1 marks the state's loads (the pointer forms'; TMA's carry no hint) or
-    its stores ``evict_first`` (every tabled entry was tuned with both: the state is touched once a
-    step, so it should not push the small inputs out of the caches), 0 leaves them unhinted, as
-    FlashInfer's kernel does (docs/perf-notes.md, "The eviction hints")."""
+    its stores ``evict_first`` (the default, as the kernel was first tuned: the state is touched
+    once a step), 0 leaves them unhinted, as FlashInfer's kernel does. The hinted store is faster
+    at B <= 64 and what makes the step sensitive to where the pool lands; unhinted wins at some
+    B = 256 entries (docs/perf-notes.md, "The eviction hints")."""
 
     BV: int
     heads: int = 1
