@@ -73,6 +73,7 @@
 #   scripts/h200_run.sh eviction   # the table without the state's evict-first hints, against the table
 #   scripts/h200_run.sh placement-noise-eviction  # placement_noise.py on the table with and without them
 #   scripts/h200_run.sh placement-noise-hints  # the same at six rows, each hint dropped alone and both
+#   RUN=hints-fp32 ROWS=float32:16:64:256,... scripts/h200_run.sh placement-noise-hints  # other rows
 #   scripts/h200_run.sh eviction-tiles  # other tiles without the hints, against the table at B = 64 and 256
 #   scripts/h200_run.sh ncu-b1     # (after part 2 is installed) Nsight Compute on our B = 1 step and
 #                                  # FlashInfer's at three bf16 shapes
@@ -474,10 +475,12 @@ case ${1:-} in
   placement-noise-hints)  # (a bare two-GPU box will do) placement_noise.py at six bf16 rows of B = 16-64
     # (five that missed the 2% target in targets-8068b63), the table as committed and with the state's
     # loads' hint, its stores' or both dropped: which hint the spread follows (two configs per GPU)
-    rows=bfloat16:16:128:16,bfloat16:32:128:16,bfloat16:64:128:16,bfloat16:32:128:64,bfloat16:64:128:64,bfloat16:32:64:64
-    ( hints_noise hints loads-unhinted 1 "load_evict_first=0"; hints_noise hints stores-unhinted 1 "store_evict_first=0" ) \
+    # (ROWS and RUN override the rows and the directory's suffix: placement-noise-RUN/)
+    rows=${ROWS:-bfloat16:16:128:16,bfloat16:32:128:16,bfloat16:64:128:16,bfloat16:32:128:64,bfloat16:64:128:64,bfloat16:32:64:64}
+    run=${RUN:-hints}
+    ( hints_noise "$run" loads-unhinted 1 "load_evict_first=0"; hints_noise "$run" stores-unhinted 1 "store_evict_first=0" ) \
       > "$LOGS/gpu1.summary" 2>&1 &
-    hints_noise hints table 0 ""; hints_noise hints unhinted 0 "load_evict_first=0,store_evict_first=0"
+    hints_noise "$run" table 0 ""; hints_noise "$run" unhinted 0 "load_evict_first=0,store_evict_first=0"
     wait; cat "$LOGS/gpu1.summary"
     pack
     ;;
