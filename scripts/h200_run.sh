@@ -477,9 +477,12 @@ case ${1:-} in
     # loads' hint, its stores' or both dropped: which hint the spread follows (two configs per GPU)
     # (ROWS and RUN override the rows and the directory's suffix: placement-noise-RUN/)
     rows=${ROWS:-bfloat16:16:128:16,bfloat16:32:128:16,bfloat16:64:128:16,bfloat16:32:128:64,bfloat16:64:128:64,bfloat16:32:64:64}
+    # (on a one-GPU box the second pair runs after the first, on GPU 0)
     run=${RUN:-hints}
-    ( hints_noise "$run" loads-unhinted 1 "load_evict_first=0"; hints_noise "$run" stores-unhinted 1 "store_evict_first=0" ) \
+    second=1; [ "$(nvidia-smi -L | wc -l)" -ge 2 ] || second=0
+    ( hints_noise "$run" loads-unhinted $second "load_evict_first=0"; hints_noise "$run" stores-unhinted $second "store_evict_first=0" ) \
       > "$LOGS/gpu1.summary" 2>&1 &
+    [ $second = 1 ] || wait
     hints_noise "$run" table 0 ""; hints_noise "$run" unhinted 0 "load_evict_first=0,store_evict_first=0"
     wait; cat "$LOGS/gpu1.summary"
     pack
