@@ -487,7 +487,7 @@ def main() -> int:
     parser.add_argument("--state-order", nargs=2, type=Path, metavar=("TABLED", "FIRST"),
                         help="with --write-table: two sweep directories of our kernel, the table as it ran and "
                              "every entry with its state loaded first; each entry takes the faster order where they "
-                             f"differ by more than {STATE_ORDER_MARGIN:.0%}")
+                             f"differ by more than {STATE_ORDER_MARGIN * 100:.0f}%%")
     parser.add_argument("--over-table-report", nargs="+", type=Path, metavar="CSV",
                         help="write over_table.md beside each CSV of an --over-table run and exit (no GPU needed)")
     args = parser.parse_args()
