@@ -460,7 +460,8 @@ def state_dtypes(text: str) -> tuple[torch.dtype, ...]:
     return tuple(getattr(torch, name) for name in text.split(","))
 
 
-def main() -> int:
+def arguments() -> argparse.ArgumentParser:
+    """The command line (the docstring's commands parse with it: a test runs the committed table's)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "triton_tune.csv",
@@ -490,6 +491,11 @@ def main() -> int:
                              f"differ by more than {STATE_ORDER_MARGIN * 100:.0f}%%")
     parser.add_argument("--over-table-report", nargs="+", type=Path, metavar="CSV",
                         help="write over_table.md beside each CSV of an --over-table run and exit (no GPU needed)")
+    return parser
+
+
+def main() -> int:
+    parser = arguments()
     args = parser.parse_args()
     if args.over_table_report:
         for csv_path in args.over_table_report:

@@ -13,7 +13,6 @@ import shlex
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -422,25 +421,18 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
         triton_tune.write_table([f"{csv_path}:state_first=3"], table_path)
 
 
-def test_committed_table_is_what_its_documented_command_writes(tmp_path):
-    """The command triton_tune.py's docstring names for the committed table, run on the committed
-    measurements, writes that table: fails if the table was edited by hand, or regenerated from
-    runs the command does not list."""
+def test_committed_table_is_what_its_documented_command_writes(tmp_path, monkeypatch):
+    """The command triton_tune.py's docstring names for the committed table, parsed by the script's
+    own command line and run on the committed measurements, writes that table: fails if the table
+    was edited by hand, or regenerated from runs the command does not list."""
     triton_tune = load_script("triton_tune")
     command = triton_tune.__doc__.split("The committed table:")[1].split("\n\n")[1]
     words = shlex.split(command.replace("\\\n", " "))
-    options, name = {"--write-table": []}, "--write-table"
-    for word in words[words.index("--write-table") + 1:]:
-        if word.startswith("--"):
-            name = word
-            options[name] = []
-        else:
-            options[name].append(word)
-    assert set(options) == {"--write-table", "--state-order", "--over-table-runs"}, options
-    resolved = {name: [str(REPO / path) for path in paths] for name, paths in options.items()}
+    args = triton_tune.arguments().parse_args(words[words.index("--write-table"):])
+    assert args.write_table and args.state_order and args.over_table_runs, args
+    monkeypatch.chdir(REPO)  # the command's paths are the repository's
     table_path = tmp_path / "triton_tuning.py"
-    assert triton_tune.write_table(resolved["--write-table"], table_path,
-                                   tuple(map(Path, resolved["--state-order"])), resolved["--over-table-runs"]) == 0
+    assert triton_tune.write_table(args.write_table, table_path, args.state_order, args.over_table_runs) == 0
     namespace = {}
     exec(table_path.read_text(), namespace)
     assert namespace["TABLE"] == TABLE
@@ -476,8 +468,8 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
 
 def offline_sm90(configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
     """scripts/triton_registers.py's line per config (bf16 state, B = 256, T tokens), split into fields:
-    state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, loads before the
-    first 16-byte one, SASS digest. Skips where no ptxas here reads this Triton's PTX."""
+    state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, evict-first loads,
+    evict-first stores, TMA loads, loads before the first 16-byte one, SASS digest. Skips where no ptxas here reads this Triton's PTX."""
     done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", configs, "--state-dtypes",
                            "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256", "--T", str(T)],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
