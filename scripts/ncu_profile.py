@@ -132,14 +132,18 @@ def summarise(raw: pd.DataFrame, units: pd.Series) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "ncu")
     parser.add_argument("--cases", default=",".join(OURS),
                         help=f"comma-separated, of: {', '.join(CASES)} (default: our kernel's and the copy)")
     parser.add_argument("--workload", choices=CASES, help="run one case's launches (what ncu profiles) and exit")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = arguments().parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
         return 2
