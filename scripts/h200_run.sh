@@ -77,8 +77,8 @@
 #   scripts/h200_run.sh eviction-tiles  # other tiles without the hints, against the table at B = 64 and 256
 #   scripts/h200_run.sh ncu-b1     # (after part 2 is installed) Nsight Compute on our B = 1 step and
 #                                  # FlashInfer's at three bf16 shapes
-#   scripts/h200_run.sh b1-warps   # (bare two-GPU box) B = 1 in FlashInfer's launch shape (ncu-b1: 8 rows a
-#                                  # warp, 2-4 warps a program), each state order, against the table
+#   scripts/h200_run.sh b1-warps   # (bare two-GPU box) B = 1 in FlashInfer's launch shape (ncu-b1: fewer
+#                                  # programs of 2-4 warps), BV = 8 rows a warp, each state order, against the table
 #   SWEEP=results/h200/targets-<sha> scripts/h200_run.sh cupti-triton  # (bare one-GPU box) CUPTI on our
 #                                  # kernel's unpadded rows of a committed targets run at B = 64 and 256
 #
@@ -433,7 +433,7 @@ case ${1:-} in
     pack
     ;;
   b1-warps)  # (a bare two-GPU box will do) at B = 1, the tabled one-warp 8-row tiles against programs of
-    # 2-8 warps of 8 rows each (FlashInfer's launch shape at B = 1, ncu-b1/), each state order
+    # 2-8 warps, BV = 8 rows a warp (FlashInfer's launch shape at B = 1, ncu-b1/), each state order
     VARIANTS="BV=16,num_warps=2,state_first=1;BV=16,num_warps=2,state_first=2;BV=32,num_warps=4,state_first=1"
     VARIANTS="$VARIANTS;BV=32,num_warps=4,state_first=2;BV=32,num_warps=4,state_first=2,rewiden=1"
     VARIANTS="$VARIANTS;BV=32,num_warps=4,state_first=1,const_heads=1;BV=64,num_warps=8,state_first=1"
