@@ -79,6 +79,8 @@
 #                                  # FlashInfer's at three bf16 shapes
 #   scripts/h200_run.sh b1-warps   # (bare two-GPU box) B = 1 in FlashInfer's launch shape (ncu-b1: fewer
 #                                  # programs of 2-4 warps), BV = 8 rows a warp, each state order, against the table
+#   OLD_KERNEL=old_triton_kda.py scripts/h200_run.sh fast-gate  # (bare box) the base-2 gate against the
+#                                  # kernel before it at B = 1, after the new kernel's GPU tests
 #   SWEEP=results/h200/targets-<sha> scripts/h200_run.sh cupti-triton  # (bare one-GPU box) CUPTI on our
 #                                  # kernel's unpadded rows of a committed targets run at B = 64 and 256
 #
@@ -439,6 +441,29 @@ case ${1:-} in
     VARIANTS="$VARIANTS;BV=32,num_warps=4,state_first=1,const_heads=1;BV=64,num_warps=8,state_first=1"
     VARIANTS="$VARIANTS;BV=64,num_warps=8,state_first=2"
     over_table_both_gpus b1-warps 1 "$VARIANTS"
+    pack
+    ;;
+  fast-gate)  # (a bare box will do) the gate in base 2 on MUFU's log2 and rsqrt (the twelfth session's kernel)
+    # against the kernel before it, OLD_KERNEL (that commit's kda_impls/impls/triton_kda.py: `git show
+    # acee2e5:kda_impls/impls/triton_kda.py > old_triton_kda.py`), at B = 1: the table and candidates with the
+    # head counts compiled in, bf16 new, old, then fp32 old, new; first the new kernel's GPU tests and grid
+    TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py
+    TAIL=3 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
+      --out "$RES/correctness-triton-fast-gate"
+    VARIANTS="const_heads=1;BV=4,num_warps=1;BV=4,num_warps=1,const_heads=1;BV=8,num_warps=1,state_first=1,const_heads=1"
+    VARIANTS="$VARIANTS;BV=8,num_warps=1,state_first=2,const_heads=1;BV=8,num_warps=1,state_first=0,const_heads=1"
+    VARIANTS="$VARIANTS;BV=16,num_warps=2,state_first=1,const_heads=1;BV=16,num_warps=1,state_first=1,const_heads=1"
+    VARIANTS="$VARIANTS;BV=32,num_warps=4,state_first=1,const_heads=1"
+    VARIANTS="$VARIANTS;BV=8,num_warps=1,state_first=1,const_heads=1,load_evict_first=0,store_evict_first=0"
+    cp kda_impls/impls/triton_kda.py "$RES/new_triton_kda.py"
+    for run in new:bfloat16 old:bfloat16 old:float32 new:float32; do
+      code=${run%%:*} dtype=${run#*:}
+      cp "$([ "$code" = old ] && echo "$OLD_KERNEL" || echo "$RES/new_triton_kda.py")" kda_impls/impls/triton_kda.py
+      TAIL=2 step "tune-fast-gate-$code-$dtype" 200 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
+        --head-dims 128x128,64x64 --batches 1 --state-dtypes "$dtype" --budget-s 150 --over-table "$VARIANTS" \
+        --out "$RES/triton-tune-fast-gate/$code-$dtype/triton_tune.csv"
+    done
+    cp "$RES/new_triton_kda.py" kda_impls/impls/triton_kda.py && rm "$RES/new_triton_kda.py"
     pack
     ;;
   ncu-b1)  # (after part 2 is installed) where FlashInfer's B = 1 step is shorter than ours: launch shape,

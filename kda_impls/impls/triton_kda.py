@@ -60,17 +60,38 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 SOFTPLUS_LINEAR_ABOVE = 20.0
 # Triton's eviction_policy of a state access by the tile config's load/store_evict_first (0: no hint).
 EVICTION_POLICY = ("", "evict_first")
+LOG2E = tl.constexpr(1.4426950408889634)
+# How @triton.jit builds this module's kernels: Triton's interpreter runs no inline assembly.
+INTERPRETED = tl.constexpr(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _log2_approx(x):
+    """log2 by one ``lg2.approx.f32`` (MUFU.LG2, relative error about 2**-22), where ``tl.log2`` is
+    libdevice's ~25-instruction polynomial on the critical path of a B = 1 step; the interpreter,
+    which runs no PTX, uses ``tl.log2``."""
+    if INTERPRETED:
+        return tl.log2(x)
+    else:
+        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
 
 
 @triton.jit
 def _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr,
                 SOFTPLUS_LINEAR_ABOVE: tl.constexpr):
-    """One token's normalised q (scaled) and k, its decay along K and its beta (all float32)."""
-    q = q * (scale / tl.sqrt(tl.sum(q * q) + L2_EPS))
-    k = k / tl.sqrt(tl.sum(k * k) + L2_EPS)
-    x = a + dt_bias
-    softplus = tl.where(x > SOFTPLUS_LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
-    decay = tl.exp(-tl.exp(A_log) * softplus)  # [K]: the state decays along K
+    """One token's normalised q (scaled) and k, its decay along K and its beta (all float32).
+
+    In base 2, as FlashInfer's kernel computes it: ``exp(-exp(A_log) softplus(x))`` is
+    ``exp2(-exp(A_log) log2(1 + exp2(x log2 e)))``, one MUFU instruction for each exp and the log
+    and no rescaling between them, and the norms take one ``rsqrt`` each, not a square root and a
+    division: the gate is the prologue every program computes before its first state access is
+    used, which is most of a B = 1 step's instructions (docs/perf-notes.md, "Twelfth session")."""
+    q = q * (scale * tl.math.rsqrt(tl.sum(q * q) + L2_EPS))
+    k = k * tl.math.rsqrt(tl.sum(k * k) + L2_EPS)
+    x = (a + dt_bias) * LOG2E
+    softplus2 = tl.where(x > SOFTPLUS_LINEAR_ABOVE * LOG2E, x, _log2_approx(1.0 + tl.exp2(x)))  # softplus / ln 2
+    decay = tl.exp2(-tl.exp(A_log) * softplus2)  # [K]: the state decays along K
     beta = tl.sigmoid(beta_logit)
     return q, k, decay, beta
 
