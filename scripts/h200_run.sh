@@ -81,6 +81,7 @@
 #                                  # programs of 2-4 warps), BV = 8 rows a warp, each state order, against the table
 #   OLD_KERNEL=old_triton_kda.py scripts/h200_run.sh fast-gate  # (bare box) the base-2 gate against the
 #                                  # kernel before it at B = 1, after the new kernel's GPU tests
+#   scripts/h200_run.sh fast-gate-tiles  # (bare box) fast_gate=1 tiles at B = 1 and 16 over the table
 #   SWEEP=results/h200/targets-<sha> scripts/h200_run.sh cupti-triton  # (bare one-GPU box) CUPTI on our
 #                                  # kernel's unpadded rows of a committed targets run at B = 64 and 256
 #
@@ -464,6 +465,26 @@ case ${1:-} in
         --out "$RES/triton-tune-fast-gate/$code-$dtype/triton_tune.csv"
     done
     cp "$RES/new_triton_kda.py" kda_impls/impls/triton_kda.py && rm "$RES/new_triton_kda.py"
+    pack
+    ;;
+  fast-gate-tiles)  # (a bare box will do) the base-2 gate (fast_gate=1) with the head counts compiled in, over
+    # the table at B = 1 and 16: tiles of 2-8 rows a warp, each state order, widened once or twice (the
+    # parallel reductions), unhinted; bf16, then the fp32 one-warp tiles at B = 1; the GPU tests first
+    TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py
+    F=fast_gate=1,const_heads=1 VARIANTS=""
+    for tile in BV=2,num_warps=1 BV=4,num_warps=1 BV=8,num_warps=1; do
+      for order in 1 2; do for widen in 0 1; do VARIANTS="$VARIANTS;$F,$tile,state_first=$order,rewiden=$widen"; done; done
+    done
+    VARIANTS="${VARIANTS#;};$F,BV=4,num_warps=1,state_first=0,rewiden=0;$F,BV=8,num_warps=2,state_first=1,rewiden=0"
+    VARIANTS="$VARIANTS;$F,BV=4,num_warps=1,state_first=1,rewiden=0,load_evict_first=0,store_evict_first=0"
+    TAIL=2 step tune-fast-gate-tiles-bf16 300 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
+      --head-dims 128x128,64x64 --batches 1,16 --state-dtypes bfloat16 --budget-s 250 --over-table "$VARIANTS" \
+      --out "$RES/triton-tune-fast-gate-tiles/bf16/triton_tune.csv"
+    VARIANTS="$F,BV=4,num_warps=1,state_first=0;$F,BV=4,num_warps=1,state_first=1;$F,BV=8,num_warps=1,state_first=0"
+    VARIANTS="$VARIANTS;$F,BV=8,num_warps=1,state_first=1;$F,BV=2,num_warps=1,state_first=0"
+    TAIL=2 step tune-fast-gate-tiles-fp32 200 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
+      --head-dims 128x128,64x64 --batches 1 --state-dtypes float32 --budget-s 150 --over-table "$VARIANTS" \
+      --out "$RES/triton-tune-fast-gate-tiles/fp32/triton_tune.csv"
     pack
     ;;
   ncu-b1)  # (after part 2 is installed) where FlashInfer's B = 1 step is shorter than ours: launch shape,

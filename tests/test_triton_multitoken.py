@@ -62,11 +62,13 @@ def test_activation_dtypes(dtype):
         assert verdict.err_out <= 1e-5 and verdict.err_state <= 1e-5, verdict
 
 
-# Several V-tiles, head groups (walked with and without a pipelined loop), a tile taller than V.
+# Several V-tiles, head groups (walked with and without a pipelined loop), a tile taller than V, the
+# gate in base 2.
 FORCED = [
     TileConfig(BV=8, num_warps=1),
     TileConfig(BV=16, heads=2, num_warps=2, num_stages=2),
     TileConfig(BV=64, heads=3, num_warps=2),
+    TileConfig(BV=8, num_warps=1, fast_gate=1),
 ]
 
 

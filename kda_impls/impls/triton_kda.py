@@ -79,19 +79,26 @@ def _log2_approx(x):
 
 @triton.jit
 def _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr,
-                SOFTPLUS_LINEAR_ABOVE: tl.constexpr):
+                SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr):
     """One token's normalised q (scaled) and k, its decay along K and its beta (all float32).
 
-    In base 2, as FlashInfer's kernel computes it: ``exp(-exp(A_log) softplus(x))`` is
-    ``exp2(-exp(A_log) log2(1 + exp2(x log2 e)))``, one MUFU instruction for each exp and the log
-    and no rescaling between them, and the norms take one ``rsqrt`` each, not a square root and a
-    division: the gate is the prologue every program computes before its first state access is
-    used, which is most of a B = 1 step's instructions (docs/perf-notes.md, "Twelfth session")."""
-    q = q * (scale * tl.math.rsqrt(tl.sum(q * q) + L2_EPS))
-    k = k * tl.math.rsqrt(tl.sum(k * k) + L2_EPS)
-    x = (a + dt_bias) * LOG2E
-    softplus2 = tl.where(x > SOFTPLUS_LINEAR_ABOVE * LOG2E, x, _log2_approx(1.0 + tl.exp2(x)))  # softplus / ln 2
-    decay = tl.exp2(-tl.exp(A_log) * softplus2)  # [K]: the state decays along K
+    ``FAST_GATE`` computes it in base 2, as FlashInfer's kernel does: ``exp(-exp(A_log) softplus(x))``
+    is ``exp2(-exp(A_log) log2(1 + exp2(x log2 e)))``, one MUFU instruction for each exp and the
+    log and no rescaling between them, and each norm takes one ``rsqrt``, not a square root and a
+    division. The gate is the prologue every program computes before it can use its state tile:
+    most of a B = 1 step's instructions (docs/perf-notes.md, "The gate in base 2")."""
+    if FAST_GATE:
+        q = q * (scale * tl.math.rsqrt(tl.sum(q * q) + L2_EPS))
+        k = k * tl.math.rsqrt(tl.sum(k * k) + L2_EPS)
+        x = (a + dt_bias) * LOG2E
+        softplus2 = tl.where(x > SOFTPLUS_LINEAR_ABOVE * LOG2E, x, _log2_approx(1.0 + tl.exp2(x)))  # softplus / ln 2
+        decay = tl.exp2(-tl.exp(A_log) * softplus2)  # [K]: the state decays along K
+    else:
+        q = q * (scale / tl.sqrt(tl.sum(q * q) + L2_EPS))
+        k = k / tl.sqrt(tl.sum(k * k) + L2_EPS)
+        x = a + dt_bias
+        softplus = tl.where(x > SOFTPLUS_LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
+        decay = tl.exp(-tl.exp(A_log) * softplus)
     beta = tl.sigmoid(beta_logit)
     return q, k, decay, beta
 
@@ -154,7 +161,7 @@ def _kda_decode_kernel(
     slot_stride, scale, value_heads, group, HV_CONST: tl.constexpr, GROUP_CONST: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
     SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, REWIDEN: tl.constexpr, LOAD_HINT: tl.constexpr,
-    STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
     # The head counts: compile-time constants where HV_CONST > 0 (no division on the way to the first
@@ -198,7 +205,8 @@ def _kda_decode_kernel(
                                                                 row * H + h, hv, row_hv, offs_k, K)
         if STATE_FIRST == 2:
             ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
-        q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
+        q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE,
+                                        FAST_GATE)
 
         # The gate and norms above serve SUBTILES tiles of BV rows, walked in order (unrolled), the
         # next tile's load issued before this one computes: one tile in flight behind the one in use.
@@ -276,7 +284,7 @@ def _kda_decode_persistent_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr,
     slot_stride, scale, n_tiles, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, LOOKAHEAD: tl.constexpr, LOAD_HINT: tl.constexpr,
-    STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr,
 ):
     """The one-token step on a persistent grid: program p takes work tiles p, p + G, p + 2G, ...
     (G programs), and the slots of the tiles ahead are loaded before they are needed, so no tile's
@@ -313,7 +321,7 @@ def _kda_decode_persistent_kernel(
         row_hv = tl.cast(tile // V_TILES, tl.int64)  # a Python int under the interpreter: no .to()
         offs_v = tile % V_TILES * BV + offs_bv
         q, k, decay, beta = _token_gate(q.to(tl.float32), k.to(tl.float32), a.to(tl.float32), dt_bias, A_log,
-                                        beta_logit.to(tl.float32), scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
+                                        beta_logit.to(tl.float32), scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE, FAST_GATE)
         S, o = _delta_rule(S.to(tl.float32), q, k, v.to(tl.float32), decay, beta)
         _store_tile(state_ptr, out_ptr, S, o, tile_slot, slot_stride, row_hv % HV, row_hv, offs_v, offs_k, K, V, BV,
                     STORE_HINT)
@@ -324,7 +332,7 @@ def _kda_decode_tma_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, state_desc, slots_ptr, out_ptr,
     slot_stride, scale, n_tiles, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, NUM_STAGES: tl.constexpr, STORE_HINT: tl.constexpr,
-    L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr,
 ):
     """The one-token step with the state read by TMA: program p takes work tiles p, p + G, ...
     (G programs; one tile each when G is the tile count), and the compiler's software pipeline
@@ -353,7 +361,8 @@ def _kda_decode_tma_kernel(
         q, k, a, dt_bias, A_log, beta_logit = _load_head_inputs(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
                                                                 row * H + h, hv, row_hv, offs_k, K)
         v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
-        q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE)
+        q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE,
+                                        FAST_GATE)
         S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
         _store_tile(state_ptr, out_ptr, S, o, slot, slot_stride, hv, row_hv, offs_v, offs_k, K, V, BV, STORE_HINT)
 
@@ -378,6 +387,7 @@ def _kda_multitoken_kernel(
     slot_stride, scale, T, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
     LOAD_HINT: tl.constexpr, STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
+    FAST_GATE: tl.constexpr,
 ):
     """T tokens per row (T > 1): the program mapping of :func:`_kda_decode_kernel`; each state tile
     is read once, from the row's start slot, carried through the T tokens in registers and
@@ -410,7 +420,7 @@ def _kda_multitoken_kernel(
             ahead = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, first_token + tl.minimum(t + 1, T - 1),
                                 h, hv, H, HV, offs_k, offs_v, K, V)
             q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS,
-                                            SOFTPLUS_LINEAR_ABOVE)
+                                            SOFTPLUS_LINEAR_ABOVE, FAST_GATE)
             S, o = _delta_rule(S, q, k, v, decay, beta)
             stores = live & ((no_slot + slot) >= 0)
             tl.store(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K) + tile,
@@ -450,7 +460,11 @@ class TileConfig:
     its stores ``evict_first`` (the default, as the kernel was first tuned: the state is touched
     once a step), 0 leaves them unhinted, as FlashInfer's kernel does. The hinted store is faster
     at B <= 64 and what makes the step sensitive to where the pool lands; unhinted wins at some
-    B = 256 entries (docs/perf-notes.md, "The eviction hints")."""
+    B = 256 entries (docs/perf-notes.md, "The eviction hints"); ``fast_gate``: 1 computes the gate
+    and the norms in base 2 on MUFU's approximations (:func:`_token_gate`: fewer instructions before
+    a program can use its tile, which a B = 1 step waits on), 0 with libdevice's log, square roots
+    and divisions (the code the other entries were tuned on: the same tile can compile to another
+    load order, docs/perf-notes.md, "The gate in base 2")."""
 
     BV: int
     heads: int = 1
@@ -466,6 +480,7 @@ class TileConfig:
     lookahead: int = 1
     load_evict_first: int = 1
     store_evict_first: int = 1
+    fast_gate: int = 0
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -512,7 +527,7 @@ class TileConfig:
             raise ValueError(f"{source}: rewiden must be 0 or 1; got {self.rewiden}")
         if self.tma not in (0, 1):
             raise ValueError(f"{source}: tma must be 0 or 1; got {self.tma}")
-        for flag in ("lookahead", "load_evict_first", "store_evict_first"):
+        for flag in ("lookahead", "load_evict_first", "store_evict_first", "fast_gate"):
             if getattr(self, flag) not in (0, 1):
                 raise ValueError(f"{source}: {flag} must be 0 or 1; got {getattr(self, flag)}")
         if self.maxnreg and not (self.maxnreg % 8 == 0 and 24 <= self.maxnreg <= 255):
@@ -668,7 +683,8 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
     # 0): the program-to-tile mapping divides by them, and a division by a runtime value is a long
     # instruction sequence on the path to the first load.
     meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=config.BV, L2_EPS=L2_EPS,
-                SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, STORE_HINT=EVICTION_POLICY[config.store_evict_first],
+                SOFTPLUS_LINEAR_ABOVE=SOFTPLUS_LINEAR_ABOVE, FAST_GATE=config.fast_gate,
+                STORE_HINT=EVICTION_POLICY[config.store_evict_first],
                 num_warps=config.num_warps)
     load_hint = dict(LOAD_HINT=EVICTION_POLICY[config.load_evict_first])
     if config.maxnreg:
