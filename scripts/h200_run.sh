@@ -81,6 +81,7 @@
 #                                  # programs of 2-4 warps), BV = 8 rows a warp, each state order, against the table
 #   OLD_KERNEL=old_triton_kda.py scripts/h200_run.sh fast-gate  # (bare box) the base-2 gate against the
 #                                  # kernel before it at B = 1, after the new kernel's GPU tests
+#   scripts/h200_run.sh ncu-b1-ours    # (bare box) our kernel's B = 1 cases of ncu-b1 on the table as it is
 #   scripts/h200_run.sh fast-gate-tiles  # (bare box) fast_gate=1 tiles at B = 1 and 16 over the table
 #   SWEEP=results/h200/targets-<sha> scripts/h200_run.sh cupti-triton  # (bare one-GPU box) CUPTI on our
 #                                  # kernel's unpadded rows of a committed targets run at B = 64 and 256
@@ -492,6 +493,12 @@ case ${1:-} in
     source /root/gpu-site/env.sh
     TAIL=30 step ncu-b1 400 $ON_GPU python3 scripts/ncu_profile.py --out "$RES/ncu-b1" --cases \
       bf16-B1-table,bf16-B1-flashinfer,bf16-B1-HV64-table,bf16-B1-HV64-flashinfer,bf16-B1-D64-table,bf16-B1-D64-flashinfer
+    pack
+    ;;
+  ncu-b1-ours)  # (a bare box will do) our kernel's B = 1 cases of ncu-b1 under Nsight Compute as the table has them
+    # now (FlashInfer's were profiled the same way in ncu-b1/)
+    TAIL=30 step ncu-b1-ours 300 $ON_GPU python3 scripts/ncu_profile.py --out "$RES/ncu-b1-ours" --cases \
+      bf16-B1-table,bf16-B1-HV64-table,bf16-B1-D64-table
     pack
     ;;
   cupti-triton)  # (a bare box will do) the second clock on the bandwidth rows of a committed targets run
