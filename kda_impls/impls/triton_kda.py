@@ -15,9 +15,10 @@ whether the head counts are compiled into the one-token kernel (a shorter path t
 or passed at run time (fewer registers for some tiles), ``state_first`` where a one-tile
 program issues its state load (before the small inputs' loads, between them and the gate, or after
 the gate), ``rewiden`` whether the stored tile is widened to fp32 once or twice (the second time
-for the update, so the fp32 tile need not stay live across the reductions), and ``maxnreg`` a cap
-on ptxas's registers. docs/perf-notes.md has what each was measured to do on the H200, and what
-the forms tried and dropped did (each tile read twice).
+for the update, so the fp32 tile need not stay live across the reductions), ``maxnreg`` a cap
+on ptxas's registers, and ``fast_gate`` whether the gate is computed in base 2 on MUFU's log2 (fewer
+instructions on a B = 1 step's chain) or with libdevice's log. docs/perf-notes.md has what each
+was measured to do on the H200, and what the forms tried and dropped did (each tile read twice).
 
 Multi-token decode (T > 1 tokens per row, speculative verify) has its own kernel with the same
 program mapping: the state tile is read once, from the row's start slot
