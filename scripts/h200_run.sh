@@ -81,6 +81,7 @@
 #                                  # programs of 2-4 warps), BV = 8 rows a warp, each state order, against the table
 #   OLD_KERNEL=old_triton_kda.py scripts/h200_run.sh fast-gate  # (bare box) the base-2 gate against the
 #                                  # kernel before it at B = 1, after the new kernel's GPU tests
+#   scripts/h200_run.sh b1-eight-rows  # (bare box) bf16 B = 1: 8- and 16-row base-2 tiles under a register cap
 #   scripts/h200_run.sh ncu-b1-ours    # (bare box) our kernel's B = 1 cases of ncu-b1 on the table as it is
 #   scripts/h200_run.sh fast-gate-tiles  # (bare box) fast_gate=1 tiles at B = 1 and 16 over the table
 #   SWEEP=results/h200/targets-<sha> scripts/h200_run.sh cupti-triton  # (bare one-GPU box) CUPTI on our
@@ -493,6 +494,18 @@ case ${1:-} in
     source /root/gpu-site/env.sh
     TAIL=30 step ncu-b1 400 $ON_GPU python3 scripts/ncu_profile.py --out "$RES/ncu-b1" --cases \
       bf16-B1-table,bf16-B1-flashinfer,bf16-B1-HV64-table,bf16-B1-HV64-flashinfer,bf16-B1-D64-table,bf16-B1-D64-flashinfer
+    pack
+    ;;
+  b1-eight-rows)  # (a bare box will do) at bf16 B = 1, the 8- and 16-row tiles in base 2 under a register cap,
+    # which keeps their state loads together at the program's start offline (fast_gate_hv32_d128.txt: the
+    # uncapped 8-row tile spreads them over 262 instructions), against the table's 2- and 4-row tiles
+    F=fast_gate=1,const_heads=1
+    VARIANTS="$F,BV=8,num_warps=1,state_first=1,maxnreg=96;$F,BV=8,num_warps=1,state_first=2,maxnreg=96"
+    VARIANTS="$VARIANTS;$F,BV=8,num_warps=1,state_first=1,maxnreg=128;$F,BV=8,num_warps=1,state_first=1,rewiden=1,maxnreg=96"
+    VARIANTS="$VARIANTS;$F,BV=16,num_warps=2,state_first=1,maxnreg=128;$F,BV=16,num_warps=1,state_first=1,maxnreg=128"
+    TAIL=2 step tune-b1-eight-rows 300 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
+      --head-dims 128x128,64x64 --batches 1 --state-dtypes bfloat16 --budget-s 250 --over-table "$VARIANTS" \
+      --out "$RES/triton-tune-b1-eight-rows/triton_tune.csv"
     pack
     ;;
   ncu-b1-ours)  # (a bare box will do) our kernel's B = 1 cases of ncu-b1 under Nsight Compute as the table has them

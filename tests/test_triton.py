@@ -477,8 +477,9 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
 
 def offline_sm90(configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
     """scripts/triton_registers.py's line per config (bf16 state, B = 256, T tokens), split into fields:
-    state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, MUFU.LG2, evict-first loads,
-    evict-first stores, TMA loads, loads before the first 16-byte one, SASS digest. Skips where no ptxas here reads this Triton's PTX."""
+    state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, MUFU.LG2, state load
+    spread, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte one, SASS
+    digest. Skips where no ptxas here reads this Triton's PTX."""
     done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", configs, "--state-dtypes",
                            "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256", "--T", str(T)],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
