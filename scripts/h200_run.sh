@@ -498,7 +498,10 @@ case ${1:-} in
     ;;
   b1-eight-rows)  # (a bare box will do) at bf16 B = 1, the 8- and 16-row tiles in base 2 under a register cap,
     # which keeps their state loads together at the program's start offline (fast_gate_hv32_d128.txt: the
-    # uncapped 8-row tile spreads them over 262 instructions), against the table's 2- and 4-row tiles
+    # uncapped 8-row tile spreads them over 262 instructions), against the table's 2- and 4-row tiles; first
+    # memcheck and racecheck on every kernel form, the base-2 gate's among them
+    TAIL=3 step memcheck 100 $ON_GPU compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    TAIL=3 step racecheck 100 $ON_GPU compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
     F=fast_gate=1,const_heads=1
     VARIANTS="$F,BV=8,num_warps=1,state_first=1,maxnreg=96;$F,BV=8,num_warps=1,state_first=2,maxnreg=96"
     VARIANTS="$VARIANTS;$F,BV=8,num_warps=1,state_first=1,maxnreg=128;$F,BV=8,num_warps=1,state_first=1,rewiden=1,maxnreg=96"
