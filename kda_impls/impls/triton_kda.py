@@ -47,7 +47,6 @@ from dataclasses import dataclass, fields, replace
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..contract import Capabilities, Implementation
@@ -62,7 +61,8 @@ SOFTPLUS_LINEAR_ABOVE = 20.0
 # Triton's eviction_policy of a state access by the tile config's load/store_evict_first (0: no hint).
 EVICTION_POLICY = ("", "evict_first")
 LOG2E = tl.constexpr(1.4426950408889634)
-# How @triton.jit builds this module's kernels: Triton's interpreter runs no inline assembly.
+# Whether @triton.jit built this module's kernels for the interpreter (the same knob, read at the same
+# import): the interpreter runs no inline assembly, and no kernel on a CUDA tensor.
 INTERPRETED = tl.constexpr(triton.knobs.runtime.interpret)
 
 
@@ -520,15 +520,10 @@ class TileConfig:
             raise ValueError(f"{source}: programs_per_sm must be in 0..64; got {self.programs_per_sm}")
         if not (power_of_two(self.subtiles) and self.subtiles <= 64):
             raise ValueError(f"{source}: subtiles must be a power of two in 1..64; got {self.subtiles}")
-        if self.const_heads not in (0, 1):
-            raise ValueError(f"{source}: const_heads must be 0 or 1; got {self.const_heads}")
         if self.state_first not in (0, 1, 2):
             raise ValueError(f"{source}: state_first must be 0, 1 or 2; got {self.state_first}")
-        if self.rewiden not in (0, 1):
-            raise ValueError(f"{source}: rewiden must be 0 or 1; got {self.rewiden}")
-        if self.tma not in (0, 1):
-            raise ValueError(f"{source}: tma must be 0 or 1; got {self.tma}")
-        for flag in ("lookahead", "load_evict_first", "store_evict_first", "fast_gate"):
+        for flag in ("const_heads", "rewiden", "tma", "lookahead", "load_evict_first", "store_evict_first",
+                     "fast_gate"):
             if getattr(self, flag) not in (0, 1):
                 raise ValueError(f"{source}: {flag} must be 0 or 1; got {getattr(self, flag)}")
         if self.maxnreg and not (self.maxnreg % 8 == 0 and 24 <= self.maxnreg <= 255):
@@ -598,10 +593,6 @@ def choose_config(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: 
     return TileConfig.parse(tabled[batch, tokens], TileConfig(BV=V), source=source)
 
 
-def _built_for_interpreter() -> bool:
-    return isinstance(_kda_decode_kernel, InterpretedFunction)
-
-
 class TritonKDA(Implementation):
     """``config``: force one tile config for every shape (tuning); None uses ``KDA_TRITON_CONFIG``
     over the tuning table."""
@@ -624,7 +615,7 @@ class TritonKDA(Implementation):
         return {**super().versions(), "triton": triton.__version__}
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
-        interpreted = _built_for_interpreter()
+        interpreted = bool(INTERPRETED)
         if inputs.device.type == "cpu":
             if interpreted:
                 return None
