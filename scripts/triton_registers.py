@@ -13,13 +13,14 @@ for sm_90a (the first of Triton's bundled assemblers and CUDA's that reads that 
 disassembled by Triton's bundled ``cuobjdump``. Prints one line per config: registers per thread,
 spill bytes, the warps per SM the registers allow (65536 registers per SM, at most 32 programs),
 the SASS instructions before the first global load (the latency a small step waits before its
-first DRAM access) and in all, the MUFU.LG2 instructions (the base-2 gate's log2, ``fast_gate``), the
-instructions from the state's first 16-byte load to its last (a tile whose loads ptxas spreads
-through the gate waits a second round trip for the last ones), the global loads and stores marked evict-first (``.EF``: the state's,
-under ``load_evict_first`` and ``store_evict_first``), the TMA loads (``UTMALDG``: the TMA form's state tiles, two where its
-loop is pipelined, one issued ahead of the loop), the global loads issued before the first 16-byte one (the state
-tile's: how many of the small inputs' loads go ahead of it), and a digest of the SASS without its
-addresses (equal digests: the same code). The figures are this Triton's, and they move with its version: run it
+first DRAM access) and in all, the MUFU.LG2 instructions (the base-2 gate's log2, ``fast_gate``),
+the instructions from the state's first 16-byte load to its last (a tile whose loads ptxas spreads
+through the gate waits a second round trip for the last ones), the global loads and stores marked
+evict-first (``.EF``: the state's, under ``load_evict_first`` and ``store_evict_first``), the TMA
+loads (``UTMALDG``: the TMA form's state tiles, two where its loop is pipelined, one issued ahead of
+the loop), the global loads issued before the first 16-byte one (the state tile's: how many of the
+small inputs' loads go ahead of it), and a digest of the SASS without its addresses (equal
+digests: the same code). The figures are this Triton's, and they move with its version: run it
 under the H200 image's (Triton 3.6, ``pip install triton==3.6.0`` in a virtual environment), whose
 counts matched the box's own (the tune's ``regs`` column) where Triton 3.9's did not: the bf16
 K=V=64 ``BV=32`` tile takes 125 registers under 3.6 and on the H200, 96 under 3.9
@@ -73,15 +74,14 @@ def assemblers() -> list[str]:
 def sass_counts(cubin: Path) -> dict:
     """SASS instructions before the first global load, and in all; the MUFU.LG2 instructions; the
     instructions from the first of the state's 16-byte loads (predicated: masked on the row's slot) to
-    the last; the
-    global loads and stores marked evict-first; the TMA loads; the global loads issued before the
-    first 16-byte one (the state tile's: how many of the small inputs' loads go first); and a
+    the last; the global loads and stores marked evict-first; the TMA loads; the global loads issued
+    before the first 16-byte one (the state tile's: how many of the small inputs' loads go first); and a
     digest of the instructions without their addresses, equal for equal code (None without cuobjdump)."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
         return {"sass_before_load": None, "sass": None, "lg2": None, "state_load_spread": None,
-                "evict_first_loads": None,
-                "evict_first_stores": None, "tma_loads": None, "loads_before_16B": None, "sass_digest": None}
+                "evict_first_loads": None, "evict_first_stores": None, "tma_loads": None, "loads_before_16B": None,
+                "sass_digest": None}
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     instructions = [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in sass.splitlines()
                     if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
@@ -152,8 +152,7 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
 # The compiled kernel's columns, after each line's own: (heading, field of registers(), width).
 COUNTS = [("regs", "regs", 4), ("spill B", "spill_bytes", 7), ("warps/SM", "warps_per_sm", 8),
           ("SASS to 1st load", "sass_before_load", 16), ("SASS", "sass", 5), ("LG2", "lg2", 4),
-          ("state load spread", "state_load_spread", 17),
-          ("EF loads", "evict_first_loads", 8),
+          ("state load spread", "state_load_spread", 17), ("EF loads", "evict_first_loads", 8),
           ("EF stores", "evict_first_stores", 9), ("TMA loads", "tma_loads", 9),
           ("loads before 16B", "loads_before_16B", 16), ("SASS digest", "sass_digest", 12)]
 COUNTS_HEADING = " ".join(f"{heading:>{width}}" for heading, _, width in COUNTS)

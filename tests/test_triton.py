@@ -564,6 +564,20 @@ def test_fast_gate_takes_its_log2_from_mufu_in_every_form():
         assert int(fast[7]) < int(libdevice[7]), (libdevice, fast)  # SASS instructions in all
 
 
+def test_state_load_spread_counts_from_the_first_state_load_to_the_last():
+    """triton_registers.py's state load spread: the 4-row base-2 tile's two 16-byte state loads a
+    thread go out together, the TMA form has no such load (None), and the 8-row base-2 tile's four
+    spread through the gate unless a register cap keeps them together (262 against 11 under Triton
+    3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt, the lead h200_run.sh b1-eight-rows
+    times): fails if the column counts other loads or the wrong span."""
+    fast = "num_warps=1,state_first=1,const_heads=1,fast_gate=1"
+    rows = offline_sm90(f"BV=4,{fast};BV=8,{fast};BV=8,{fast},maxnreg=96;BV=16,num_warps=4,tma=1", 32, 128)
+    if rows[0][-1] == "None":
+        pytest.skip("no cuobjdump beside this Triton")
+    four_rows, eight_rows, eight_capped, tma = (r[9] for r in rows)
+    assert tma == "None" and 0 < int(four_rows) < int(eight_capped) < int(eight_rows), rows
+
+
 def test_register_cap_and_rewiden_reach_ptxas():
     """maxnreg reaches the compile (ptxas keeps to the cap, where the same tile uncapped takes more),
     and rewiden=1 compiles to other code than the tile widened once."""
