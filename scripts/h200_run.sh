@@ -164,6 +164,14 @@ over_table_both_gpus() {  # over_table_both_gpus NAME BATCHES VARIANTS: the tabl
     --out "$RES/triton-tune-$name/bf16/triton_tune.csv"
   wait; cat "$LOGS/gpu1.summary"
 }
+over_table() {  # over_table STEP SECONDS BATCHES DTYPE VARIANTS OUT: the tabled config against VARIANTS
+  # (--over-table) at BATCHES of every targets shape, one state dtype, on this step's GPU, into OUT (a CSV)
+  TAIL=2 step "$1" "$2" $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 --head-dims 128x128,64x64 \
+    --batches "$3" --state-dtypes "$4" --budget-s $(($2 - 50)) --over-table "$5" --out "$6"
+}
+triton_gpu_tests() {  # our kernel's GPU tests, one-token and multi-token
+  TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py
+}
 hints_noise() {  # hints_noise RUN NAME GPU CONFIG: placement_noise.py at $rows under KDA_TRITON_CONFIG=CONFIG
   # on GPU number GPU, into placement-noise-RUN/NAME-gpuGPU
   TAIL=8 step "placement-noise-$2-gpu$3" 280 env CUDA_VISIBLE_DEVICES=$3 KDA_TRITON_CONFIG="$4" python3 scripts/placement_noise.py \
@@ -450,7 +458,7 @@ case ${1:-} in
     # against the kernel before it, OLD_KERNEL (that commit's kda_impls/impls/triton_kda.py: `git show
     # acee2e5:kda_impls/impls/triton_kda.py > old_triton_kda.py`), at B = 1: the table and candidates with the
     # head counts compiled in, bf16 new, old, then fp32 old, new; first the new kernel's GPU tests and grid
-    TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py
+    triton_gpu_tests
     TAIL=3 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
       --out "$RES/correctness-triton-fast-gate"
     VARIANTS="const_heads=1;BV=4,num_warps=1;BV=4,num_warps=1,const_heads=1;BV=8,num_warps=1,state_first=1,const_heads=1"
@@ -462,9 +470,8 @@ case ${1:-} in
     for run in new:bfloat16 old:bfloat16 old:float32 new:float32; do
       code=${run%%:*} dtype=${run#*:}
       cp "$([ "$code" = old ] && echo "$OLD_KERNEL" || echo "$RES/new_triton_kda.py")" kda_impls/impls/triton_kda.py
-      TAIL=2 step "tune-fast-gate-$code-$dtype" 200 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
-        --head-dims 128x128,64x64 --batches 1 --state-dtypes "$dtype" --budget-s 150 --over-table "$VARIANTS" \
-        --out "$RES/triton-tune-fast-gate/$code-$dtype/triton_tune.csv"
+      over_table "tune-fast-gate-$code-$dtype" 200 1 "$dtype" "$VARIANTS" \
+        "$RES/triton-tune-fast-gate/$code-$dtype/triton_tune.csv"
     done
     cp "$RES/new_triton_kda.py" kda_impls/impls/triton_kda.py && rm "$RES/new_triton_kda.py"
     pack
@@ -472,21 +479,17 @@ case ${1:-} in
   fast-gate-tiles)  # (a bare box will do) the base-2 gate (fast_gate=1) with the head counts compiled in, over
     # the table at B = 1 and 16: tiles of 2-8 rows a warp, each state order, widened once or twice (the
     # parallel reductions), unhinted; bf16, then the fp32 one-warp tiles at B = 1; the GPU tests first
-    TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py
+    triton_gpu_tests
     F=fast_gate=1,const_heads=1 VARIANTS=""
     for tile in BV=2,num_warps=1 BV=4,num_warps=1 BV=8,num_warps=1; do
       for order in 1 2; do for widen in 0 1; do VARIANTS="$VARIANTS;$F,$tile,state_first=$order,rewiden=$widen"; done; done
     done
     VARIANTS="${VARIANTS#;};$F,BV=4,num_warps=1,state_first=0,rewiden=0;$F,BV=8,num_warps=2,state_first=1,rewiden=0"
     VARIANTS="$VARIANTS;$F,BV=4,num_warps=1,state_first=1,rewiden=0,load_evict_first=0,store_evict_first=0"
-    TAIL=2 step tune-fast-gate-tiles-bf16 300 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
-      --head-dims 128x128,64x64 --batches 1,16 --state-dtypes bfloat16 --budget-s 250 --over-table "$VARIANTS" \
-      --out "$RES/triton-tune-fast-gate-tiles/bf16/triton_tune.csv"
+    over_table tune-fast-gate-tiles-bf16 300 1,16 bfloat16 "$VARIANTS" "$RES/triton-tune-fast-gate-tiles/bf16/triton_tune.csv"
     VARIANTS="$F,BV=4,num_warps=1,state_first=0;$F,BV=4,num_warps=1,state_first=1;$F,BV=8,num_warps=1,state_first=0"
     VARIANTS="$VARIANTS;$F,BV=8,num_warps=1,state_first=1;$F,BV=2,num_warps=1,state_first=0"
-    TAIL=2 step tune-fast-gate-tiles-fp32 200 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
-      --head-dims 128x128,64x64 --batches 1 --state-dtypes float32 --budget-s 150 --over-table "$VARIANTS" \
-      --out "$RES/triton-tune-fast-gate-tiles/fp32/triton_tune.csv"
+    over_table tune-fast-gate-tiles-fp32 200 1 float32 "$VARIANTS" "$RES/triton-tune-fast-gate-tiles/fp32/triton_tune.csv"
     pack
     ;;
   ncu-b1)  # (after part 2 is installed) where FlashInfer's B = 1 step is shorter than ours: launch shape,
@@ -506,9 +509,7 @@ case ${1:-} in
     VARIANTS="$F,BV=8,num_warps=1,state_first=1,maxnreg=96;$F,BV=8,num_warps=1,state_first=2,maxnreg=96"
     VARIANTS="$VARIANTS;$F,BV=8,num_warps=1,state_first=1,maxnreg=128;$F,BV=8,num_warps=1,state_first=1,rewiden=1,maxnreg=96"
     VARIANTS="$VARIANTS;$F,BV=16,num_warps=2,state_first=1,maxnreg=128;$F,BV=16,num_warps=1,state_first=1,maxnreg=128"
-    TAIL=2 step tune-b1-eight-rows 300 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
-      --head-dims 128x128,64x64 --batches 1 --state-dtypes bfloat16 --budget-s 250 --over-table "$VARIANTS" \
-      --out "$RES/triton-tune-b1-eight-rows/triton_tune.csv"
+    over_table tune-b1-eight-rows 300 1 bfloat16 "$VARIANTS" "$RES/triton-tune-b1-eight-rows/triton_tune.csv"
     pack
     ;;
   ncu-b1-ours)  # (a bare box will do) our kernel's B = 1 cases of ncu-b1 under Nsight Compute as the table has them
