@@ -82,6 +82,7 @@
 #   OLD_KERNEL=old_triton_kda.py scripts/h200_run.sh fast-gate  # (bare box) the base-2 gate against the
 #                                  # kernel before it at B = 1, after the new kernel's GPU tests
 #   scripts/h200_run.sh b1-eight-rows  # (bare box) bf16 B = 1: 8- and 16-row base-2 tiles under a register cap
+#   scripts/h200_run.sh tiled-inputs  # (bare box) the small inputs as tiles (tiled_inputs=1) over the table, bf16 B = 1-64
 #   scripts/h200_run.sh ncu-b1-ours    # (bare box) our kernel's B = 1 cases of ncu-b1 on the table as it is
 #   scripts/h200_run.sh fast-gate-tiles  # (bare box) fast_gate=1 tiles at B = 1 and 16 over the table
 #   SWEEP=results/h200/targets-<sha> scripts/h200_run.sh cupti-triton  # (bare one-GPU box) CUPTI on our
@@ -510,6 +511,24 @@ case ${1:-} in
     VARIANTS="$VARIANTS;$F,BV=8,num_warps=1,state_first=1,maxnreg=128;$F,BV=8,num_warps=1,state_first=1,rewiden=1,maxnreg=96"
     VARIANTS="$VARIANTS;$F,BV=16,num_warps=2,state_first=1,maxnreg=128;$F,BV=16,num_warps=1,state_first=1,maxnreg=128"
     over_table tune-b1-eight-rows 300 1 bfloat16 "$VARIANTS" "$RES/triton-tune-b1-eight-rows/triton_tune.csv"
+    pack
+    ;;
+  tiled-inputs)  # (a bare box will do) the small inputs loaded as tiles of copies in the state tile's layout
+    # (tiled_inputs=1: no layout change, whose shared-memory instructions ptxas issues no load past) over the
+    # table: bf16 B = 1 on 2-8-row base-2 tiles in both state orders and as tabled; B = 16 and 64 as tabled and
+    # on 4- and 8-row tiles; the GPU tests and compute-sanitizer first
+    triton_gpu_tests
+    TAIL=3 step memcheck 100 $ON_GPU compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    TAIL=3 step racecheck 100 $ON_GPU compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    F=fast_gate=1,const_heads=1,tiled_inputs=1 VARIANTS="tiled_inputs=1"
+    for tile in BV=2,num_warps=1 BV=4,num_warps=1 BV=8,num_warps=1; do
+      for order in 1 2; do VARIANTS="$VARIANTS;$F,$tile,state_first=$order"; done
+    done
+    over_table tune-tiled-inputs-b1 200 1 bfloat16 "$VARIANTS;$F,BV=4,num_warps=1,state_first=2,rewiden=1" \
+      "$RES/triton-tune-tiled-inputs/b1/triton_tune.csv"
+    over_table tune-tiled-inputs-b16 200 16,64 bfloat16 \
+      "tiled_inputs=1;$F,BV=4,num_warps=1,state_first=2;$F,BV=8,num_warps=1,state_first=2" \
+      "$RES/triton-tune-tiled-inputs/b16-b64/triton_tune.csv"
     pack
     ;;
   ncu-b1-ours)  # (a bare box will do) our kernel's B = 1 cases of ncu-b1 under Nsight Compute as the table has them

@@ -15,8 +15,10 @@ spill bytes, the warps per SM the registers allow (65536 registers per SM, at mo
 the SASS instructions before the first global load (the latency a small step waits before its
 first DRAM access) and in all, the MUFU.LG2 instructions (the base-2 gate's log2, ``fast_gate``),
 the instructions from the state's first 16-byte load to its last (a tile whose loads ptxas spreads
-through the gate waits a second round trip for the last ones), the global loads and stores marked
-evict-first (``.EF``: the state's, under ``load_evict_first`` and ``store_evict_first``), the TMA
+through the gate waits a second round trip for the last ones), the global loads issued before the
+first warp-wide instruction (a shuffle, a shared-memory access or a barrier: in the compiles read,
+ptxas moved no load above one, so a warp stalled there on an input issues the loads after it a
+round trip late: ``tiled_inputs``), the global loads and stores marked evict-first (``.EF``: the state's, under ``load_evict_first`` and ``store_evict_first``), the TMA
 loads (``UTMALDG``: the TMA form's state tiles, two where its loop is pipelined, one issued ahead of
 the loop), the global loads issued before the first 16-byte one (the state tile's: how many of the
 small inputs' loads go ahead of it), and a digest of the SASS without its addresses (equal
@@ -74,14 +76,15 @@ def assemblers() -> list[str]:
 def sass_counts(cubin: Path) -> dict:
     """SASS instructions before the first global load, and in all; the MUFU.LG2 instructions; the
     instructions from the first of the state's 16-byte loads (predicated: masked on the row's slot) to
-    the last; the global loads and stores marked evict-first; the TMA loads; the global loads issued
+    the last; the global loads before the first warp-wide instruction (shuffle, shared memory, barrier);
+    the global loads and stores marked evict-first; the TMA loads; the global loads issued
     before the first 16-byte one (the state tile's: how many of the small inputs' loads go first); and a
     digest of the instructions without their addresses, equal for equal code (None without cuobjdump)."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
         return {"sass_before_load": None, "sass": None, "lg2": None, "state_load_spread": None,
-                "evict_first_loads": None, "evict_first_stores": None, "tma_loads": None, "loads_before_16B": None,
-                "sass_digest": None}
+                "loads_before_warp_wide": None, "evict_first_loads": None, "evict_first_stores": None,
+                "tma_loads": None, "loads_before_16B": None, "sass_digest": None}
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     instructions = [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in sass.splitlines()
                     if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
@@ -89,9 +92,12 @@ def sass_counts(cubin: Path) -> dict:
     loads = [line for line in instructions if re.search(r"\bLDG\.", line)]
     wide = next((i for i, line in enumerate(loads) if ".128" in line), None)
     state_loads = [i for i, line in enumerate(instructions) if re.match(r"@!?P\d+\s+LDG\.\S*128", line)]
+    warp_wide = next((i for i, line in enumerate(instructions) if re.search(r"\b(SHFL|STSM|STS|LDS|LDSM|BAR)\b", line)),
+                     len(instructions))
     return {"sass_before_load": first_load, "sass": len(instructions),
             "lg2": sum("MUFU.LG2" in line for line in instructions),
             "state_load_spread": state_loads[-1] - state_loads[0] if state_loads else None,
+            "loads_before_warp_wide": sum(bool(re.search(r"\bLDG\.", line)) for line in instructions[:warp_wide]),
             "evict_first_loads": sum(".EF." in line for line in loads),
             "evict_first_stores": sum(".EF." in line for line in instructions if re.search(r"\bSTG\.", line)),
             "tma_loads": sum("UTMALDG" in line for line in instructions), "loads_before_16B": wide,
@@ -152,7 +158,8 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
 # The compiled kernel's columns, after each line's own: (heading, field of registers(), width).
 COUNTS = [("regs", "regs", 4), ("spill B", "spill_bytes", 7), ("warps/SM", "warps_per_sm", 8),
           ("SASS to 1st load", "sass_before_load", 16), ("SASS", "sass", 5), ("LG2", "lg2", 4),
-          ("state load spread", "state_load_spread", 17), ("EF loads", "evict_first_loads", 8),
+          ("state load spread", "state_load_spread", 17), ("loads before sync", "loads_before_warp_wide", 17),
+          ("EF loads", "evict_first_loads", 8),
           ("EF stores", "evict_first_stores", 9), ("TMA loads", "tma_loads", 9),
           ("loads before 16B", "loads_before_16B", 16), ("SASS digest", "sass_digest", 12)]
 COUNTS_HEADING = " ".join(f"{heading:>{width}}" for heading, _, width in COUNTS)

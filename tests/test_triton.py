@@ -114,8 +114,10 @@ def test_forced_tile_configs(config):
 # the persistent grid with only the slots looked ahead (one program walking every tile; three programs),
 # the state read by TMA (one program per tile; three programs pipelined three deep, a tail; one program
 # walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the pointer form),
-# the state's accesses without eviction hints (one program per tile, persistent, TMA), and the gate in
-# base 2 (one program per tile, with sub-tiles, persistent, TMA; the interpreter's log2 is tl.log2's).
+# the state's accesses without eviction hints (one program per tile, persistent, TMA), the gate in
+# base 2 (one program per tile, with sub-tiles, persistent, TMA; the interpreter's log2 is tl.log2's),
+# and the small inputs loaded as tiles of copies (in base 2, the state between them and the gate,
+# widened twice; with the libdevice gate, sub-tiles and a pipelined head group; the state after the gate).
 FORMS = [
     TileConfig(BV=8, num_warps=1, const_heads=1),
     TileConfig(BV=8, num_warps=1, state_first=1),
@@ -142,6 +144,9 @@ FORMS = [
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, rewiden=1, fast_gate=1),
     TileConfig(BV=8, num_warps=1, programs_per_sm=3, fast_gate=1),
     TileConfig(BV=8, num_warps=1, num_stages=3, programs_per_sm=3, tma=1, fast_gate=1),
+    TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, rewiden=1, fast_gate=1, tiled_inputs=1),
+    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, tiled_inputs=1),
+    TileConfig(BV=8, num_warps=1, tiled_inputs=1),
 ]
 
 
@@ -194,6 +199,12 @@ def test_forms_are_fitted_to_the_shape():
         assert (form.fitted(4, 32, T=2).load_evict_first, form.fitted(4, 32, T=2).store_evict_first) == (0, 0)
     tma_unhinted = replace(unhinted, tma=1).fitted(4, 32)
     assert (tma_unhinted.load_evict_first, tma_unhinted.store_evict_first) == (1, 0)
+    # the small inputs as tiles are the one-program-per-tile one-token kernel's alone
+    tiled = replace(runtime_heads, tiled_inputs=1)
+    assert tiled.fitted(4, 32) == tiled and replace(tiled, subtiles=2).fitted(4, 32).tiled_inputs == 1
+    for form in (replace(tiled, programs_per_sm=4), replace(tiled, tma=1)):
+        assert form.fitted(4, 32).tiled_inputs == 0
+    assert tiled.fitted(4, 32, T=2).tiled_inputs == 0
 
 
 def test_forms_shape_the_grid():
@@ -479,7 +490,7 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
 def offline_sm90(configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
     """scripts/triton_registers.py's line per config (bf16 state, B = 256, T tokens), split into fields:
     state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, MUFU.LG2, state load
-    spread, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte one, SASS
+    spread, loads before the first warp-wide instruction, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte one, SASS
     digest. Skips where no ptxas here reads this Triton's PTX."""
     done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", configs, "--state-dtypes",
                            "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256", "--T", str(T)],
@@ -578,6 +589,21 @@ def test_state_load_spread_counts_from_the_first_state_load_to_the_last():
     assert tma == "None" and 0 < int(four_rows) < int(eight_capped) < int(eight_rows), rows
 
 
+def test_tiled_inputs_issue_every_load_before_the_first_warp_wide_instruction():
+    """The bf16 K=V=64 4-row tile (the table's B = 1 entry at HV=64) loads q and k as vectors whose
+    layout changes to meet the tile: under Triton 3.6 (the H200's) through shared memory, before
+    which ptxas issues only the slot's, q's and k's loads. With tiled_inputs nothing changes layout
+    and all ten loads (the small inputs', the state's and v's) go out before the first shuffle (3
+    against 10 under 3.6: results/offline-sm90/triton36/tiled_inputs_hv64_d64.txt; 8 against 10 under
+    3.9): fails if the field is ignored or triton_registers.py's column counts past that instruction."""
+    tile = "BV=4,num_warps=1,const_heads=1,state_first=2,rewiden=1,fast_gate=1"
+    rows = offline_sm90(f"{tile};{tile},tiled_inputs=1", 64, 64)
+    if rows[0][-1] == "None":
+        pytest.skip("no cuobjdump beside this Triton")
+    vectors, tiled = (int(r[10]) for r in rows)
+    assert vectors < tiled and tiled >= 10, rows
+
+
 def test_register_cap_and_rewiden_reach_ptxas():
     """maxnreg reaches the compile (ptxas keeps to the cap, where the same tile uncapped takes more),
     and rewiden=1 compiles to other code than the tile widened once."""
@@ -617,7 +643,9 @@ def test_gva_on_gpu(HV):
 @pytest.mark.parametrize("config", [TileConfig(BV=4, num_warps=1, const_heads=1, state_first=1, fast_gate=1),
                                     TileConfig(BV=8, num_warps=1, subtiles=4, rewiden=1, fast_gate=1),
                                     TileConfig(BV=8, num_warps=1, programs_per_sm=4, fast_gate=1),
-                                    TileConfig(BV=16, num_warps=2, num_stages=3, programs_per_sm=2, tma=1, fast_gate=1)],
+                                    TileConfig(BV=16, num_warps=2, num_stages=3, programs_per_sm=2, tma=1, fast_gate=1),
+                                    TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, rewiden=1, fast_gate=1,
+                                               tiled_inputs=1)],
                          ids=str)
 @pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_fast_gate_forms_on_gpu(config, state_dtype):

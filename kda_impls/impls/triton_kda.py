@@ -79,6 +79,35 @@ def _log2_approx(x):
 
 
 @triton.jit
+def _sum_along_k(x):
+    """The sum of a ``[K]`` vector; of a ``[BV, K]`` tile of copies of it (``tiled_inputs``), each row's."""
+    if len(x.shape) == 2:
+        return tl.sum(x, axis=1)
+    else:
+        return tl.sum(x)
+
+
+@triton.jit
+def _per_row(x):
+    """A per-head scalar as it broadcasts against a ``[BV, K]`` tile: a scalar as it is, a ``[BV]`` of
+    row sums (``tiled_inputs``) as a column."""
+    if len(x.shape) == 1:
+        return x[:, None]
+    else:
+        return x
+
+
+@triton.jit
+def _as_rows(x):
+    """A head's ``[K]`` vector as a row against a ``[BV, K]`` state tile; a tile of its copies
+    (``tiled_inputs``) as it is."""
+    if len(x.shape) == 1:
+        return x[None, :]
+    else:
+        return x
+
+
+@triton.jit
 def _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr,
                 SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr):
     """One token's normalised q (scaled) and k, its decay along K and its beta (all float32).
@@ -89,14 +118,14 @@ def _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr
     division. The gate is the prologue every program computes before it can use its state tile:
     most of a B = 1 step's instructions (docs/perf-notes.md, "The gate in base 2")."""
     if FAST_GATE:
-        q = q * (scale * tl.math.rsqrt(tl.sum(q * q) + L2_EPS))
-        k = k * tl.math.rsqrt(tl.sum(k * k) + L2_EPS)
+        q = q * _per_row(scale * tl.math.rsqrt(_sum_along_k(q * q) + L2_EPS))
+        k = k * _per_row(tl.math.rsqrt(_sum_along_k(k * k) + L2_EPS))
         x = (a + dt_bias) * LOG2E
         softplus2 = tl.where(x > SOFTPLUS_LINEAR_ABOVE * LOG2E, x, _log2_approx(1.0 + tl.exp2(x)))  # softplus / ln 2
         decay = tl.exp2(-tl.exp(A_log) * softplus2)  # [K]: the state decays along K
     else:
-        q = q * (scale / tl.sqrt(tl.sum(q * q) + L2_EPS))
-        k = k / tl.sqrt(tl.sum(k * k) + L2_EPS)
+        q = q * _per_row(scale / tl.sqrt(_sum_along_k(q * q) + L2_EPS))
+        k = k / _per_row(tl.sqrt(_sum_along_k(k * k) + L2_EPS))
         x = a + dt_bias
         softplus = tl.where(x > SOFTPLUS_LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
         decay = tl.exp(-tl.exp(A_log) * softplus)
@@ -107,10 +136,10 @@ def _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr
 @triton.jit
 def _delta_rule(S, q, k, v, decay, beta):
     """One token applied to a ``[BV, K]`` state tile: ``(new tile, its [BV] output)``."""
-    S = S * decay[None, :]
-    u = beta * (v - tl.sum(S * k[None, :], axis=1))
-    S = S + u[:, None] * k[None, :]
-    o = tl.sum(S * q[None, :], axis=1)
+    S = S * _as_rows(decay)
+    u = beta * (v - tl.sum(S * _as_rows(k), axis=1))
+    S = S + u[:, None] * _as_rows(k)
+    o = tl.sum(S * _as_rows(q), axis=1)
     return S, o
 
 
@@ -123,11 +152,11 @@ def _delta_rule_rewidened(stored, q, k, v, decay, beta):
     the two and keep the fp32 tile live across the reductions: the tile then costs its own
     registers, not twice them. Other dtypes use the one widening for both."""
     S = stored.to(tl.float32)
-    u = beta * (v - tl.sum(S * (decay * k)[None, :], axis=1))
-    o = tl.sum(S * (decay * q)[None, :], axis=1) + u * tl.sum(k * q)
+    u = beta * (v - tl.sum(S * _as_rows(decay * k), axis=1))
+    o = tl.sum(S * _as_rows(decay * q), axis=1) + u * _sum_along_k(k * q)
     if stored.dtype == tl.bfloat16:
         S = (stored.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    return S * decay[None, :] + u[:, None] * k[None, :], o
+    return S * _as_rows(decay) + u[:, None] * _as_rows(k), o
 
 
 @triton.jit
@@ -163,6 +192,7 @@ def _kda_decode_kernel(
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
     SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, REWIDEN: tl.constexpr, LOAD_HINT: tl.constexpr,
     STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr,
+    TILED_INPUTS: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
     # The head counts: compile-time constants where HV_CONST > 0 (no division on the way to the first
@@ -178,6 +208,15 @@ def _kda_decode_kernel(
     H = HV // GROUP
     offs_k = tl.arange(0, K)
     first_v = v_tile * CHUNK + tl.arange(0, BV)
+    # TILED_INPUTS loads q, k, a and dt_bias as [BV, K] tiles of copies, in the state tile's layout:
+    # a [K] vector must change layout to meet the tile, and a bf16 tile's change goes through shared
+    # memory, whose warp-wide instructions ptxas does not move loads past, so the warp waits on the
+    # first input before it issues the rest and the state (docs/perf-notes.md, "The inputs' layout").
+    # The gate is then computed once per row, not once per head.
+    if TILED_INPUTS:
+        offs_in = offs_k[None, :] + tl.zeros([BV, 1], dtype=tl.int32)
+    else:
+        offs_in = offs_k
 
     slot = tl.load(slots_ptr + row)
     # A -1 row masks every state access (no read, no write) and stores zeros. Straight-line code
@@ -203,7 +242,7 @@ def _kda_decode_kernel(
         if STATE_FIRST == 1:
             ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
         q, k, a, dt_bias, A_log, beta_logit = _load_head_inputs(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
-                                                                row * H + h, hv, row_hv, offs_k, K)
+                                                                row * H + h, hv, row_hv, offs_in, K)
         if STATE_FIRST == 2:
             ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
         q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE,
@@ -465,7 +504,9 @@ class TileConfig:
     and the norms in base 2 on MUFU's approximations (:func:`_token_gate`: fewer instructions before
     a program can use its tile, which a B = 1 step waits on), 0 with libdevice's log, square roots
     and divisions (the code the other entries were tuned on: the same tile can compile to another
-    load order, docs/perf-notes.md, "The gate in base 2")."""
+    load order, docs/perf-notes.md, "The gate in base 2"); ``tiled_inputs``: 1 loads a one-tile,
+    one-token program's q, k, a and dt_bias as ``[BV, K]`` tiles of copies in the state tile's layout
+    and computes the gate per row (:func:`_kda_decode_kernel`), 0 as ``[K]`` vectors, the gate once."""
 
     BV: int
     heads: int = 1
@@ -482,6 +523,7 @@ class TileConfig:
     load_evict_first: int = 1
     store_evict_first: int = 1
     fast_gate: int = 0
+    tiled_inputs: int = 0
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -523,7 +565,7 @@ class TileConfig:
         if self.state_first not in (0, 1, 2):
             raise ValueError(f"{source}: state_first must be 0, 1 or 2; got {self.state_first}")
         for flag in ("const_heads", "rewiden", "tma", "lookahead", "load_evict_first", "store_evict_first",
-                     "fast_gate"):
+                     "fast_gate", "tiled_inputs"):
             if getattr(self, flag) not in (0, 1):
                 raise ValueError(f"{source}: {flag} must be 0 or 1; got {getattr(self, flag)}")
         if self.maxnreg and not (self.maxnreg % 8 == 0 and 24 <= self.maxnreg <= 255):
@@ -537,16 +579,20 @@ class TileConfig:
         (T > 1 drops them; the persistent form compiles the head counts in; sub-tiles load the
         state first). The TMA form walks single heads whole tiles too, its loop ``num_stages`` deep.
         ``lookahead`` is the persistent pointer form's alone (the default elsewhere), and the TMA form's
-        state loads take no hint (``load_evict_first`` the default there)."""
+        state loads take no hint (``load_evict_first`` the default there). ``tiled_inputs`` is the
+        one-program-per-tile one-token kernel's alone (0 elsewhere)."""
         BV = min(self.BV, V)
         fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV),
                          lookahead=self.lookahead if self.programs_per_sm and not self.tma and T == 1 else 1)
         if T > 1:
-            return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1, rewiden=0, tma=0)
+            return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1, rewiden=0, tma=0,
+                           tiled_inputs=0)
         if fitted.tma:
-            return replace(fitted, heads=1, subtiles=1, const_heads=1, state_first=1, rewiden=0, load_evict_first=1)
+            return replace(fitted, heads=1, subtiles=1, const_heads=1, state_first=1, rewiden=0, load_evict_first=1,
+                           tiled_inputs=0)
         if fitted.programs_per_sm:
-            return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1, state_first=1, rewiden=0)
+            return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1, state_first=1, rewiden=0,
+                           tiled_inputs=0)
         return replace(fitted, state_first=fitted.state_first or 1) if fitted.subtiles > 1 else fitted
 
 
@@ -699,7 +745,8 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
         constants = heads if config.const_heads else (0, 0)
         return (_kda_decode_kernel, (grid[0] // config.subtiles,), (*pool, out, *scalars, *heads),
                 meta | dict(HV_CONST=constants[0], GROUP_CONST=constants[1], SUBTILES=config.subtiles,
-                            STATE_FIRST=config.state_first, REWIDEN=config.rewiden))
+                            STATE_FIRST=config.state_first, REWIDEN=config.rewiden,
+                            TILED_INPUTS=config.tiled_inputs))
     return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
 
 
