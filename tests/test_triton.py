@@ -424,7 +424,7 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     # every field named, as the kernel runs the entry: a run from before const_heads measured the head
     # counts at run time (the default), and the multi-token kernel compiles them in
     tail = "programs_per_sm=0,subtiles=1"
-    end = "rewiden=0,maxnreg=0,tma=0,lookahead=1,load_evict_first=1,store_evict_first=1,fast_gate=0"
+    end = "rewiden=0,maxnreg=0,tma=0,lookahead=1,load_evict_first=1,store_evict_first=1,fast_gate=0,tiled_inputs=0"
     assert namespace["TABLE"] == {
         ("bfloat16", 32, 128, 128, 64, 1):
             f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0,state_first=0,{end}",
