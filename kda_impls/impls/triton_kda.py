@@ -208,11 +208,11 @@ def _kda_decode_kernel(
     H = HV // GROUP
     offs_k = tl.arange(0, K)
     first_v = v_tile * CHUNK + tl.arange(0, BV)
-    # TILED_INPUTS loads q, k, a and dt_bias as [BV, K] tiles of copies, in the state tile's layout:
-    # a [K] vector must change layout to meet the tile, and a bf16 tile's change goes through shared
-    # memory, whose warp-wide instructions ptxas does not move loads past, so the warp waits on the
-    # first input before it issues the rest and the state (docs/perf-notes.md, "The inputs' layout").
-    # The gate is then computed once per row, not once per head.
+    # TILED_INPUTS loads q, k, a and dt_bias as [BV, K] tiles of copies, in the state tile's layout,
+    # and computes the gate once per row, not once per head: a [K] vector changes layout to meet the
+    # tile, for some bf16 tiles (Triton 3.6) through shared memory, and ptxas moved no load above
+    # that, so the warp waited on q before it issued the other inputs and the state
+    # (docs/perf-notes.md, "The small inputs' layout").
     if TILED_INPUTS:
         offs_in = offs_k[None, :] + tl.zeros([BV, 1], dtype=tl.int32)
     else:
