@@ -384,6 +384,7 @@ def test_config_override_from_the_environment(monkeypatch):
     ("load_evict_first=2", "load_evict_first must be 0 or 1"),
     ("store_evict_first=-1", "store_evict_first must be 0 or 1"),
     ("fast_gate=2", "fast_gate must be 0 or 1"),
+    ("tiled_inputs=2", "tiled_inputs must be 0 or 1"),
     ("maxnreg=20", "maxnreg must be 0"),
     ("maxnreg=100", "maxnreg must be 0"),
     ("programs_per_sm=65", "programs_per_sm must be in 0..64"),
