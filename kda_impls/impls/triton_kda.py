@@ -122,7 +122,7 @@ def _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr
         k = k * _per_row(tl.math.rsqrt(_sum_along_k(k * k) + L2_EPS))
         x = (a + dt_bias) * LOG2E
         softplus2 = tl.where(x > SOFTPLUS_LINEAR_ABOVE * LOG2E, x, _log2_approx(1.0 + tl.exp2(x)))  # softplus / ln 2
-        decay = tl.exp2(-tl.exp(A_log) * softplus2)  # [K]: the state decays along K
+        decay = tl.exp2(-tl.exp(A_log) * softplus2)  # [K] ([BV, K] copies): the state decays along K
     else:
         q = q * _per_row(scale / tl.sqrt(_sum_along_k(q * q) + L2_EPS))
         k = k / _per_row(tl.sqrt(_sum_along_k(k * k) + L2_EPS))
