@@ -151,24 +151,25 @@ analysis() {
   TAIL=3 step estimators 60 python3 scripts/placement_estimators.py "$RES"/published/a{1,2,3} \
     --out "$RES/published/estimators.md"
 }
-over_table_both_gpus() {  # over_table_both_gpus NAME BATCHES VARIANTS: the tabled config against VARIANTS
-  # (--over-table) at BATCHES of every targets shape, into triton-tune-NAME/: bf16 on GPU 0;
-  # compute-sanitizer on every kernel form, then fp32, on GPU 1
-  local name=$1 variants=$3
-  local tune="python3 scripts/triton_tune.py --value-heads 16,32,64 --head-dims 128x128,64x64 --batches $2"
-  ( export CUDA_VISIBLE_DEVICES=1
-    TAIL=3 step memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-    TAIL=3 step racecheck 100 compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-    TAIL=4 step "tune-$name-fp32" 340 $tune --state-dtypes float32 --budget-s 300 --over-table "$variants" \
-      --out "$RES/triton-tune-$name/fp32/triton_tune.csv" ) > "$LOGS/gpu1.summary" 2>&1 &
-  TAIL=4 step "tune-$name-bf16" 540 $ON_GPU $tune --state-dtypes bfloat16 --budget-s 500 --over-table "$variants" \
-    --out "$RES/triton-tune-$name/bf16/triton_tune.csv"
-  wait; cat "$LOGS/gpu1.summary"
-}
 over_table() {  # over_table STEP SECONDS BATCHES DTYPE VARIANTS OUT: the tabled config against VARIANTS
   # (--over-table) at BATCHES of every targets shape, one state dtype, on this step's GPU, into OUT (a CSV)
   TAIL=2 step "$1" "$2" $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 --head-dims 128x128,64x64 \
     --batches "$3" --state-dtypes "$4" --budget-s $(($2 - 50)) --over-table "$5" --out "$6"
+}
+sanitizers() {  # sanitizers SECONDS: memcheck, then racecheck, on every kernel form, on this step's GPU
+  local tool
+  for tool in memcheck racecheck; do
+    TAIL=3 step "$tool" "$1" $ON_GPU compute-sanitizer --tool "$tool" --error-exitcode 99 python3 scripts/sanitize_triton.py
+  done
+}
+over_table_both_gpus() {  # over_table_both_gpus NAME BATCHES VARIANTS: the tabled config against VARIANTS
+  # (--over-table) at BATCHES of every targets shape, into triton-tune-NAME/: bf16 on GPU 0;
+  # compute-sanitizer on every kernel form, then fp32, on GPU 1
+  ( ON_GPU="env CUDA_VISIBLE_DEVICES=1"
+    sanitizers 100
+    over_table "tune-$1-fp32" 350 "$2" float32 "$3" "$RES/triton-tune-$1/fp32/triton_tune.csv" ) > "$LOGS/gpu1.summary" 2>&1 &
+  over_table "tune-$1-bf16" 550 "$2" bfloat16 "$3" "$RES/triton-tune-$1/bf16/triton_tune.csv"
+  wait; cat "$LOGS/gpu1.summary"
 }
 triton_gpu_tests() {  # our kernel's GPU tests, one-token and multi-token
   TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py
@@ -418,8 +419,7 @@ case ${1:-} in
     TAIL=4 step tune-rewiden 420 $ON_GPU python3 scripts/triton_tune.py --out "$RES/triton-tune-rewiden/triton_tune.csv" \
       --value-heads 16,32,64 --head-dims 128x128,64x64 --batches 1,16,64,256 --budget-s 360 --over-table \
       "rewiden=1;rewiden=1,BV=8,num_warps=1,state_first=1;rewiden=1,BV=16,num_warps=1,state_first=1;rewiden=1,BV=16,num_warps=1,state_first=1,maxnreg=88;rewiden=1,BV=32,num_warps=1,state_first=0;rewiden=1,BV=32,num_warps=4"
-    TAIL=20 step memcheck 90 $ON_GPU compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-    TAIL=3 step racecheck 90 $ON_GPU compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    sanitizers 90
     pack
     ;;
   tma)  # (a bare two-GPU box will do) the state read by TMA (tma=1: one program per tile, or persistent
@@ -504,8 +504,7 @@ case ${1:-} in
     # which keeps their state loads together at the program's start offline (fast_gate_hv32_d128.txt: the
     # uncapped 8-row tile spreads them over 262 instructions), against the table's 2- and 4-row tiles; first
     # memcheck and racecheck on every kernel form, the base-2 gate's among them
-    TAIL=3 step memcheck 100 $ON_GPU compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-    TAIL=3 step racecheck 100 $ON_GPU compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    sanitizers 100
     F=fast_gate=1,const_heads=1
     VARIANTS="$F,BV=8,num_warps=1,state_first=1,maxnreg=96;$F,BV=8,num_warps=1,state_first=2,maxnreg=96"
     VARIANTS="$VARIANTS;$F,BV=8,num_warps=1,state_first=1,maxnreg=128;$F,BV=8,num_warps=1,state_first=1,rewiden=1,maxnreg=96"
@@ -518,8 +517,7 @@ case ${1:-} in
     # table: bf16 B = 1 on 2-8-row base-2 tiles in both state orders and as tabled; B = 16 and 64 as tabled and
     # on 4- and 8-row tiles; the GPU tests and compute-sanitizer first
     triton_gpu_tests
-    TAIL=3 step memcheck 100 $ON_GPU compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
-    TAIL=3 step racecheck 100 $ON_GPU compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
+    sanitizers 100
     F=fast_gate=1,const_heads=1,tiled_inputs=1 VARIANTS="tiled_inputs=1"
     for tile in BV=2,num_warps=1 BV=4,num_warps=1 BV=8,num_warps=1; do
       for order in 1 2; do VARIANTS="$VARIANTS;$F,$tile,state_first=$order"; done
