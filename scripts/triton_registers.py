@@ -11,21 +11,22 @@ Each config is fitted to the shape and compiled as the launcher would launch it
 stride and pointers 16-divisible), to PTX by this machine's Triton, then assembled by ``ptxas -v``
 for sm_90a (the first of Triton's bundled assemblers and CUDA's that reads that PTX), and
 disassembled by Triton's bundled ``cuobjdump``. Prints one line per config: registers per thread,
-spill bytes, the warps per SM the registers allow (65536 registers per SM, at most 32 programs),
-the SASS instructions before the first global load (the latency a small step waits before its
-first DRAM access) and in all, the MUFU.LG2 instructions (the base-2 gate's log2, ``fast_gate``),
-the instructions from the state's first 16-byte load to its last (a tile whose loads ptxas spreads
+spill bytes, the warps per SM the registers allow (65536 registers per SM, at most 32 programs), the
+SASS instructions before the first global load (the latency a small step waits before its first DRAM
+access) and in all, the MUFU.LG2 instructions (the base-2 gate's log2, ``fast_gate``), the
+instructions from the state's first 16-byte load to its last (a tile whose loads ptxas spreads
 through the gate waits a second round trip for the last ones), the global loads issued before the
 first warp-wide instruction (a shuffle, a shared-memory access or a barrier: in the compiles read,
-ptxas moved no load above one, so a warp stalled there on an input issues the loads after it a
-round trip late: ``tiled_inputs``), the global loads and stores marked evict-first (``.EF``: the state's, under ``load_evict_first`` and ``store_evict_first``), the TMA
-loads (``UTMALDG``: the TMA form's state tiles, two where its loop is pipelined, one issued ahead of
-the loop), the global loads issued before the first 16-byte one (the state tile's: how many of the
-small inputs' loads go ahead of it), and a digest of the SASS without its addresses (equal
-digests: the same code). The figures are this Triton's, and they move with its version: run it
-under the H200 image's (Triton 3.6, ``pip install triton==3.6.0`` in a virtual environment), whose
-counts matched the box's own (the tune's ``regs`` column) where Triton 3.9's did not: the bf16
-K=V=64 ``BV=32`` tile takes 125 registers under 3.6 and on the H200, 96 under 3.9
+ptxas moved no load above one, so a warp stalled there on an input issues the loads after it a round
+trip late: ``tiled_inputs``), the global loads and stores marked evict-first (``.EF``: the state's,
+under ``load_evict_first`` and ``store_evict_first``), the TMA loads (``UTMALDG``: the TMA form's
+state tiles, two where its loop is pipelined, one issued ahead of the loop), the global loads issued
+before the first 16-byte one (the state tile's: how many of the small inputs' loads go ahead of it),
+and a digest of the SASS without its addresses (equal digests: the same code). The figures are this
+Triton's, and they move with its version: run it under the H200 image's (Triton 3.6, ``pip install
+triton==3.6.0`` in a virtual environment), whose counts matched the box's own (the tune's ``regs``
+column) where Triton 3.9's did not: the bf16 K=V=64 ``BV=32`` tile takes 125 registers under 3.6 and
+on the H200, 96 under 3.9
 (docs/perf-notes.md, "A regression at K = V = 64").
 """
 

@@ -491,8 +491,9 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
 def offline_sm90(configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
     """scripts/triton_registers.py's line per config (bf16 state, B = 256, T tokens), split into fields:
     state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, MUFU.LG2, state load
-    spread, loads before the first warp-wide instruction, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte one, SASS
-    digest. Skips where no ptxas here reads this Triton's PTX."""
+    spread, loads before the first warp-wide instruction, evict-first loads, evict-first stores, TMA
+    loads, loads before the first 16-byte one, SASS digest. Skips where no ptxas here reads this
+    Triton's PTX."""
     done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", configs, "--state-dtypes",
                            "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256", "--T", str(T)],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
@@ -580,8 +581,8 @@ def test_state_load_spread_counts_from_the_first_state_load_to_the_last():
     """triton_registers.py's state load spread: the 4-row base-2 tile's two 16-byte state loads a
     thread go out together, the TMA form has no such load (None), and the 8-row base-2 tile's four
     spread through the gate unless a register cap keeps them together (262 against 11 under Triton
-    3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt, the lead h200_run.sh b1-eight-rows
-    times): fails if the column counts other loads or the wrong span."""
+    3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt; h200_run.sh b1-eight-rows timed the
+    capped tile level with the table): fails if the column counts other loads or the wrong span."""
     fast = "num_warps=1,state_first=1,const_heads=1,fast_gate=1"
     rows = offline_sm90(f"BV=4,{fast};BV=8,{fast};BV=8,{fast},maxnreg=96;BV=16,num_warps=4,tma=1", 32, 128)
     if rows[0][-1] == "None":
