@@ -653,8 +653,9 @@ def test_gva_on_gpu(HV):
                          ids=str)
 @pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_fast_gate_forms_on_gpu(config, state_dtype):
-    """The base-2 gate on the GPU, where its log2 is MUFU's (the interpreter runs tl.log2): each form
-    on real shapes with -1 rows, padded slots and gates far into softplus' tails on both sides."""
+    """The base-2 gate on the GPU, where its log2 is MUFU's (the interpreter runs tl.log2): each form,
+    the small inputs loaded as tiles among them, on real shapes with -1 rows, padded slots and gates
+    far into softplus' tails on both sides."""
     for B, KV in ((1, 128), (33, 64)):
         inputs = make_inputs(B, 32, 32, KV, KV, state_dtype=state_dtype, slot_pad=16, pad_rows=B // 8, n_slots=B + 3,
                              device="cuda", seed=B + KV)
