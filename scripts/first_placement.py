@@ -8,8 +8,13 @@ as the timing method holds them, and each time's first placement set against the
 On the H200 the first of 27 placements of our kernel's largest rows ran 8-10% slower than the other
 26 in some sweeps (docs/timing.md, "Method 4"), on fresh allocations. In order, in this process: the
 row's correctness check then the kernel time (as a sweep row runs them), the kernel time again
-straight after, after an idle second, after the check again, and after allocating and freeing the
-check's inputs without running anything on them.
+straight after, after each idle of ``--idles`` (one second by default), after the check again, and
+after allocating and freeing the check's inputs without running anything on them. Each kernel time
+hands its held placements back to the driver as it ends, so each idle follows such a hand-back: the
+shortest idle after which the first placement runs as fast as the others is what ``--settle``
+needs (docs/timing.md, "Method 4").
+
+    python3 scripts/first_placement.py --idles 0.01,0.03,0.1,0.3,1
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from kda_impls.registry import get  # noqa: E402
 from kda_impls.verify import verify  # noqa: E402
 
 
-def conditions(cfg: Config, device, impl) -> dict:
+def conditions(cfg: Config, device, impl, idles: list[float]) -> dict:
     """What runs before each kernel time, by name, in the order they run."""
     def check():
         verify(impl, cfg.make_inputs(device, 0, timed=False))
@@ -40,16 +45,17 @@ def conditions(cfg: Config, device, impl) -> dict:
         inputs = cfg.make_inputs(device, 0, timed=False)
         del inputs
 
-    return {"after the check": check, "straight after": lambda: None, "after an idle second": lambda: time.sleep(1.0),
+    idling = {f"after {idle:g} s idle": lambda idle=idle: time.sleep(idle) for idle in idles}
+    return {"after the check": check, "straight after": lambda: None, **idling,
             "after the check again": check, "after the check's inputs, unused": allocate_only}
 
 
-def study(cfg: Config, device, placements: int, budget: Budget) -> pd.DataFrame:
+def study(cfg: Config, device, placements: int, budget: Budget, idles: list[float]) -> pd.DataFrame:
     """One line per condition: each placement's median (us) and the first over the others' median."""
     device = as_device(device)
     impl = get(cfg.impl)
     rows = []
-    for name, before in conditions(cfg, device, impl).items():
+    for name, before in conditions(cfg, device, impl, idles).items():
         before()
         timing = kernel_time(lambda p: cfg.make_inputs(device, 1 + p), impl.bind, device, budget,
                              placements=placements, disjoint=True)
@@ -57,6 +63,16 @@ def study(cfg: Config, device, placements: int, budget: Budget) -> pd.DataFrame:
         rows.append({"before": name, "first / others": medians[0] / np.median(medians[1:]),
                      "placements (us)": " ".join(f"{m:.2f}" for m in medians)})
     return pd.DataFrame(rows)
+
+
+def seconds_list(text: str) -> list[float]:
+    try:
+        idles = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds separated by commas; got {text!r}") from None
+    if any(idle < 0 for idle in idles):
+        raise argparse.ArgumentTypeError(f"idles must be >= 0; got {text!r}")
+    return idles
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,13 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--K", type=positive_int, default=128, help="K = V")
     parser.add_argument("--state-dtype", default="float32", choices=["bfloat16", "float32"])
     parser.add_argument("--placements", type=positive_int, default=6)
+    parser.add_argument("--idles", type=seconds_list, default=[1.0], metavar="S,S,...",
+                        help="idle this long after a kernel time's hand-back, each in turn (seconds)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
     args = parser.parse_args(argv)
     cfg = Config(args.impl, args.B, args.HV, args.HV, args.K, args.K, state_dtype=args.state_dtype,
                  layout=PoolLayout(placements=args.placements))
     budget = Budget(min_samples=10, max_samples=200, max_seconds=0.02 * args.placements)
-    table = study(cfg, args.device, args.placements, budget)
+    table = study(cfg, args.device, args.placements, budget, args.idles)
     text = (f"# The first placement of `{cfg.key()}` on {args.device}\n\n"
             + table.to_markdown(index=False, floatfmt=".3f") + "\n")
     return print_and_save(text, args.out)

@@ -88,6 +88,12 @@
 #   SWEEP=results/h200/targets-<sha> scripts/h200_run.sh cupti-triton  # (bare one-GPU box) CUPTI on our
 #                                  # kernel's unpadded rows of a committed targets run at B = 64 and 256
 #
+# The fourteenth session's (bare one-GPU boxes):
+#
+#   scripts/h200_run.sh k-groups   # the tile viewed in K groups (k_groups) over the table, bf16 B = 1
+#   scripts/h200_run.sh k-groups-large  # the same at B = 16-256
+#   scripts/h200_run.sh settle-idles  # how long after a hand-back the slow first placement lasts
+#
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
@@ -527,6 +533,34 @@ case ${1:-} in
     over_table tune-tiled-inputs-b16 200 16,64 bfloat16 \
       "tiled_inputs=1;$F,BV=4,num_warps=1,state_first=2;$F,BV=8,num_warps=1,state_first=2" \
       "$RES/triton-tune-tiled-inputs/b16-b64/triton_tune.csv"
+    pack
+    ;;
+  k-groups)  # (a bare box will do) the tile viewed in K groups (k_groups: fewer lanes to a row, fewer
+    # shuffles to each reduction) over the table, bf16 B = 1 on 8- to 32-row base-2 tiles; the forms' GPU tests first
+    TAIL=3 step pytest-k-groups 200 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py -k fast_gate_forms_on_gpu
+    F=fast_gate=1,const_heads=1 VARIANTS="k_groups=4"
+    for tile in "BV=8,num_warps=1,k_groups=4" "BV=8,num_warps=1,k_groups=2" "BV=16,num_warps=2,k_groups=4" \
+      "BV=32,num_warps=4,k_groups=4"; do
+      for order in 1 2; do VARIANTS="$VARIANTS;$F,$tile,state_first=$order"; done
+    done
+    over_table tune-k-groups-b1 240 1 bfloat16 "$VARIANTS" "$RES/triton-tune-k-groups/b1/triton_tune.csv"
+    pack
+    ;;
+  k-groups-large)  # (a bare box will do) the same at B = 16-256: K groups on the tabled tiles, and on 8-row
+    # one-warp to 32-row four-warp tiles
+    over_table tune-k-groups-b16 300 16,64,256 bfloat16 "k_groups=2;k_groups=4;BV=8,num_warps=1,k_groups=4;BV=16,num_warps=2,k_groups=4;BV=32,num_warps=4,k_groups=4" \
+      "$RES/triton-tune-k-groups/b16-b256/triton_tune.csv"
+    pack
+    ;;
+  settle-idles)  # (a bare box will do) how long the slow first placement lasts: first_placement.py with
+    # idles of 10 ms to 1 s after each hand-back, bf16 HV=64 and fp32 HV=64 K=V=128 B=256, two processes each
+    for run in 1 2; do
+      for shape in "--HV 64 --state-dtype bfloat16" "--HV 64 --state-dtype float32"; do
+        name="settle-idles-$run-$(echo "$shape" | tr -d ' -' )"
+        TAIL=12 step "$name" 90 $ON_GPU python3 scripts/first_placement.py $shape --idles 0.01,0.03,0.1,0.3,1 \
+          --out "$RES/first-placement-idles/$name.md"
+      done
+    done
     pack
     ;;
   ncu-b1-ours)  # (a bare box will do) our kernel's B = 1 cases of ncu-b1 under Nsight Compute as the table has them

@@ -18,7 +18,8 @@ instructions from the state's first 16-byte load to its last (a tile whose loads
 through the gate waits a second round trip for the last ones), the global loads issued before the
 first warp-wide instruction (a shuffle, a shared-memory access or a barrier: in the compiles read,
 ptxas moved no load above one, so a warp stalled there on an input issues the loads after it a round
-trip late: ``tiled_inputs``), the global loads and stores marked evict-first (``.EF``: the state's,
+trip late: ``tiled_inputs``), the shuffles (``SHFL``: each reduction along K takes log2 of the lanes
+sharing a row, fewer with ``k_groups``), the global loads and stores marked evict-first (``.EF``: the state's,
 under ``load_evict_first`` and ``store_evict_first``), the TMA loads (``UTMALDG``: the TMA form's
 state tiles, two where its loop is pipelined, one issued ahead of the loop), the global loads issued
 before the first 16-byte one (the state tile's: how many of the small inputs' loads go ahead of it),
@@ -78,13 +79,13 @@ def sass_counts(cubin: Path) -> dict:
     """SASS instructions before the first global load, and in all; the MUFU.LG2 instructions; the
     instructions from the first of the state's 16-byte loads (predicated: masked on the row's slot) to
     the last; the global loads before the first warp-wide instruction (shuffle, shared memory, barrier);
-    the global loads and stores marked evict-first; the TMA loads; the global loads issued
+    the shuffles; the global loads and stores marked evict-first; the TMA loads; the global loads issued
     before the first 16-byte one (the state tile's: how many of the small inputs' loads go first); and a
     digest of the instructions without their addresses, equal for equal code (None without cuobjdump)."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
         return {"sass_before_load": None, "sass": None, "lg2": None, "state_load_spread": None,
-                "loads_before_warp_wide": None, "evict_first_loads": None, "evict_first_stores": None,
+                "loads_before_warp_wide": None, "shuffles": None, "evict_first_loads": None, "evict_first_stores": None,
                 "tma_loads": None, "loads_before_16B": None, "sass_digest": None}
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     instructions = [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in sass.splitlines()
@@ -99,6 +100,7 @@ def sass_counts(cubin: Path) -> dict:
             "lg2": sum("MUFU.LG2" in line for line in instructions),
             "state_load_spread": state_loads[-1] - state_loads[0] if state_loads else None,
             "loads_before_warp_wide": sum(bool(re.search(r"\bLDG\.", line)) for line in instructions[:warp_wide]),
+            "shuffles": sum(bool(re.search(r"\bSHFL\.", line)) for line in instructions),
             "evict_first_loads": sum(".EF." in line for line in loads),
             "evict_first_stores": sum(".EF." in line for line in instructions if re.search(r"\bSTG\.", line)),
             "tma_loads": sum("UTMALDG" in line for line in instructions), "loads_before_16B": wide,
@@ -160,6 +162,7 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
 COUNTS = [("regs", "regs", 4), ("spill B", "spill_bytes", 7), ("warps/SM", "warps_per_sm", 8),
           ("SASS to 1st load", "sass_before_load", 16), ("SASS", "sass", 5), ("LG2", "lg2", 4),
           ("state load spread", "state_load_spread", 17), ("loads before sync", "loads_before_warp_wide", 17),
+          ("SHFL", "shuffles", 4),
           ("EF loads", "evict_first_loads", 8),
           ("EF stores", "evict_first_stores", 9), ("TMA loads", "tma_loads", 9),
           ("loads before 16B", "loads_before_16B", 16), ("SASS digest", "sass_digest", 12)]
