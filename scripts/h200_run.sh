@@ -90,8 +90,8 @@
 #
 # The fourteenth session's (bare one-GPU boxes):
 #
-#   scripts/h200_run.sh k-groups   # the tile viewed in K groups (k_groups) over the table, bf16 B = 1
-#   scripts/h200_run.sh k-groups-large  # the same at B = 16-256
+#   (k-groups, k-groups-large: the tile viewed in K groups over the table, bf16 B = 1-256; the form is
+#   gone, its steps with it: git show b602e3f:scripts/h200_run.sh)
 #   scripts/h200_run.sh settle-idles  # how long after a hand-back the slow first placement lasts
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
@@ -533,23 +533,6 @@ case ${1:-} in
     over_table tune-tiled-inputs-b16 200 16,64 bfloat16 \
       "tiled_inputs=1;$F,BV=4,num_warps=1,state_first=2;$F,BV=8,num_warps=1,state_first=2" \
       "$RES/triton-tune-tiled-inputs/b16-b64/triton_tune.csv"
-    pack
-    ;;
-  k-groups)  # (a bare box will do) the tile viewed in K groups (k_groups: fewer lanes to a row, fewer
-    # shuffles to each reduction) over the table, bf16 B = 1 on 8- to 32-row base-2 tiles; the forms' GPU tests first
-    TAIL=3 step pytest-k-groups 200 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py -k fast_gate_forms_on_gpu
-    F=fast_gate=1,const_heads=1 VARIANTS="k_groups=4"
-    for tile in "BV=8,num_warps=1,k_groups=4" "BV=8,num_warps=1,k_groups=2" "BV=16,num_warps=2,k_groups=4" \
-      "BV=32,num_warps=4,k_groups=4"; do
-      for order in 1 2; do VARIANTS="$VARIANTS;$F,$tile,state_first=$order"; done
-    done
-    over_table tune-k-groups-b1 240 1 bfloat16 "$VARIANTS" "$RES/triton-tune-k-groups/b1/triton_tune.csv"
-    pack
-    ;;
-  k-groups-large)  # (a bare box will do) the same at B = 16-256: K groups on the tabled tiles, and on 8-row
-    # one-warp to 32-row four-warp tiles
-    over_table tune-k-groups-b16 300 16,64,256 bfloat16 "k_groups=2;k_groups=4;BV=8,num_warps=1,k_groups=4;BV=16,num_warps=2,k_groups=4;BV=32,num_warps=4,k_groups=4" \
-      "$RES/triton-tune-k-groups/b16-b256/triton_tune.csv"
     pack
     ;;
   settle-idles)  # (a bare box will do) how long the slow first placement lasts: first_placement.py with

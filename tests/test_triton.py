@@ -116,11 +116,8 @@ def test_forced_tile_configs(config):
 # walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the pointer form),
 # the state's accesses without eviction hints (one program per tile, persistent, TMA), the gate in
 # base 2 (one program per tile, with sub-tiles, persistent, TMA; the interpreter's log2 is tl.log2's),
-# the small inputs loaded as tiles of copies (in base 2, the state between them and the gate,
-# widened twice; with the libdevice gate, sub-tiles and a pipelined head group; the state after the gate),
-# and the tile viewed in K groups (four; two in base 2, the state before the gate, rewiden dropped; four
-# with tiled inputs, sub-tiles and a pipelined head group; sixteen on two warps: a group of one element
-# at K = 16).
+# and the small inputs loaded as tiles of copies (in base 2, the state between them and the gate,
+# widened twice; with the libdevice gate, sub-tiles and a pipelined head group; the state after the gate).
 FORMS = [
     TileConfig(BV=8, num_warps=1, const_heads=1),
     TileConfig(BV=8, num_warps=1, state_first=1),
@@ -150,10 +147,6 @@ FORMS = [
     TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, rewiden=1, fast_gate=1, tiled_inputs=1),
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, tiled_inputs=1),
     TileConfig(BV=8, num_warps=1, tiled_inputs=1),
-    TileConfig(BV=8, num_warps=1, k_groups=4),
-    TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, rewiden=1, fast_gate=1, k_groups=2),
-    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, tiled_inputs=1, k_groups=4),
-    TileConfig(BV=16, num_warps=2, k_groups=16),
 ]
 
 
@@ -212,13 +205,6 @@ def test_forms_are_fitted_to_the_shape():
     for form in (replace(tiled, programs_per_sm=4), replace(tiled, tma=1)):
         assert form.fitted(4, 32).tiled_inputs == 0
     assert tiled.fitted(4, 32, T=2).tiled_inputs == 0
-    # so is the K-group view, which widens the tile once
-    grouped = replace(runtime_heads, k_groups=4)
-    assert grouped.fitted(4, 32) == grouped and replace(grouped, subtiles=2).fitted(4, 32).k_groups == 4
-    assert replace(grouped, rewiden=1).fitted(4, 32) == grouped
-    for form in (replace(grouped, programs_per_sm=4), replace(grouped, tma=1)):
-        assert form.fitted(4, 32).k_groups == 1
-    assert grouped.fitted(4, 32, T=2).k_groups == 1
 
 
 def test_forms_shape_the_grid():
@@ -399,8 +385,6 @@ def test_config_override_from_the_environment(monkeypatch):
     ("store_evict_first=-1", "store_evict_first must be 0 or 1"),
     ("fast_gate=2", "fast_gate must be 0 or 1"),
     ("tiled_inputs=2", "tiled_inputs must be 0 or 1"),
-    ("k_groups=3", "k_groups must be a power of two in 1..16"),
-    ("k_groups=32", "k_groups must be a power of two in 1..16"),
     ("maxnreg=20", "maxnreg must be 0"),
     ("maxnreg=100", "maxnreg must be 0"),
     ("programs_per_sm=65", "programs_per_sm must be in 0..64"),
@@ -624,18 +608,6 @@ def test_tiled_inputs_issue_every_load_before_the_first_warp_wide_instruction():
     assert vectors < 9 and tiled == 10, rows
 
 
-def test_k_groups_put_a_row_on_fewer_lanes():
-    """k_groups=4 views the bf16 8-row tile at K=V=128 as [8, 4, 32]: a warp's 32 lanes cover 8 rows of
-    32 columns, four lanes to a row where the [8, 128] tile has sixteen, so each reduction along K takes
-    two shuffle steps, not four, and the tile's thread holds one row (16 state loads of 16 bytes, 4
-    a thread, either way). Fails if the field is ignored or the compiler spreads the groups over lanes
-    (shuffles as many as the [8, 128] tile's)."""
-    plain, grouped = offline_sm90("BV=8,num_warps=1,state_first=1;BV=8,num_warps=1,state_first=1,k_groups=4", 32, 128)
-    if plain[-1] == "None":
-        pytest.skip("no cuobjdump beside this Triton")
-    assert int(grouped[11]) < int(plain[11]) * 2 // 3, (plain, grouped)
-    assert (int(plain[-5]), int(grouped[-5])) == (4, 4), (plain, grouped)  # evict-first state loads a thread
-
 def test_register_cap_and_rewiden_reach_ptxas():
     """maxnreg reaches the compile (ptxas keeps to the cap, where the same tile uncapped takes more),
     and rewiden=1 compiles to other code than the tile widened once."""
@@ -677,15 +649,12 @@ def test_gva_on_gpu(HV):
                                     TileConfig(BV=8, num_warps=1, programs_per_sm=4, fast_gate=1),
                                     TileConfig(BV=16, num_warps=2, num_stages=3, programs_per_sm=2, tma=1, fast_gate=1),
                                     TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, rewiden=1, fast_gate=1,
-                                               tiled_inputs=1),
-                                    TileConfig(BV=8, num_warps=1, const_heads=1, state_first=1, fast_gate=1, k_groups=4),
-                                    TileConfig(BV=16, num_warps=1, k_groups=4, load_evict_first=0, store_evict_first=0)],
+                                               tiled_inputs=1)],
                          ids=str)
 @pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_fast_gate_forms_on_gpu(config, state_dtype):
     """The base-2 gate on the GPU, where its log2 is MUFU's (the interpreter runs tl.log2): each form,
-    the small inputs loaded as tiles and the tile viewed in K groups among them (one K-group form with
-    the libdevice gate), on real shapes with -1 rows, padded slots and gates
+    the small inputs loaded as tiles among them, on real shapes with -1 rows, padded slots and gates
     far into softplus' tails on both sides."""
     for B, KV in ((1, 128), (33, 64)):
         inputs = make_inputs(B, 32, 32, KV, KV, state_dtype=state_dtype, slot_pad=16, pad_rows=B // 8, n_slots=B + 3,

@@ -79,81 +79,37 @@ def _log2_approx(x):
 
 
 @triton.jit
-def _sum_along_k(x, SPLIT: tl.constexpr = 0):
-    """The sum of a head's vector (``[K]``; ``[K_GROUPS, K // K_GROUPS]`` where ``SPLIT``); of a tile
-    of copies of it (``tiled_inputs``: ``[BV, K]``; ``[BV, K_GROUPS, K // K_GROUPS]``), each row's."""
-    if len(x.shape) == 1:
+def _sum_along_k(x):
+    """The sum of a ``[K]`` vector; of a ``[BV, K]`` tile of copies of it (``tiled_inputs``), each row's."""
+    if len(x.shape) == 2:
+        return tl.sum(x, axis=1)
+    else:
         return tl.sum(x)
-    elif len(x.shape) == 3:
-        return tl.sum(tl.sum(x, axis=2), axis=1)
-    elif SPLIT:
-        return tl.sum(tl.sum(x, axis=1), axis=0)
-    else:
-        return tl.sum(x, axis=1)
 
 
 @triton.jit
-def _per_row(x, SPLIT: tl.constexpr = 0):
-    """A per-head scalar as it broadcasts against a state tile: a scalar as it is, a ``[BV]`` of
-    row sums (``tiled_inputs``) as a column (along the middle axis of a ``SPLIT`` tile)."""
+def _per_row(x):
+    """A per-head scalar as it broadcasts against a ``[BV, K]`` tile: a scalar as it is, a ``[BV]`` of
+    row sums (``tiled_inputs``) as a column."""
     if len(x.shape) == 1:
-        if SPLIT:
-            return x[:, None, None]
-        else:
-            return x[:, None]
+        return x[:, None]
     else:
         return x
 
 
 @triton.jit
-def _as_rows(x, S):
-    """A head's vector as a row against the state tile ``S`` (``[K]`` against ``[BV, K]``,
-    ``[K_GROUPS, K // K_GROUPS]`` against ``[BV, K_GROUPS, K // K_GROUPS]``); a tile of its copies
+def _as_rows(x):
+    """A head's ``[K]`` vector as a row against a ``[BV, K]`` state tile; a tile of its copies
     (``tiled_inputs``) as it is."""
-    if len(x.shape) == len(S.shape):
-        return x
-    elif len(S.shape) == 3:
-        return x[None, :, :]
-    else:
+    if len(x.shape) == 1:
         return x[None, :]
-
-
-@triton.jit
-def _k_index(offs_k):
-    """A state row's K offsets as they broadcast against its tile: ``[K]`` as ``[1, K]``; the
-    ``K_GROUPS`` view's ``[K_GROUPS, K // K_GROUPS]`` as ``[1, K_GROUPS, K // K_GROUPS]``."""
-    if len(offs_k.shape) == 2:
-        return offs_k[None, :, :]
     else:
-        return offs_k[None, :]
-
-
-@triton.jit
-def _row_sums(x):
-    """Each state row's sum along K of a ``[BV, K]`` or ``[BV, K_GROUPS, K // K_GROUPS]`` tile: ``[BV]``."""
-    if len(x.shape) == 3:
-        return tl.sum(tl.sum(x, axis=2), axis=1)
-    else:
-        return tl.sum(x, axis=1)
-
-
-@triton.jit
-def _decay(a, dt_bias, A_log, SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr):
-    """The state's decay along K, ``exp(-exp(A_log) softplus(a + dt_bias))``; in base 2 where ``FAST_GATE``
-    (:func:`_token_gate`)."""
-    if FAST_GATE:
-        x = (a + dt_bias) * LOG2E
-        softplus2 = tl.where(x > SOFTPLUS_LINEAR_ABOVE * LOG2E, x, _log2_approx(1.0 + tl.exp2(x)))  # softplus / ln 2
-        return tl.exp2(-tl.exp(A_log) * softplus2)
-    else:
-        x = a + dt_bias
-        softplus = tl.where(x > SOFTPLUS_LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
-        return tl.exp(-tl.exp(A_log) * softplus)
+        return x
 
 
 @triton.jit
 def _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr,
-                SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr, SPLIT: tl.constexpr = 0):
+                SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr):
     """One token's normalised q (scaled) and k, its decay along K and its beta (all float32).
 
     ``FAST_GATE`` computes it in base 2, as FlashInfer's kernel does: ``exp(-exp(A_log) softplus(x))``
@@ -162,24 +118,28 @@ def _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr
     division. The gate is the prologue every program computes before it can use its state tile:
     most of a B = 1 step's instructions (docs/perf-notes.md, "The gate in base 2")."""
     if FAST_GATE:
-        q = q * _per_row(scale * tl.math.rsqrt(_sum_along_k(q * q, SPLIT) + L2_EPS), SPLIT)
-        k = k * _per_row(tl.math.rsqrt(_sum_along_k(k * k, SPLIT) + L2_EPS), SPLIT)
+        q = q * _per_row(scale * tl.math.rsqrt(_sum_along_k(q * q) + L2_EPS))
+        k = k * _per_row(tl.math.rsqrt(_sum_along_k(k * k) + L2_EPS))
+        x = (a + dt_bias) * LOG2E
+        softplus2 = tl.where(x > SOFTPLUS_LINEAR_ABOVE * LOG2E, x, _log2_approx(1.0 + tl.exp2(x)))  # softplus / ln 2
+        decay = tl.exp2(-tl.exp(A_log) * softplus2)  # [K] ([BV, K] copies): the state decays along K
     else:
-        q = q * _per_row(scale / tl.sqrt(_sum_along_k(q * q, SPLIT) + L2_EPS), SPLIT)
-        k = k / _per_row(tl.sqrt(_sum_along_k(k * k, SPLIT) + L2_EPS), SPLIT)
-    decay = _decay(a, dt_bias, A_log, SOFTPLUS_LINEAR_ABOVE, FAST_GATE)
+        q = q * _per_row(scale / tl.sqrt(_sum_along_k(q * q) + L2_EPS))
+        k = k / _per_row(tl.sqrt(_sum_along_k(k * k) + L2_EPS))
+        x = a + dt_bias
+        softplus = tl.where(x > SOFTPLUS_LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
+        decay = tl.exp(-tl.exp(A_log) * softplus)
     beta = tl.sigmoid(beta_logit)
     return q, k, decay, beta
 
 
 @triton.jit
 def _delta_rule(S, q, k, v, decay, beta):
-    """One token applied to a ``[BV, K]`` state tile (or its ``[BV, K_GROUPS, K // K_GROUPS]`` view):
-    ``(new tile, its [BV] output)``."""
-    S = S * _as_rows(decay, S)
-    u = beta * (v - _row_sums(S * _as_rows(k, S)))
-    S = S + _per_row(u, len(S.shape) == 3) * _as_rows(k, S)
-    o = _row_sums(S * _as_rows(q, S))
+    """One token applied to a ``[BV, K]`` state tile: ``(new tile, its [BV] output)``."""
+    S = S * _as_rows(decay)
+    u = beta * (v - tl.sum(S * _as_rows(k), axis=1))
+    S = S + u[:, None] * _as_rows(k)
+    o = tl.sum(S * _as_rows(q), axis=1)
     return S, o
 
 
@@ -192,38 +152,11 @@ def _delta_rule_rewidened(stored, q, k, v, decay, beta):
     the two and keep the fp32 tile live across the reductions: the tile then costs its own
     registers, not twice them. Other dtypes use the one widening for both."""
     S = stored.to(tl.float32)
-    u = beta * (v - _row_sums(S * _as_rows(decay * k, S)))
-    o = _row_sums(S * _as_rows(decay * q, S)) + u * _sum_along_k(k * q, len(S.shape) == 3)
+    u = beta * (v - tl.sum(S * _as_rows(decay * k), axis=1))
+    o = tl.sum(S * _as_rows(decay * q), axis=1) + u * _sum_along_k(k * q)
     if stored.dtype == tl.bfloat16:
         S = (stored.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    return S * _as_rows(decay, S) + _per_row(u, len(S.shape) == 3) * _as_rows(k, S), o
-
-
-@triton.jit
-def _token_norms(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr,
-                 SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr):
-    """:func:`_token_gate` for the ``K_GROUPS`` view: q's and k's norms (``scale / |q|``, ``1 / |k|``: a
-    scalar each, or each row's for tiles of copies) apart from the vectors, which
-    :func:`_delta_rule_split` applies to its two sums: a thread of that view holds K // 8 of each
-    vector, and scaling them would cost it one multiply each."""
-    if FAST_GATE:
-        q_norm = scale * tl.math.rsqrt(_sum_along_k(q * q, True) + L2_EPS)
-        k_norm = tl.math.rsqrt(_sum_along_k(k * k, True) + L2_EPS)
-    else:
-        q_norm = scale / tl.sqrt(_sum_along_k(q * q, True) + L2_EPS)
-        k_norm = 1.0 / tl.sqrt(_sum_along_k(k * k, True) + L2_EPS)
-    return q_norm, k_norm, _decay(a, dt_bias, A_log, SOFTPLUS_LINEAR_ABOVE, FAST_GATE), tl.sigmoid(beta_logit)
-
-
-@triton.jit
-def _delta_rule_split(S, q, k, v, decay, beta, q_norm, k_norm):
-    """:func:`_delta_rule` on a ``[BV, K_GROUPS, K // K_GROUPS]`` tile with q and k as loaded and their
-    norms apart (:func:`_token_norms`): ``S k_n = k_norm (S k)``, ``u k_n = (u k_norm) k``,
-    ``S q_n = q_norm (S q)``."""
-    S = S * _as_rows(decay, S)
-    u = beta * (v - k_norm * _row_sums(S * _as_rows(k, S))) * k_norm
-    S = S + u[:, None, None] * _as_rows(k, S)
-    return S, q_norm * _row_sums(S * _as_rows(q, S))
+    return S * _as_rows(decay) + u[:, None] * _as_rows(k), o
 
 
 @triton.jit
@@ -259,7 +192,7 @@ def _kda_decode_kernel(
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
     SUBTILES: tl.constexpr, STATE_FIRST: tl.constexpr, REWIDEN: tl.constexpr, LOAD_HINT: tl.constexpr,
     STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr, FAST_GATE: tl.constexpr,
-    TILED_INPUTS: tl.constexpr, K_GROUPS: tl.constexpr,
+    TILED_INPUTS: tl.constexpr,
 ):
     CHUNK: tl.constexpr = BV * SUBTILES  # state rows of each head one program updates
     # The head counts: compile-time constants where HV_CONST > 0 (no division on the way to the first
@@ -280,19 +213,8 @@ def _kda_decode_kernel(
     # tile, for some bf16 tiles (Triton 3.6) through shared memory, and ptxas moved no load above
     # that, so the warp waited on q before it issued the other inputs and the state
     # (docs/perf-notes.md, "The small inputs' layout").
-    # K_GROUPS > 1 views the [BV, K] tile as [BV, K_GROUPS, K // K_GROUPS] (element (g, r, c) is row r's
-    # K-index g * K // K_GROUPS + c): where a warp's lanes cover [BV, K // K_GROUPS], the compiler
-    # keeps the groups in each thread's registers, so fewer lanes share a row and each reduction
-    # along K takes fewer shuffles, as FlashInfer's small-batch kernel lays its warps out
-    # (docs/perf-notes.md, "Rows on fewer lanes").
-    SPLIT: tl.constexpr = K_GROUPS > 1
-    if SPLIT:  # built from two aranges, not reshaped, so that the compiler sees K's groups contiguous
-        offs_k = (tl.arange(0, K_GROUPS) * (K // K_GROUPS))[:, None] + tl.arange(0, K // K_GROUPS)[None, :]
     if TILED_INPUTS:
-        if SPLIT:
-            offs_in = offs_k[None, :, :] + tl.zeros([BV, 1, 1], dtype=tl.int32)
-        else:
-            offs_in = offs_k[None, :] + tl.zeros([BV, 1], dtype=tl.int32)
+        offs_in = offs_k[None, :] + tl.zeros([BV, 1], dtype=tl.int32)
     else:
         offs_in = offs_k
 
@@ -302,10 +224,7 @@ def _kda_decode_kernel(
     # and their math overlaps the state load, which is the only thing that waits for the slot.
     # The mask is a [BV, K] splat, which the compiler sees as uniform along K (16-byte accesses
     # stay), and which Triton's interpreter accepts where it rejects a scalar mask.
-    if SPLIT:
-        live = (tl.zeros([BV, K_GROUPS, K // K_GROUPS], dtype=tl.int32) + slot) >= 0
-    else:
-        live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0
+    live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0
     slot_state = state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride
 
     # With NUM_STAGES > 1 the compiler prefetches the next heads' tiles while this one computes.
@@ -313,7 +232,7 @@ def _kda_decode_kernel(
         hv = first_head + j
         h = hv // GROUP
         row_hv = row * HV + hv
-        head_state = slot_state + hv * (V * K) + _k_index(offs_k)  # [BV, K] tiles: K contiguous, 16-byte accesses
+        head_state = slot_state + hv * (V * K) + offs_k[None, :]  # [BV, K] tiles: K contiguous, 16-byte accesses
         # STATE_FIRST: 1 issues the first tile's load before the small inputs' (sub-tiles keep it in
         # flight while the gate is computed; TileConfig.fitted sets it for them); 2 after the small
         # inputs' loads and before the gate (their loads need not wait for the slot, and the gate is
@@ -321,17 +240,13 @@ def _kda_decode_kernel(
         # depends on the tile: issued first, the bf16 32-row tile ran 7-11% slower with the same
         # registers (docs/perf-notes.md).
         if STATE_FIRST == 1:
-            ahead = tl.load(head_state + _per_row(first_v, SPLIT) * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
+            ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
         q, k, a, dt_bias, A_log, beta_logit = _load_head_inputs(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
                                                                 row * H + h, hv, row_hv, offs_in, K)
         if STATE_FIRST == 2:
-            ahead = tl.load(head_state + _per_row(first_v, SPLIT) * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
-        if SPLIT:
-            q_norm, k_norm, decay, beta = _token_norms(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS,
-                                                       SOFTPLUS_LINEAR_ABOVE, FAST_GATE)
-        else:
-            q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE,
-                                            FAST_GATE)
+            ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
+        q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS, SOFTPLUS_LINEAR_ABOVE,
+                                        FAST_GATE)
 
         # The gate and norms above serve SUBTILES tiles of BV rows, walked in order (unrolled), the
         # next tile's load issued before this one computes: one tile in flight behind the one in use.
@@ -340,19 +255,17 @@ def _kda_decode_kernel(
             if STATE_FIRST:
                 stored = ahead
                 if s + 1 < SUBTILES:
-                    ahead = tl.load(head_state + _per_row(offs_v + BV, SPLIT) * K, mask=live, other=0.0,
+                    ahead = tl.load(head_state + (offs_v + BV)[:, None] * K, mask=live, other=0.0,
                                     eviction_policy=LOAD_HINT)
                 v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
             else:
                 v = tl.load(v_ptr + row_hv * V + offs_v).to(tl.float32)
-                stored = tl.load(head_state + _per_row(offs_v, SPLIT) * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
-            if SPLIT:
-                S, o = _delta_rule_split(stored.to(tl.float32), q, k, v, decay, beta, q_norm, k_norm)
-            elif REWIDEN:
+                stored = tl.load(head_state + offs_v[:, None] * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
+            if REWIDEN:
                 S, o = _delta_rule_rewidened(stored, q, k, v, decay, beta)
             else:
                 S, o = _delta_rule(stored.to(tl.float32), q, k, v, decay, beta)
-            tl.store(head_state + _per_row(offs_v, SPLIT) * K, S.to(state_ptr.dtype.element_ty), mask=live,
+            tl.store(head_state + offs_v[:, None] * K, S.to(state_ptr.dtype.element_ty), mask=live,
                      eviction_policy=STORE_HINT)
             tl.store(out_ptr + row_hv * V + offs_v, tl.where(slot >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
 
@@ -593,12 +506,7 @@ class TileConfig:
     and divisions (the code the other entries were tuned on: the same tile can compile to another
     load order, docs/perf-notes.md, "The gate in base 2"); ``tiled_inputs``: 1 loads a one-tile,
     one-token program's q, k, a and dt_bias as ``[BV, K]`` tiles of copies in the state tile's layout
-    and computes the gate per row (:func:`_kda_decode_kernel`), 0 as ``[K]`` vectors, the gate once;
-    ``k_groups``: a power of two up to 16; above 1 a one-tile, one-token program views its tile as
-    ``[BV, k_groups, K // k_groups]``, which puts the groups in each thread's registers where a warp's
-    lanes cover ``[BV, K // k_groups]`` (fewer lanes to a row, fewer shuffles to each reduction), q's
-    and k's norms applied to the reductions (:func:`_delta_rule_split`; widened once), 1 the
-    ``[BV, K]`` tile."""
+    and computes the gate per row (:func:`_kda_decode_kernel`), 0 as ``[K]`` vectors, the gate once."""
 
     BV: int
     heads: int = 1
@@ -616,7 +524,6 @@ class TileConfig:
     store_evict_first: int = 1
     fast_gate: int = 0
     tiled_inputs: int = 0
-    k_groups: int = 1
 
     def __str__(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -657,8 +564,6 @@ class TileConfig:
             raise ValueError(f"{source}: subtiles must be a power of two in 1..64; got {self.subtiles}")
         if self.state_first not in (0, 1, 2):
             raise ValueError(f"{source}: state_first must be 0, 1 or 2; got {self.state_first}")
-        if not (power_of_two(self.k_groups) and self.k_groups <= 16):
-            raise ValueError(f"{source}: k_groups must be a power of two in 1..16; got {self.k_groups}")
         for flag in ("const_heads", "rewiden", "tma", "lookahead", "load_evict_first", "store_evict_first",
                      "fast_gate", "tiled_inputs"):
             if getattr(self, flag) not in (0, 1):
@@ -675,22 +580,19 @@ class TileConfig:
         state first). The TMA form walks single heads whole tiles too, its loop ``num_stages`` deep.
         ``lookahead`` is the persistent pointer form's alone (the default elsewhere), and the TMA form's
         state loads take no hint (``load_evict_first`` the default there). ``tiled_inputs`` is the
-        one-program-per-tile one-token kernel's alone (0 elsewhere), and so is ``k_groups`` (1 elsewhere; the
-        view widens the tile once: ``rewiden`` 0 with it)."""
+        one-program-per-tile one-token kernel's alone (0 elsewhere)."""
         BV = min(self.BV, V)
         fitted = replace(self, BV=BV, heads=math.gcd(self.heads, HV), subtiles=min(self.subtiles, V // BV),
                          lookahead=self.lookahead if self.programs_per_sm and not self.tma and T == 1 else 1)
         if T > 1:
             return replace(fitted, programs_per_sm=0, subtiles=1, const_heads=1, state_first=1, rewiden=0, tma=0,
-                           tiled_inputs=0, k_groups=1)
+                           tiled_inputs=0)
         if fitted.tma:
             return replace(fitted, heads=1, subtiles=1, const_heads=1, state_first=1, rewiden=0, load_evict_first=1,
-                           tiled_inputs=0, k_groups=1)
+                           tiled_inputs=0)
         if fitted.programs_per_sm:
             return replace(fitted, heads=1, num_stages=1, subtiles=1, const_heads=1, state_first=1, rewiden=0,
-                           tiled_inputs=0, k_groups=1)
-        if fitted.k_groups > 1:
-            fitted = replace(fitted, rewiden=0)
+                           tiled_inputs=0)
         return replace(fitted, state_first=fitted.state_first or 1) if fitted.subtiles > 1 else fitted
 
 
@@ -844,7 +746,7 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
         return (_kda_decode_kernel, (grid[0] // config.subtiles,), (*pool, out, *scalars, *heads),
                 meta | dict(HV_CONST=constants[0], GROUP_CONST=constants[1], SUBTILES=config.subtiles,
                             STATE_FIRST=config.state_first, REWIDEN=config.rewiden,
-                            TILED_INPUTS=config.tiled_inputs, K_GROUPS=config.k_groups))
+                            TILED_INPUTS=config.tiled_inputs))
     return _kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T), meta
 
 
