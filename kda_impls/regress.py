@@ -54,7 +54,6 @@ import pandas as pd
 from scipy.special import comb
 from scipy.stats import mannwhitneyu
 
-from .bench.case import Method
 from .bench.results import SweepDirError
 from .bench.results import load as load_sweep_dir
 from .cli import Parser
@@ -275,10 +274,9 @@ def compare(a: ResultSet, b: ResultSet, threshold: float = DEFAULT_THRESHOLD,
 
 
 # Method settings besides the version and the entry state that change where placements land or what
-# runs before them, each with the value a directory from before it existed was timed with (one
-# process a row, no settling: Method's own defaults, which a sweep on a GPU overrides with its
-# preset's placement processes).
-PLACEMENT_SETTINGS = {name: getattr(Method, name) for name in ("placement_processes", "settle_s")}
+# runs before them, each with the value a directory from before it existed was timed with: one
+# process a row, no settling.
+PLACEMENT_SETTINGS = {"placement_processes": 1, "settle_s": 0.0}
 
 
 def check_comparable(a: ResultSet, b: ResultSet) -> None:

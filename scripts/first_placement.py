@@ -12,9 +12,10 @@ straight after, after each idle of ``--idles`` (one second by default), after th
 after allocating and freeing the check's inputs without running anything on them. Each kernel time
 hands its held placements back to the driver as it ends, so each idle follows such a hand-back: the
 shortest idle after which the first placement runs as fast as the others is what ``--settle``
-needs (docs/timing.md, "Method 4").
+needs (docs/timing.md, "Method 4"); ``--settle`` has the kernel times settle as a sweep's do.
 
     python3 scripts/first_placement.py --idles 0.01,0.03,0.1,0.3,1
+    python3 scripts/first_placement.py --idles 0 --settle 0.03
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def conditions(cfg: Config, device, impl, idles: list[float]) -> dict:
             "after the check again": check, "after the check's inputs, unused": allocate_only}
 
 
-def study(cfg: Config, device, placements: int, budget: Budget, idles: list[float]) -> pd.DataFrame:
+def study(cfg: Config, device, placements: int, budget: Budget, idles: list[float],
+          settle_s: float = 0.0) -> pd.DataFrame:
     """One line per condition: each placement's median (us) and the first over the others' median."""
     device = as_device(device)
     impl = get(cfg.impl)
@@ -58,7 +60,7 @@ def study(cfg: Config, device, placements: int, budget: Budget, idles: list[floa
     for name, before in conditions(cfg, device, impl, idles).items():
         before()
         timing = kernel_time(lambda p: cfg.make_inputs(device, 1 + p), impl.bind, device, budget,
-                             placements=placements, disjoint=True)
+                             placements=placements, disjoint=True, settle_s=settle_s)
         medians = [m * 1e6 for m in timing.placement_medians]
         rows.append({"before": name, "first / others": medians[0] / np.median(medians[1:]),
                      "placements (us)": " ".join(f"{m:.2f}" for m in medians)})
@@ -85,13 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--placements", type=positive_int, default=6)
     parser.add_argument("--idles", type=seconds_list, default=[1.0], metavar="S,S,...",
                         help="idle this long after a kernel time's hand-back, each in turn (seconds)")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="S",
+                        help="the kernel times settle as a sweep's do (timing.kernel_time's settle_s; default "
+                             "%(default)s: not, to see what the hand-backs do)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
     args = parser.parse_args(argv)
     cfg = Config(args.impl, args.B, args.HV, args.HV, args.K, args.K, state_dtype=args.state_dtype,
                  layout=PoolLayout(placements=args.placements))
     budget = Budget(min_samples=10, max_samples=200, max_seconds=0.02 * args.placements)
-    table = study(cfg, args.device, args.placements, budget, args.idles)
+    table = study(cfg, args.device, args.placements, budget, args.idles, args.settle)
     text = (f"# The first placement of `{cfg.key()}` on {args.device}\n\n"
             + table.to_markdown(index=False, floatfmt=".3f") + "\n")
     return print_and_save(text, args.out)

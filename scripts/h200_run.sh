@@ -93,6 +93,7 @@
 #   (k-groups, k-groups-large: the tile viewed in K groups over the table, bf16 B = 1-256; the form is
 #   gone, its steps with it: git show b602e3f:scripts/h200_run.sh)
 #   scripts/h200_run.sh settle-idles  # how long after a hand-back the slow first placement lasts
+#   scripts/h200_run.sh settled    # with the default settle since: the first placements, our kernel over targets
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -544,6 +545,21 @@ case ${1:-} in
           --out "$RES/first-placement-idles/$name.md"
       done
     done
+    pack
+    ;;
+  settled)  # (a bare box will do) the default settle after it (Method.settle_s after every hand-back of more than
+    # timing.SETTLE_MIN_BYTES): first_placement.py's conditions with the kernel times settling, then our kernel
+    # alone over the targets preset (placement spreads and wall time against targets-7ebc604/)
+    settle=$(python3 -c "from kda_impls.bench.case import Method; print(Method.settle_s)")
+    for run in 1 2; do
+      for shape in "--HV 64 --state-dtype bfloat16" "--HV 64 --state-dtype float32"; do
+        name="settled-$run-$(echo "$shape" | tr -d ' -' )"
+        TAIL=12 step "$name" 90 $ON_GPU python3 scripts/first_placement.py $shape --idles 0 --settle "$settle" \
+          --out "$RES/first-placement-settled/$name.md"
+      done
+    done
+    TAIL=1 step triton-targets-settled 300 $ON_GPU python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" \
+      --preset targets --impls triton --devices cuda:0 --out "$RES/triton-targets-settled"
     pack
     ;;
   ncu-b1-ours)  # (a bare box will do) our kernel's B = 1 cases of ncu-b1 under Nsight Compute as the table has them

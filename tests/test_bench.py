@@ -573,7 +573,8 @@ def test_every_release_of_a_row_may_settle(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("freed, settles", [(timing.SETTLE_MIN_BYTES + (64 << 20), True), (64 << 20, False)])
+@pytest.mark.parametrize("freed, settles", [(timing.SETTLE_MIN_BYTES + (64 << 20), True),
+                                            (timing.SETTLE_MIN_BYTES // 4, False)])
 def test_gpu_release_idles_only_after_handing_back_a_large_allocation(freed, settles):
     torch.cuda.empty_cache()
     block = torch.empty(freed, dtype=torch.uint8, device="cuda")

@@ -494,9 +494,9 @@ def parser() -> Parser:
                         help="keep each placement's memory until its row ends, so that the next lands on pages "
                              "no earlier one used (the driver may hand freed pages out again; default %(default)s)")
     layout.add_argument("--settle", type=non_negative_float, default=Method.settle_s, metavar="S",
-                        help="idle S seconds after handing more than 1 GiB back to the driver between "
+                        help="idle S seconds after handing more than 64 MiB back to the driver between "
                              "placements and rows (on the H200 a large row's first placement ran 10%% slow "
-                             "right after such a release; default %(default)s)")
+                             "right after such a release, and not 10 ms later; default %(default)s)")
     layout.add_argument("--placement-processes", type=positive_int, metavar="N",
                         help="time each row in N worker processes of its implementation, one after another, "
                              "each with its own inputs, spacers and share of the kernel budget and of the extra "
