@@ -4,6 +4,7 @@ a directory of other settings names the fields that differ, and shards merge int
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -205,6 +206,29 @@ def test_a_time_limits_sigterm_saves_like_ctrl_c(tmp_path):
     while not list((out / "rows").glob("*.json")) and time.monotonic() < deadline:
         time.sleep(0.2)
     sweep.terminate()  # SIGTERM to the driver alone, as `timeout` sends it
+    _, stderr = sweep.communicate(timeout=60)
+    assert sweep.returncode == 130 and "Traceback" not in stderr, stderr
+    saved = len(list((out / "rows").glob("*.json")))
+    assert len(pd.read_csv(out / "results.csv")) == saved
+    assert json.loads((out / "meta.json").read_text())["runs"][-1]["rows_measured"] == saved
+
+
+def test_a_burst_of_sigterms_to_the_process_group_still_saves_everything(tmp_path):
+    """`timeout` signals the driver and then its whole process group, and a batch system may signal
+    again: interrupts after the first must not cut the cleanup short (results.csv and the run in
+    meta.json written), nor kill a worker with a traceback of its own."""
+    out = tmp_path / "terminated"
+    sweep = subprocess.Popen([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", "naive", "--B",
+                              "1,2,3,4,5,6,7,8", "--HV", "2", "--K", "16", "--max-seconds", "0.3", "--out", str(out),
+                              "--no-charts"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    deadline = time.monotonic() + 90
+    while not list((out / "rows").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for _ in range(40):  # SIGTERM to the whole group every 10 ms for 0.4 s, through the cleanup
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(sweep.pid, signal.SIGTERM)
+        time.sleep(0.01)
     _, stderr = sweep.communicate(timeout=60)
     assert sweep.returncode == 130 and "Traceback" not in stderr, stderr
     saved = len(list((out / "rows").glob("*.json")))

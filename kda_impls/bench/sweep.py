@@ -68,9 +68,11 @@ def _exit_reason(code: int | None) -> str:
 
 
 def _ignore_interrupts_then_serve(*args) -> None:
-    # Ctrl-C reaches every process of the terminal's group: the driver handles it (stopping the
+    # Ctrl-C reaches every process of the terminal's group, and so does a time limit's SIGTERM
+    # (`timeout` signals the driver, then its whole group): the driver handles it (stopping the
     # workers, saving what is done), so a worker must not die of it with a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     serve(*args)
 
 
@@ -297,6 +299,12 @@ class Sweep:
                     lane.join(timeout=0.2)  # a join without timeout would not see Ctrl-C
         except KeyboardInterrupt:
             self.stopping.set()
+            # `timeout` sends its SIGTERM to the driver and then to the driver's process group: a
+            # second interrupt must not cut the cleanup below short (on the H200 one did: no
+            # results.csv, no run in meta.json), so the first one is the last heard
+            if threading.current_thread() is threading.main_thread():
+                for interrupt in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(interrupt, signal.SIG_IGN)
             raise
         finally:
             bar.close()
