@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls.bench.config import Config, PoolLayout  # noqa: E402
 from kda_impls.bench.timing import Budget, as_device, kernel_time  # noqa: E402
-from kda_impls.cli import Parser, positive_int, print_and_save  # noqa: E402
+from kda_impls.cli import Parser, non_negative_float, positive_int, print_and_save  # noqa: E402
 from kda_impls.registry import get  # noqa: E402
 from kda_impls.verify import verify  # noqa: E402
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--placements", type=positive_int, default=6)
     parser.add_argument("--idles", type=seconds_list, default=[1.0], metavar="S,S,...",
                         help="idle this long after a kernel time's hand-back, each in turn (seconds)")
-    parser.add_argument("--settle", type=float, default=0.0, metavar="S",
+    parser.add_argument("--settle", type=non_negative_float, default=0.0, metavar="S",
                         help="the kernel times settle as a sweep's do (timing.kernel_time's settle_s; default "
                              "%(default)s: not, to see what the hand-backs do)")
     parser.add_argument("--device", default="cuda")

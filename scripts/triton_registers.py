@@ -19,7 +19,7 @@ through the gate waits a second round trip for the last ones), the global loads 
 first warp-wide instruction (a shuffle, a shared-memory access or a barrier: in the compiles read,
 ptxas moved no load above one, so a warp stalled there on an input issues the loads after it a round
 trip late: ``tiled_inputs``), the shuffles (``SHFL``: each reduction along K takes log2 of the lanes
-sharing a row, fewer with ``k_groups``), the global loads and stores marked evict-first (``.EF``: the state's,
+sharing a row), the global loads and stores marked evict-first (``.EF``: the state's,
 under ``load_evict_first`` and ``store_evict_first``), the TMA loads (``UTMALDG``: the TMA form's
 state tiles, two where its loop is pipelined, one issued ahead of the loop), the global loads issued
 before the first 16-byte one (the state tile's: how many of the small inputs' loads go ahead of it),
@@ -85,8 +85,8 @@ def sass_counts(cubin: Path) -> dict:
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
         return {"sass_before_load": None, "sass": None, "lg2": None, "state_load_spread": None,
-                "loads_before_warp_wide": None, "shuffles": None, "evict_first_loads": None, "evict_first_stores": None,
-                "tma_loads": None, "loads_before_16B": None, "sass_digest": None}
+                "loads_before_warp_wide": None, "shuffles": None, "evict_first_loads": None,
+                "evict_first_stores": None, "tma_loads": None, "loads_before_16B": None, "sass_digest": None}
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     instructions = [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in sass.splitlines()
                     if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]

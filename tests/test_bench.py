@@ -759,6 +759,38 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
         sweep_module.parser().parse_args(["--settle", "-1"])
 
 
+def test_an_interrupt_during_the_cleanup_does_not_cut_it_short(monkeypatch, tmp_path):
+    """`timeout` signals the driver and then its whole process group: an interrupt while the first
+    one's cleanup runs (here, as the workers are stopped) is ignored, the run is still written into
+    meta.json, and the handlers are back when the cleanup is done. Without that, the H200's first
+    `targets-213daa6` call left neither results.csv nor its run."""
+
+    class Interrupting:
+        def __init__(self, impl, device, method, warm=()):
+            self.hello = {}
+
+        def ready(self):
+            pass
+
+        def measure(self, cfg, copy_bw, timeout):
+            os.kill(os.getpid(), signal.SIGINT)  # the first interrupt, while a row is measured
+            time.sleep(0.5)
+            return case.empty_row(cfg, "unsupported", "recorded")
+
+        def stop(self, now=False):
+            os.kill(os.getpid(), signal.SIGINT)  # the second, during the cleanup
+            time.sleep(0.2)
+
+    monkeypatch.setattr(sweep_module, "Worker", Interrupting)
+    monkeypatch.setattr(sweep_module, "copy_bandwidth", lambda device: 1e9)
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        sweep_module.Sweep([Config("naive", 1, 2, 2, 16, 16)], tmp_path, ["cpu"], Method(), command="",
+                           preset="smoke").run()
+    assert json.loads((tmp_path / "meta.json").read_text())["runs"][-1]["rows_measured"] == 0
+    assert (tmp_path / "results.csv").exists() and signal.getsignal(signal.SIGINT) is handler
+
+
 def test_sweep_starts_every_worker_before_it_times_a_row_and_warms_only_the_extra_processes(monkeypatch, tmp_path):
     """Every worker has said hello (imported, made its warm-up calls) before the first row is timed:
     a worker's start would share the GPU with a timed row. Only the second and later placement

@@ -608,6 +608,17 @@ def test_tiled_inputs_issue_every_load_before_the_first_warp_wide_instruction():
     assert vectors < 9 and tiled == 10, rows
 
 
+def test_shuffle_column_counts_the_reductions_steps():
+    """triton_registers.py's SHFL column: the bf16 8-row one-warp tile at K=V=128 gives a row 16 lanes
+    and a thread four rows, so its two reductions take at least 4 x 4 x 2 = 32 shuffles; at K=V=32 a row
+    has 4 lanes and a thread one row (58 and 15 under Triton 3.6, 66 and 15 under 3.9). Fails if the
+    column counts nothing, or every instruction."""
+    wide, narrow = (offline_sm90("BV=8,num_warps=1", 32, D)[0] for D in (128, 32))
+    if wide[-1] == "None":
+        pytest.skip("no cuobjdump beside this Triton")
+    assert int(narrow[11]) < 32 <= int(wide[11]) < int(wide[7]) // 4, (wide, narrow)
+
+
 def test_register_cap_and_rewiden_reach_ptxas():
     """maxnreg reaches the compile (ptxas keeps to the cap, where the same tile uncapped takes more),
     and rewiden=1 compiles to other code than the tile widened once."""

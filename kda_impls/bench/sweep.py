@@ -291,6 +291,7 @@ class Sweep:
         bar = tqdm(total=len(pending), unit="row", dynamic_ncols=True, smoothing=0.1)
         lanes = [threading.Thread(target=self._lane, args=(d, copy_bws[d], todo, bar), daemon=True)
                  for d in self.devices]
+        held = {}  # interrupt handlers set aside while the cleanup runs
         try:
             for lane in lanes:
                 lane.start()
@@ -301,10 +302,10 @@ class Sweep:
             self.stopping.set()
             # `timeout` sends its SIGTERM to the driver and then to the driver's process group: a
             # second interrupt must not cut the cleanup below short (on the H200 one did: no
-            # results.csv, no run in meta.json), so the first one is the last heard
+            # results.csv, no run in meta.json), so the first one is the last heard until it is done
             if threading.current_thread() is threading.main_thread():
-                for interrupt in (signal.SIGINT, signal.SIGTERM):
-                    signal.signal(interrupt, signal.SIG_IGN)
+                held = {interrupt: signal.signal(interrupt, signal.SIG_IGN)
+                        for interrupt in (signal.SIGINT, signal.SIGTERM)}
             raise
         finally:
             bar.close()
@@ -317,6 +318,8 @@ class Sweep:
                 lane.join(timeout=5)
             table = assemble(self.out_dir)
             self._finish_meta(meta, started)
+            for interrupt, handler in held.items():
+                signal.signal(interrupt, handler)
         return table
 
     def _finish_meta(self, meta: dict, started: float) -> None:
