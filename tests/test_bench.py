@@ -759,11 +759,13 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
         sweep_module.parser().parse_args(["--settle", "-1"])
 
 
-def test_an_interrupt_during_the_cleanup_does_not_cut_it_short(monkeypatch, tmp_path):
+@pytest.mark.parametrize("exits", [False, True], ids=["returns", "exits"])
+def test_an_interrupt_during_the_cleanup_does_not_cut_it_short(monkeypatch, tmp_path, exits):
     """`timeout` signals the driver and then its whole process group: an interrupt while the first
     one's cleanup runs (here, as the workers are stopped) is ignored, the run is still written into
-    meta.json, and the handlers are back when the cleanup is done. Without that, the H200's first
-    `targets-213daa6` call left neither results.csv nor its run."""
+    meta.json, and the handlers are back when the cleanup is done, unless the caller exits on the
+    interrupt (the command line), where they stay ignored through the exit. Without that, the H200's
+    first `targets-213daa6` call left neither results.csv nor its run."""
 
     class Interrupting:
         def __init__(self, impl, device, method, warm=()):
@@ -783,12 +785,18 @@ def test_an_interrupt_during_the_cleanup_does_not_cut_it_short(monkeypatch, tmp_
 
     monkeypatch.setattr(sweep_module, "Worker", Interrupting)
     monkeypatch.setattr(sweep_module, "copy_bandwidth", lambda device: 1e9)
-    handler = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        sweep_module.Sweep([Config("naive", 1, 2, 2, 16, 16)], tmp_path, ["cpu"], Method(), command="",
-                           preset="smoke").run()
+    handlers = {interrupt: signal.getsignal(interrupt) for interrupt in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sweep_module.Sweep([Config("naive", 1, 2, 2, 16, 16)], tmp_path, ["cpu"], Method(), command="",
+                               preset="smoke", exits_on_interrupt=exits).run()
+        after = {interrupt: signal.getsignal(interrupt) for interrupt in handlers}
+    finally:
+        for interrupt, handler in handlers.items():
+            signal.signal(interrupt, handler)
     assert json.loads((tmp_path / "meta.json").read_text())["runs"][-1]["rows_measured"] == 0
-    assert (tmp_path / "results.csv").exists() and signal.getsignal(signal.SIGINT) is handler
+    assert (tmp_path / "results.csv").exists()
+    assert after == ({interrupt: signal.SIG_IGN for interrupt in handlers} if exits else handlers)
 
 
 def test_sweep_starts_every_worker_before_it_times_a_row_and_warms_only_the_extra_processes(monkeypatch, tmp_path):

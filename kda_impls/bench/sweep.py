@@ -156,14 +156,18 @@ def _differences(old, new, prefix: str = "") -> list[str]:
 
 
 class Sweep:
-    """One run of the driver over ``configs`` into ``out_dir`` on ``devices``."""
+    """One run of the driver over ``configs`` into ``out_dir`` on ``devices``. ``exits_on_interrupt``:
+    the caller ends the process when :meth:`run` is interrupted (the command line), so the interrupt
+    handlers stay ignored after the first interrupt, through the exit; otherwise they are handed back
+    once the run's cleanup is done."""
 
     def __init__(self, configs: list[Config], out_dir: Path, devices: list[str], method: Method, *,
                  command: str, preset: str, row_timeout: float = 600.0, retry_crashed: bool = False,
-                 cooldown_s: float = 0.0):
+                 cooldown_s: float = 0.0, exits_on_interrupt: bool = False):
         self.configs, self.out_dir, self.devices, self.method = configs, Path(out_dir), devices, method
         self.command, self.preset, self.row_timeout = command, preset, row_timeout
         self.retry_crashed, self.cooldown_s = retry_crashed, cooldown_s
+        self.exits_on_interrupt = exits_on_interrupt
         self.crashes: Counter[str] = Counter()
         self.impls_meta: dict[str, dict] = {}
         self.measured = 0
@@ -318,8 +322,12 @@ class Sweep:
                 lane.join(timeout=5)
             table = assemble(self.out_dir)
             self._finish_meta(meta, started)
-            for interrupt, handler in held.items():
-                signal.signal(interrupt, handler)
+            # a caller that exits would otherwise die of a later signal on its way out (Python hands
+            # its handlers back to the system's as it shuts down, and a SIGTERM kills by default; an
+            # ignored signal stays ignored)
+            if not self.exits_on_interrupt:
+                for interrupt, handler in held.items():
+                    signal.signal(interrupt, handler)
         return table
 
     def _finish_meta(self, meta: dict, started: float) -> None:
@@ -588,7 +596,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sweep = Sweep(configs, out_dir, devices, method, command=shlex.join(sys.argv if argv is None else argv),
                   preset=name, row_timeout=args.row_timeout, retry_crashed=args.retry_crashed,
-                  cooldown_s=args.cooldown)
+                  cooldown_s=args.cooldown, exits_on_interrupt=True)
     # a time limit's SIGTERM (timeout, a batch system) ends the sweep as Ctrl-C does: rows saved,
     # results.csv and meta.json written
     signal.signal(signal.SIGTERM, signal.default_int_handler)
