@@ -32,12 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls.bench.config import Config, PoolLayout  # noqa: E402
 from kda_impls.bench.timing import Budget, as_device, kernel_time  # noqa: E402
-from kda_impls.cli import Parser, non_negative_float, positive_int, print_and_save  # noqa: E402
+from kda_impls.cli import Parser, comma_list, non_negative_float, positive_int, print_and_save  # noqa: E402
 from kda_impls.registry import get  # noqa: E402
 from kda_impls.verify import verify  # noqa: E402
 
 
-def conditions(cfg: Config, device, impl, idles: list[float]) -> dict:
+def conditions(cfg: Config, device, impl, idles) -> dict:
     """What runs before each kernel time, by name, in the order they run."""
     def check():
         verify(impl, cfg.make_inputs(device, 0, timed=False))
@@ -51,8 +51,7 @@ def conditions(cfg: Config, device, impl, idles: list[float]) -> dict:
             "after the check again": check, "after the check's inputs, unused": allocate_only}
 
 
-def study(cfg: Config, device, placements: int, budget: Budget, idles: list[float],
-          settle_s: float = 0.0) -> pd.DataFrame:
+def study(cfg: Config, device, placements: int, budget: Budget, idles, settle_s: float = 0.0) -> pd.DataFrame:
     """One line per condition: each placement's median (us) and the first over the others' median."""
     device = as_device(device)
     impl = get(cfg.impl)
@@ -67,16 +66,6 @@ def study(cfg: Config, device, placements: int, budget: Budget, idles: list[floa
     return pd.DataFrame(rows)
 
 
-def seconds_list(text: str) -> list[float]:
-    try:
-        idles = [float(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds separated by commas; got {text!r}") from None
-    if any(idle < 0 for idle in idles):
-        raise argparse.ArgumentTypeError(f"idles must be >= 0; got {text!r}")
-    return idles
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impl", default="triton")
@@ -85,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--K", type=positive_int, default=128, help="K = V")
     parser.add_argument("--state-dtype", default="float32", choices=["bfloat16", "float32"])
     parser.add_argument("--placements", type=positive_int, default=6)
-    parser.add_argument("--idles", type=seconds_list, default=[1.0], metavar="S,S,...",
+    parser.add_argument("--idles", type=comma_list(non_negative_float), default=(1.0,), metavar="S,S,...",
                         help="idle this long after a kernel time's hand-back, each in turn (seconds)")
     parser.add_argument("--settle", type=non_negative_float, default=0.0, metavar="S",
                         help="the kernel times settle as a sweep's do (timing.kernel_time's settle_s; default "

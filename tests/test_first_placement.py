@@ -3,11 +3,6 @@ against the rest (run here on the CPU, whose timings model no placement: the sha
 
 from __future__ import annotations
 
-import argparse
-import re
-
-import pytest
-
 from helpers import load_script
 from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.bench.timing import Budget
@@ -24,18 +19,21 @@ def test_each_condition_times_every_placement(monkeypatch):
         return {name: (lambda name=name, run=run: (ran.append(name), run()))
                 for name, run in real(cfg, device, impl, idles).items()}
 
-    slept = []
+    slept, settled = [], []
+    timed = first_placement.kernel_time
+
+    def kernel_time(*args, settle_s, **kwargs):
+        settled.append(settle_s)
+        return timed(*args, settle_s=settle_s, **kwargs)
+
     monkeypatch.setattr(first_placement, "conditions", recorded)
+    monkeypatch.setattr(first_placement, "kernel_time", kernel_time)
     monkeypatch.setattr(first_placement.time, "sleep", slept.append)
-    table = first_placement.study(cfg, "cpu", 3, Budget(min_samples=1, max_samples=2, max_seconds=0.01), [0.05, 1.0])
+    table = first_placement.study(cfg, "cpu", 3, Budget(min_samples=1, max_samples=2, max_seconds=0.01), (0.05, 1.0),
+                                  settle_s=0.03)
     assert ran == list(table["before"]) == ["after the check", "straight after", "after 0.05 s idle", "after 1 s idle",
                                             "after the check again", "after the check's inputs, unused"]
     assert slept == [0.05, 1.0]  # each idle in turn, as long as it says
+    assert settled == [0.03] * len(ran)  # --settle reaches every kernel time
     assert all(len(p.split()) == 3 for p in table["placements (us)"]) and (table["first / others"] > 0).all()
 
-
-def test_idles_are_seconds_separated_by_commas():
-    assert first_placement.seconds_list("0.01,0.1,1") == [0.01, 0.1, 1.0]
-    for bad in ("0.1,soon", "-1"):
-        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(bad))):
-            first_placement.seconds_list(bad)
