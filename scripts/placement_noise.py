@@ -59,12 +59,13 @@ def parse_row(text: str) -> tuple[str, int, int, int]:
 
 
 def fresh_medians(cfg: Config, device, n: int, share: Budget, method: Method) -> list[float]:
-    """``n`` placements as a sweep times them (fresh allocations behind random spacers, held), each
-    with ``share`` of the budget (the budget handed to kernel_time is ``share`` times ``n``)."""
+    """``n`` placements as a sweep times them (fresh allocations behind random spacers, held, the
+    method's settling after each hand-back), each with ``share`` of the budget (the budget handed to
+    kernel_time is ``share`` times ``n``)."""
     budget = replace(share, min_samples=share.min_samples * n, max_samples=share.max_samples * n,
                      max_seconds=share.max_seconds * n)
     timing = kernel_time(lambda p: cfg.make_inputs(device, 1 + p), get(cfg.impl).bind, device, budget, placements=n,
-                         entry=method.entry, seed=method.seed, disjoint=True)
+                         entry=method.entry, seed=method.seed, disjoint=True, settle_s=method.settle_s)
     return list(timing.placement_medians)
 
 

@@ -33,8 +33,16 @@ def counted_inputs(monkeypatch):
 def test_fresh_placements_draw_new_inputs_and_the_repeats_one_set(monkeypatch):
     drawn = counted_inputs(monkeypatch)
     cfg = Config("naive", 2, 2, 2, 16, 16, layout=PoolLayout(placements=3))
-    fresh = placement_noise.fresh_medians(cfg, "cpu", 4, TINY, Method())
-    assert len(fresh) == 4 and drawn == [1, 2, 3, 4]
+    settled = []
+    timed = placement_noise.kernel_time
+
+    def kernel_time(*args, settle_s, **kwargs):
+        settled.append(settle_s)
+        return timed(*args, settle_s=settle_s, **kwargs)
+
+    monkeypatch.setattr(placement_noise, "kernel_time", kernel_time)
+    fresh = placement_noise.fresh_medians(cfg, "cpu", 4, TINY, Method(settle_s=0.25))
+    assert len(fresh) == 4 and drawn == [1, 2, 3, 4] and settled == [0.25]  # settling as the sweeps do
     drawn.clear()
     same = placement_noise.same_medians(cfg, "cpu", 4, TINY, Method())
     assert len(same) == 4 and drawn == [1]  # one placement, timed four times
