@@ -178,6 +178,16 @@ over_table_both_gpus() {  # over_table_both_gpus NAME BATCHES VARIANTS: the tabl
   over_table "tune-$1-bf16" 550 "$2" bfloat16 "$3" "$RES/triton-tune-$1/bf16/triton_tune.csv"
   wait; cat "$LOGS/gpu1.summary"
 }
+first_placements() {  # first_placements DIR PREFIX BF16_HV SECONDS OPTIONS...: first_placement.py with OPTIONS,
+  # two processes each for bf16 at HV=BF16_HV and fp32 at HV=64, K=V=128 B=256, on this step's GPU, into $RES/DIR/
+  local dir=$1 prefix=$2 hv=$3 limit=$4 run shape name; shift 4
+  for run in 1 2; do
+    for shape in "--HV $hv --state-dtype bfloat16" "--HV 64 --state-dtype float32"; do
+      name="$prefix-$run-$(echo "$shape" | tr -d ' -')"
+      TAIL=12 step "$name" "$limit" $ON_GPU python3 scripts/first_placement.py $shape "$@" --out "$RES/$dir/$name.md"
+    done
+  done
+}
 triton_gpu_tests() {  # our kernel's GPU tests, one-token and multi-token
   TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py
 }
@@ -365,12 +375,7 @@ case ${1:-} in
     ;;
   first-placement)  # (a bare box will do) what the slow first placement of our kernel's largest rows
     # follows: two processes each for bf16 HV=32 and fp32 HV=64 K=V=128 B=256 (docs/timing.md, "Method 4")
-    for run in 1 2; do
-      for shape in "--HV 32 --state-dtype bfloat16" "--HV 64 --state-dtype float32"; do
-        name="first-placement-$run-$(echo "$shape" | tr -d ' -' )"
-        TAIL=8 step "$name" 60 python3 scripts/first_placement.py $shape --out "$RES/first-placement/$name.md"
-      done
-    done
+    first_placements first-placement first-placement 32 60
     pack
     ;;
   replay)  # (carry .gpu/part2, or after published on the same box) the harness's GPU tests of
@@ -538,26 +543,14 @@ case ${1:-} in
     ;;
   settle-idles)  # (a bare box will do) how long the slow first placement lasts: first_placement.py with
     # idles of 10 ms to 1 s after each hand-back, bf16 HV=64 and fp32 HV=64 K=V=128 B=256, two processes each
-    for run in 1 2; do
-      for shape in "--HV 64 --state-dtype bfloat16" "--HV 64 --state-dtype float32"; do
-        name="settle-idles-$run-$(echo "$shape" | tr -d ' -' )"
-        TAIL=12 step "$name" 90 $ON_GPU python3 scripts/first_placement.py $shape --idles 0.01,0.03,0.1,0.3,1 \
-          --out "$RES/first-placement-idles/$name.md"
-      done
-    done
+    first_placements first-placement-idles settle-idles 64 90 --idles 0.01,0.03,0.1,0.3,1
     pack
     ;;
   settled)  # (a bare box will do) the default settle after it (Method.settle_s after every hand-back of more than
     # timing.SETTLE_MIN_BYTES): first_placement.py's conditions with the kernel times settling, then our kernel
     # alone over the targets preset (placement spreads and wall time against targets-7ebc604/)
-    settle=$(python3 -c "from kda_impls.bench.case import Method; print(Method.settle_s)")
-    for run in 1 2; do
-      for shape in "--HV 64 --state-dtype bfloat16" "--HV 64 --state-dtype float32"; do
-        name="settled-$run-$(echo "$shape" | tr -d ' -' )"
-        TAIL=12 step "$name" 90 $ON_GPU python3 scripts/first_placement.py $shape --idles 0 --settle "$settle" \
-          --out "$RES/first-placement-settled/$name.md"
-      done
-    done
+    first_placements first-placement-settled settled 64 90 --idles 0 \
+      --settle "$(python3 -c "from kda_impls.bench.case import Method; print(Method.settle_s)")"
     TAIL=1 step triton-targets-settled 300 $ON_GPU python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" \
       --preset targets --impls triton --devices cuda:0 --out "$RES/triton-targets-settled"
     pack
