@@ -759,6 +759,40 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
         sweep_module.parser().parse_args(["--settle", "-1"])
 
 
+def test_sweeps_settle_by_default_after_a_hand_back_like_the_one_that_slowed_the_h200():
+    """On the H200 the 0.5 GiB of a bf16 HV=64 K=V=128 B=256 check's inputs, handed back, slowed the next
+    placement by 8%, and 10 ms of idling ended such a slowdown (results/h200/first-placement-idles/):
+    a sweep idles at least that long, by default, after a hand-back that large. Fails if the default
+    goes back to no settling or the threshold rises past that hand-back."""
+    assert sweep_module.parser().parse_args([]).settle == Method().settle_s >= 0.01
+    assert timing.SETTLE_MIN_BYTES < 256 * 64 * 128 * 128 * torch.bfloat16.itemsize
+
+
+def test_the_command_line_keeps_the_interrupts_ignored_through_its_exit(monkeypatch, tmp_path):
+    """kda-sweep asks its Sweep to leave the interrupts ignored once one arrived: handed back, a late
+    SIGTERM killed the exit under load (tests/test_sweep_cli.py's burst)."""
+    made = {}
+
+    class Interrupted:
+        measured = 0
+
+        def __init__(self, *args, **kwargs):
+            made.update(kwargs)
+
+        def run(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "Sweep", Interrupted)
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            sweep_module.main(["--devices", "cpu", "--impls", "naive", "--B", "1", "--HV", "2", "--K", "16",
+                               "--out", str(tmp_path / "s"), "--no-charts"])
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert ended.value.code == sweep_module.INTERRUPTED and made["exits_on_interrupt"] is True
+
+
 @pytest.mark.parametrize("exits", [False, True], ids=["returns", "exits"])
 def test_an_interrupt_during_the_cleanup_does_not_cut_it_short(monkeypatch, tmp_path, exits):
     """`timeout` signals the driver and then its whole process group: an interrupt while the first
