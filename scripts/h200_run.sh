@@ -95,6 +95,11 @@
 #   scripts/h200_run.sh settle-idles  # how long after a hand-back the slow first placement lasts
 #   scripts/h200_run.sh settled    # with the default settle since: the first placements, our kernel over targets
 #
+# The fifteenth session's (bare one-GPU boxes):
+#
+#   scripts/h200_run.sh aa-settled  # the gate on settling sweeps: our kernel over targets three times and
+#                                  # once planted slower, one box, then validate_gate.py sweep (~6 min)
+#
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
@@ -365,6 +370,19 @@ case ${1:-} in
     done
     TAIL=14 step "$DIR-compare" 30 python3 scripts/run_to_run.py "$RES/$DIR"/run{1,2,3} --min-B 64 \
       --out "$RES/$DIR/run_to_run.md"
+    pack
+    ;;
+  aa-settled)  # (a bare box will do) the gate under the settling sweeps (commit 6ba54d8), on one box: our
+    # kernel alone over the targets preset three times and once with the planted slowdown, each its own
+    # process; validate_gate.py sweep gates the A/A pairs and a1-slow (resumable: a finished run is kept)
+    for run in a1 a2 a3 slow; do
+      [ -f "$RES/aa-settled/$run/results.csv" ] && continue
+      planted=""; [ "$run" = slow ] && planted=$(python3 scripts/validate_gate.py planted 2>/dev/null | head -n 1)
+      TAIL=1 step "aa-settled-$run" 150 env ${planted:+KDA_TRITON_CONFIG=$planted} python3 scripts/sweep.py --no-charts \
+        --l2-entry "$(entry)" --preset targets --impls triton --devices cuda:0 --out "$RES/aa-settled/$run"
+      pack
+    done
+    TAIL=3 step aa-settled-gate 60 python3 scripts/validate_gate.py sweep "$RES/aa-settled/gate" "$RES"/aa-settled/{a1,a2,a3,slow}
     pack
     ;;
   triton-targets)  # (a bare box will do: torch and Triton only) our kernel alone over the targets preset
