@@ -99,6 +99,7 @@
 #
 #   scripts/h200_run.sh aa-settled  # the gate on settling sweeps: our kernel over targets three times and
 #                                  # once planted slower, one box, then validate_gate.py sweep (~6 min)
+#   scripts/h200_run.sh ceiling-cold  # the memory ceiling at the sweeps' L2 entry state, every bandwidth row's shape
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -649,6 +650,19 @@ case ${1:-} in
     TAIL=12 step ceiling-fp32-d128 120 $ON_GPU python3 scripts/memory_ceiling.py --state-dtype float32 \
       --out "$RES/memory-ceiling/fp32-hv32-d128"
     pack
+    ;;
+  ceiling-cold)  # (a bare box will do) the memory ceiling at the sweeps' L2 entry state (--entry previous-step)
+    # at every shape of the targets' bandwidth rows, B = 64 and 256: what a math-free kernel, a copy and an
+    # in-place op reach where the sweeps time ours (resumable: a shape already measured is kept)
+    for shape in "bfloat16 16 64" "bfloat16 32 64" "bfloat16 64 64" "bfloat16 16 128" "bfloat16 32 128" \
+                 "bfloat16 64 128" "float32 16 128" "float32 32 128" "float32 64 128"; do
+      set -- $shape
+      name="cold-$(echo "$1" | sed 's/bfloat/bf/;s/float/fp/')-hv$2-d$3"
+      [ -f "$RES/memory-ceiling/$name/ceiling.csv" ] && continue
+      TAIL=3 step "ceiling-$name" 150 $ON_GPU python3 scripts/memory_ceiling.py --entry previous-step \
+        --state-dtype "$1" --HV "$2" --D "$3" --out "$RES/memory-ceiling/$name"
+      pack
+    done
     ;;
   ceiling-latency)  # (after part 2 is installed) the same at B = 1 and 16, FlashInfer's calls timed the same
     # way beside ours: what the step's latency is made of, theirs against ours

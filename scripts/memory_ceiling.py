@@ -4,13 +4,24 @@ bandwidth our kernel's targets are judged against, taken apart step by step.
 
     python3 scripts/memory_ceiling.py --out $OUT/memory-ceiling          # bf16 HV=32 K=V=128 B=64,256
     python3 scripts/memory_ceiling.py --HV 64 --state-dtype float32 --B 256 --placements 5
+    python3 scripts/memory_ceiling.py --HV 16 --D 64 --entry previous-step   # the L2 as the sweeps leave it
 
 For each batch size and each of ``--placements`` fresh pools (new allocations, each at a new
 address: the earlier pools stay allocated), each kernel variant's per-call time is the median over
-``--replays`` replays of a CUDA graph of ``--calls`` back-to-back calls (the pool is many times the
-L2 at the sizes that matter, so each call finds most of it cold; the host's launch gaps are left
-out, as in the harness); the two copies are timed eagerly (the median of ``--calls`` calls), as
-the roofline times its copy. The variants are interleaved within a placement:
+``--replays`` replays of a CUDA graph of ``--calls`` back-to-back calls (the host's launch gaps are
+left out, as in the harness); the two copies are timed eagerly (the median of ``--calls`` calls), as
+the roofline times its copy. ``--entry`` says what the L2 holds when a call starts:
+
+- ``back-to-back`` (default): every call on the placement's one pool. Where the pool is many times
+  the L2 each call finds most of it cold; where it is not (small B, K = V = 64), the L2 serves much
+  of it and the figures say what the L2 gives (over 100% of the copy); at B = 1 they are latencies.
+- ``previous-step``: the sweeps' entry state (``kda_impls.bench.timing.rotation_inputs``): each
+  placement is a set of copies of its inputs adding up to three L2s, each call on the next, so a
+  call finds its own pool cold and the L2 full of the other sets' dirty lines. The calls per graph
+  (and per copy) are rounded up to a whole number of turns over the sets. This is the ceiling the
+  sweeps' bandwidth figures are read against at every size.
+
+The variants are interleaved within a placement:
 
 - ``copy-1GiB``: the roofline's copy (1 GiB out of place, read + write counted), the denominator
   of every "% of copy" the suite reports;
@@ -32,10 +43,8 @@ the roofline times its copy. The variants are interleaved within a placement:
 - each of ``--impls``: that implementation of the registry on the same pool, timed as ours is.
 
 Bytes are the live state read and written (``2 B HV V K`` elements) for all but the copy and
-the implementations (every input and the output too, ``DecodeInputs.nbytes``). Where the pool is
-not many times the L2 (small B, K = V = 64), back-to-back calls find much of it in the L2 and the
-figures say what the L2 gives, not the DRAM (over 100% of the copy); at B = 1 they are latencies.
-If ``tiles-slots`` reaches what
+the implementations (every input and the output too, ``DecodeInputs.nbytes``). If ``tiles-slots``
+reaches what
 ``kda`` does, the math is not what stands between the kernel and the copy; if ``inplace-state``
 falls short of ``copy-state``, writing back where one read is what costs. The spread over
 placements of each variant says whether placement sensitivity belongs to the traffic pattern or
@@ -46,7 +55,9 @@ to the kernel. Writes ``ceiling.csv``, ``ceiling.md`` and ``meta.json`` into ``-
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import shlex
 import sys
 from dataclasses import replace
@@ -62,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kda_impls import get, make_inputs  # noqa: E402
 from kda_impls.bench.results import environment  # noqa: E402
 from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth, median_copy_seconds  # noqa: E402
-from kda_impls.bench.timing import timed_runs  # noqa: E402
+from kda_impls.bench.timing import rotation_inputs, timed_runs  # noqa: E402
 from kda_impls.impls.triton_kda import TritonKDA, _program_tile  # noqa: E402
 
 WARMUP = 3
@@ -141,6 +152,33 @@ def variant_launchers(inputs, config, impls: tuple[str, ...] = ()) -> dict:
     } | {name: (get(name).bind(inputs), inputs.nbytes()) for name in impls if not get(name).unsupported(inputs)}
 
 
+ENTRIES = ("back-to-back", "previous-step")
+
+
+def input_sets(first, entry: str, device) -> list:
+    """The input sets one placement's calls turn over: ``first`` alone back to back, or the sweeps'
+    rotation for ``previous-step``. A step too small to rotate within the sweeps' set limit is
+    refused: the sweeps time it after a dirty write instead, which graph replay cannot."""
+    if entry == "back-to-back":
+        return [first]
+    made, sets = rotation_inputs(entry, first, device)
+    if made != entry:
+        raise SystemExit(f"memory_ceiling: --entry {entry} needs a rotation of input sets, and the sweeps "
+                         f"time this step ({first.B} rows) as {made!r} instead")
+    return sets
+
+
+def in_turn(launchers: list):
+    """One zero-argument launcher that calls ``launchers`` in turn, one a call."""
+    turn = itertools.cycle(launchers)
+    return lambda: next(turn)()
+
+
+def calls_per_turn(requested: int, sets: int) -> int:
+    """At least ``requested`` calls, a whole number of turns over ``sets`` input sets."""
+    return sets * math.ceil(requested / sets)
+
+
 def eager_seconds(launch, calls: int, device) -> list[float]:
     """Seconds of each of ``calls`` back-to-back eager calls of ``launch``, after warm-ups."""
     for _ in range(WARMUP):
@@ -169,20 +207,24 @@ def measure(args) -> pd.DataFrame:
             # Fresh inputs each placement; the earlier pools stay allocated, so this one lands elsewhere
             inputs = make_inputs(B, args.HV, args.HV, args.D, args.D, state_dtype=args.state_dtype,
                                  device=device, seed=placement)
-            held.append(inputs)
+            sets = input_sets(inputs, args.entry, device)
+            held.append(sets)
             config = TritonKDA().config_for(inputs)
+            calls = calls_per_turn(args.calls, len(sets))
+            per_set = [variant_launchers(one, config, args.impls) for one in sets]
             # the roofline's copy, again beside each placement; then each variant
             timed = {"copy-1GiB": (median_copy_seconds(GPU_COPY_BYTES, device, args.calls), 2 * GPU_COPY_BYTES)}
-            for variant, (launch, nbytes) in variant_launchers(inputs, config, args.impls).items():
+            for variant, (_, nbytes) in per_set[0].items():
+                launch = in_turn([launchers[variant][0] for launchers in per_set])
                 # A captured torch copy becomes a copy-engine node, slower than the copy kernel the eager
                 # call runs (results/h200/memory-ceiling/captured-copies-9bc24de: 2.77 TB/s): the copies
                 # are timed eagerly, as the roofline times its own, and are large enough not to wait on
                 # the host
-                times = (eager_seconds(launch, args.calls, device) if variant.startswith("copy")
-                         else replayed_seconds(launch, args.calls, args.replays, device))
+                times = (eager_seconds(launch, calls, device) if variant.startswith("copy")
+                         else replayed_seconds(launch, calls, args.replays, device))
                 timed[variant] = float(pd.Series(times).median()), nbytes
-            rows += [dict(B=B, placement=placement, variant=variant, config=str(config), bytes=nbytes,
-                          us=seconds * 1e6, GBps=nbytes / seconds / 1e9)
+            rows += [dict(B=B, placement=placement, variant=variant, config=str(config), input_sets=len(sets),
+                          bytes=nbytes, us=seconds * 1e6, GBps=nbytes / seconds / 1e9)
                      for variant, (seconds, nbytes) in timed.items()]
             torch.cuda.empty_cache()
             print(f"B={B} placement {placement}: "
@@ -223,11 +265,19 @@ def report(df: pd.DataFrame, meta: dict, args) -> str:
     shape = f"HV={args.HV} K=V={args.D} {str(args.state_dtype).removeprefix('torch.')} state"
     table = summary(df)
     costs = step_costs(table).astype({"B": str})  # an integer beside floats would print as one
+    if args.entry == "back-to-back":
+        calls = (f"a CUDA graph of {args.calls} back-to-back calls (the copies: the median of {args.calls} "
+                 f"eager calls), each on the placement's one pool")
+    else:
+        sets = df.groupby("B").input_sets.first()
+        calls = (f"a CUDA graph of at least {args.calls} calls (the copies: the median of as many eager calls), "
+                 f"each on the next of the placement's input sets, a whole number of turns over them: the "
+                 f"sweeps' `{args.entry}` L2 entry state (sets adding up to three L2s: "
+                 + ", ".join(f"{n} at B = {B}" for B, n in sets.items()) + ")")
     return (f"# Memory ceiling of the decode step's state traffic ({meta['gpu']}, {shape})\n\n"
             f"`{meta['command']}`; median over {args.placements} placements of each placement's median over "
-            f"{args.replays} replays of a CUDA graph of {args.calls} back-to-back calls (the copies: the median "
-            f"of {args.calls} eager calls); `pct_copy` against the same placement's 1 GiB copy; `spread` "
-            f"is max / min of the time over placements.\n\n"
+            f"{args.replays} replays of {calls}; `pct_copy` against the same placement's 1 GiB copy; "
+            f"`spread` is max / min of the time over placements.\n\n"
             + table.to_markdown(index=False, floatfmt=".3f") + "\n\n"
             "## What each step costs\n\n"
             "Points of the copy between the variant without a step and with it (positive: the step costs; "
@@ -249,6 +299,8 @@ def main() -> int:
     parser.add_argument("--impls", type=lambda s: tuple(filter(None, s.split(","))), default=(),
                         help="implementations of the registry timed beside ours, the same way (e.g. "
                              "flashinfer,flashinfer-loggate-sigmoid); one that cannot run the shape is left out")
+    parser.add_argument("--entry", choices=ENTRIES, default="back-to-back",
+                        help="what the L2 holds when a call starts (above; default %(default)s)")
     parser.add_argument("--placements", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20, help="calls per CUDA graph")
     parser.add_argument("--replays", type=int, default=7, help="timed replays of each graph")

@@ -88,3 +88,41 @@ def test_every_variant_runs_and_the_sorted_one_walks_the_same_slots_in_order():
     for launch, nbytes in launchers.values():
         launch()
         assert nbytes >= 2 * inputs.B * inputs.HV * inputs.V * inputs.K * inputs.state.element_size()
+
+
+def test_calls_take_each_input_set_in_turn_and_whole_turns():
+    ceiling = load_script("memory_ceiling")
+    visited = []
+    launch = ceiling.in_turn([lambda n=n: visited.append(n) for n in range(3)])
+    for _ in range(7):
+        launch()
+    assert visited == [0, 1, 2, 0, 1, 2, 0]
+    assert ceiling.calls_per_turn(20, 1) == 20
+    assert ceiling.calls_per_turn(20, 18) == 36  # a call never finds its own set still in the L2
+    assert ceiling.calls_per_turn(20, 2) == 20 and ceiling.calls_per_turn(21, 2) == 22
+
+
+def test_input_sets_are_the_sweeps_rotation_and_a_step_too_small_to_rotate_is_refused(monkeypatch):
+    ceiling = load_script("memory_ceiling")
+    inputs = make_inputs(2, 2, 2, 16, 16, state_dtype=torch.bfloat16, device="cpu", seed=1)
+    assert ceiling.input_sets(inputs, "back-to-back", "cpu") == [inputs]
+    copies = [inputs, inputs.clone(), inputs.clone()]
+    monkeypatch.setattr(ceiling, "rotation_inputs", lambda entry, first, device: (entry, copies))
+    assert ceiling.input_sets(inputs, "previous-step", "cuda") is copies
+    monkeypatch.setattr(ceiling, "rotation_inputs", lambda entry, first, device: ("dirty", [first]))
+    with pytest.raises(SystemExit, match="previous-step needs a rotation.*'dirty'"):
+        ceiling.input_sets(inputs, "previous-step", "cuda")
+
+
+def test_report_says_the_calls_turned_over_the_input_sets(tmp_path, monkeypatch):
+    ceiling = load_script("memory_ceiling")
+    rows = [dict(B=B, placement=p, variant=v, input_sets=sets, GBps=4000.0, us=10.0 + p)
+            for B, sets in ((64, 18), (256, 5)) for p in range(2) for v in ceiling.OWN_VARIANTS]
+    pd.DataFrame(rows).to_csv(tmp_path / "ceiling.csv", index=False)
+    command = f"scripts/memory_ceiling.py --out {tmp_path} --HV 16 --D 64 --entry previous-step"
+    (tmp_path / "meta.json").write_text(json.dumps({"gpu": "NVIDIA H200", "command": command}))
+    monkeypatch.setattr(sys, "argv", ["memory_ceiling.py", "--out", str(tmp_path), "--report-only"])
+    assert ceiling.main() == 0
+    text = (tmp_path / "ceiling.md").read_text()
+    assert "HV=16 K=V=64 bfloat16 state" in text and "`previous-step` L2 entry state" in text
+    assert "18 at B = 64, 5 at B = 256" in text and "back-to-back" not in text
