@@ -100,6 +100,7 @@
 #   scripts/h200_run.sh aa-settled  # the gate on settling sweeps: our kernel over targets three times and
 #                                  # once planted slower, one box, then validate_gate.py sweep (~6 min)
 #   scripts/h200_run.sh ceiling-cold  # the memory ceiling at the sweeps' L2 entry state, every bandwidth row's shape
+#   scripts/h200_run.sh fast-gate-large  # the base-2 gate over the table at B = 64 and 256 (~8 min)
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -522,6 +523,15 @@ case ${1:-} in
     VARIANTS="$F,BV=4,num_warps=1,state_first=0;$F,BV=4,num_warps=1,state_first=1;$F,BV=8,num_warps=1,state_first=0"
     VARIANTS="$VARIANTS;$F,BV=8,num_warps=1,state_first=1;$F,BV=2,num_warps=1,state_first=0"
     over_table tune-fast-gate-tiles-fp32 200 1 float32 "$VARIANTS" "$RES/triton-tune-fast-gate-tiles/fp32/triton_tune.csv"
+    pack
+    ;;
+  fast-gate-large)  # (a bare box will do) the base-2 gate (fast_gate=1), with and without the head counts
+    # compiled in, over the table at B = 64 and 256 of every targets shape, both state dtypes: ceiling-cold puts
+    # our math at 1.7-5.3 points of the copy over the math-free kernel at the bandwidth rows it does not explain
+    over_table tune-fast-gate-large-bf16 260 64,256 bfloat16 "fast_gate=1;fast_gate=1,const_heads=1" \
+      "$RES/triton-tune-fast-gate-large/bf16/triton_tune.csv"
+    over_table tune-fast-gate-large-fp32 240 64,256 float32 "fast_gate=1;fast_gate=1,const_heads=1" \
+      "$RES/triton-tune-fast-gate-large/fp32/triton_tune.csv"
     pack
     ;;
   ncu-b1)  # (after part 2 is installed) where FlashInfer's B = 1 step is shorter than ours: launch shape,
