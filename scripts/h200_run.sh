@@ -100,7 +100,8 @@
 #   scripts/h200_run.sh aa-settled  # the gate on settling sweeps: our kernel over targets three times and
 #                                  # once planted slower, one box, then validate_gate.py sweep (~6 min)
 #   scripts/h200_run.sh ceiling-cold  # the memory ceiling at the sweeps' L2 entry state, every bandwidth row's shape
-#   scripts/h200_run.sh fast-gate-large  # the base-2 gate over the table at B = 64 and 256 (~8 min)
+#   scripts/h200_run.sh fast-gate-large  # the base-2 gate over the table at B = 64 and 256 (~1 min)
+#   scripts/h200_run.sh fast-gate-table  # the table with its entries: GPU tests, correctness grid, our kernel over targets
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -532,6 +533,15 @@ case ${1:-} in
       "$RES/triton-tune-fast-gate-large/bf16/triton_tune.csv"
     over_table tune-fast-gate-large-fp32 240 64,256 float32 "fast_gate=1;fast_gate=1,const_heads=1" \
       "$RES/triton-tune-fast-gate-large/fp32/triton_tune.csv"
+    pack
+    ;;
+  fast-gate-table)  # (a bare box will do) the table with fast-gate-large's entries: our kernel's GPU tests and
+    # its correctness grid, then our kernel alone over the targets preset (set beside aa-settled/ with regress.py)
+    triton_gpu_tests
+    TAIL=3 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
+      --out "$RES/correctness-triton-fast-gate-large"
+    TAIL=1 step triton-targets-fast-gate 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets \
+      --impls triton --devices cuda:0 --out "$RES/triton-targets-fast-gate"
     pack
     ;;
   ncu-b1)  # (after part 2 is installed) where FlashInfer's B = 1 step is shorter than ours: launch shape,

@@ -48,7 +48,8 @@ loaded the state first, before the field existed. The committed table:
         results/h200/triton-tune-fast-gate/new-float32/triton_tune.csv:fast_gate=1 \
         results/h200/triton-tune-fast-gate-tiles/bf16/triton_tune.csv results/h200/triton-tune-fast-gate-tiles/fp32/triton_tune.csv \
         results/h200/triton-tune-b1-eight-rows/triton_tune.csv results/h200/triton-tune-tiled-inputs/b1/triton_tune.csv \
-        results/h200/triton-tune-tiled-inputs/b16-b64/triton_tune.csv
+        results/h200/triton-tune-tiled-inputs/b16-b64/triton_tune.csv \
+        results/h200/triton-tune-fast-gate-large/bf16/triton_tune.csv results/h200/triton-tune-fast-gate-large/fp32/triton_tune.csv
 
 ``--state-order TABLED FIRST``: where two sweeps of the ``targets`` preset (the table as it ran,
 and every entry with its state loaded first) time an entry more than 1% apart, the entry takes
@@ -86,8 +87,12 @@ from kda_impls.impls.triton_kda import TileConfig, TritonKDA, choose_config, com
 # run-to-run spread of our kernel's rows is within 1% (results/h200/published/run_to_run.md).
 STATE_ORDER_MARGIN = 0.01
 # A run over the table replaces an entry only where its best beats the tabled config by more than
-# this: our kernel's rows move up to 1.74% from run to run (results/h200/published/run_to_run.md).
+# this fraction of its time, by batch size (over_table_margin): our kernel's rows moved up to 1.74% from
+# run to run over three runs of the published preset (results/h200/published/run_to_run.md); over four
+# same-box runs of the targets preset, up to 2.2% at B = 16 and 64 and 0.24% at B = 256
+# (results/h200/aa-settled/run_to_run.md), where the table would otherwise leave wins of 1-2% behind.
 OVER_TABLE_MARGIN = 0.02
+OVER_TABLE_MARGIN_FROM_B256 = 0.01
 VALUE_HEADS = (16, 32, 64)
 HEAD_DIMS = ((128, 128), (64, 64), (128, 256))
 BATCHES = (1, 16, 64, 256)
@@ -364,16 +369,22 @@ def table_source(provenance: str, entries: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def keep_tabled_unless_faster(rows: list[dict], min_gain: float) -> list[dict]:
+def over_table_margin(B: int) -> float:
+    """What a variant must beat the tabled config by, as a fraction of its time, at batch size ``B``."""
+    return OVER_TABLE_MARGIN_FROM_B256 if B >= 256 else OVER_TABLE_MARGIN
+
+
+def keep_tabled_unless_faster(rows: list[dict]) -> list[dict]:
     """One run's rows with each shape's best moved back to the tabled config (the row whose source
-    starts with "table") unless the best beats it by more than ``min_gain`` (a fraction of its time):
+    starts with "table") unless the best beats it by more than :func:`over_table_margin` of its time:
     a candidate that wins by less than the run-to-run spread is noise, and the table keeps what it has."""
     for key in {key_of(r) for r in rows}:
         shape = [r for r in rows
                  if key_of(r) == key and r.get("source") != PADDED_SOURCE and r.get("us") not in (None, "")]
         best = [r for r in shape if r.get("best") in (True, "True")]
         tabled = [r for r in shape if str(r.get("source", "")).startswith("table")]
-        if best and tabled and float(best[0]["us"]) > float(tabled[0]["us"]) * (1 - min_gain):
+        margin = over_table_margin(int(tabled[0]["B"])) if tabled else 0.0
+        if best and tabled and float(best[0]["us"]) > float(tabled[0]["us"]) * (1 - margin):
             best[0]["best"], tabled[0]["best"] = "False", "True"
     return rows
 
@@ -387,7 +398,7 @@ def over_table_report(rows: list[dict], source: str) -> str:
     """A run over the table (``--over-table``), shape by shape: the tabled config's time, the fastest
     variant's, their ratio (below 1: the variant is faster) and the fields the variant changes; then
     the ratios' range per state dtype and head dims, and how many variants beat the table by more
-    than OVER_TABLE_MARGIN (what ``--over-table-runs`` takes into the table)."""
+    than :func:`over_table_margin` (what ``--over-table-runs`` takes into the table)."""
     lines = []
     for key in sorted({key_of(r) for r in rows}):
         shape = [r for r in rows if key_of(r) == key and r.get("source") != PADDED_SOURCE and r.get("status") == "ok"]
@@ -405,13 +416,15 @@ def over_table_report(rows: list[dict], source: str) -> str:
     if not lines:
         return f"# {source} over the table\n\nNo shape has both the tabled config and a variant timed.\n"
     shapes = pd.DataFrame(lines)
+    shapes["past"] = shapes.ratio < 1 - shapes.B.astype(int).map(over_table_margin)
     ranges = shapes.groupby(["state_dtype", "K", "V"]).agg(
         shapes=("ratio", "size"), ratio_min=("ratio", "min"), ratio_max=("ratio", "max"),
-        past_margin=("ratio", lambda r: int((r < 1 - OVER_TABLE_MARGIN).sum()))).reset_index()
+        past_margin=("past", "sum")).reset_index()
+    shapes = shapes.drop(columns="past")
     return (f"# {source} over the table\n\nPer shape, the fastest variant against the tabled config timed in the same "
             f"run (`ratio` = best_us / table_us; `best_changes`: the fields it sets otherwise). By state dtype and "
-            f"head dims, the ratios' range and how many beat the table by more than {OVER_TABLE_MARGIN:.0%} "
-            f"(`past_margin`):\n\n{ranges.to_markdown(index=False, floatfmt='.3f')}\n\n"
+            f"head dims, the ratios' range and how many beat the table by more than the margin "
+            f"({OVER_TABLE_MARGIN:.0%}, {OVER_TABLE_MARGIN_FROM_B256:.0%} from B = 256; `past_margin`):\n\n{ranges.to_markdown(index=False, floatfmt='.3f')}\n\n"
             f"{shapes.to_markdown(index=False, floatfmt='.3f')}\n")
 
 
@@ -428,14 +441,14 @@ def write_table(csv_paths: list[Path | str], into: Path, state_order: tuple[Path
     run measured where its rows do not name them), the best row of a later CSV replacing an earlier's;
     with ``state_order`` (two sweep directories), each entry's state order by :func:`state_order_times`;
     then the ``over_table_runs`` (``--over-table`` runs, in order), each replacing an entry only where
-    its best beats the tabled config it timed by more than OVER_TABLE_MARGIN."""
+    its best beats the tabled config it timed by more than :func:`over_table_margin`."""
     rows, metas = [], []
     for spec in map(str, [*csv_paths, *over_table_runs]):
         path, _, measured_with = spec.partition(":")
         csv_path = Path(path)
         run = [row | {"measured_with": measured_with} for row in read_rows(csv_path)]
         if spec in map(str, over_table_runs):
-            run = [row | {"over_table": True} for row in keep_tabled_unless_faster(run, OVER_TABLE_MARGIN)]
+            run = [row | {"over_table": True} for row in keep_tabled_unless_faster(run)]
         rows += run
         meta_path = csv_path.with_suffix(".json")
         metas.append(json.loads(meta_path.read_text()) | {"measured_with": measured_with}
