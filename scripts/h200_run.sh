@@ -102,6 +102,7 @@
 #   scripts/h200_run.sh ceiling-cold  # the memory ceiling at the sweeps' L2 entry state, every bandwidth row's shape
 #   scripts/h200_run.sh fast-gate-large  # the base-2 gate over the table at B = 64 and 256 (~1 min)
 #   scripts/h200_run.sh fast-gate-table  # the table with its entries: GPU tests, correctness grid, our kernel over targets
+#   scripts/h200_run.sh fast-gate-k64  # the base-2 gate on other tiles at K = V = 64, B = 64 and 256
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -533,6 +534,20 @@ case ${1:-} in
       "$RES/triton-tune-fast-gate-large/bf16/triton_tune.csv"
     over_table tune-fast-gate-large-fp32 240 64,256 float32 "fast_gate=1;fast_gate=1,const_heads=1" \
       "$RES/triton-tune-fast-gate-large/fp32/triton_tune.csv"
+    pack
+    ;;
+  fast-gate-k64)  # (a bare box will do) at K = V = 64, B = 64 and 256, where the math costs our kernel 3-5 points
+    # of the copy over the math-free kernel (ceiling-cold): the base-2 gate on other tiles, hints and state orders
+    F=fast_gate=1,const_heads=1 VARIANTS=""
+    for change in BV=16,num_warps=1 BV=32,num_warps=2 BV=64,num_warps=2 BV=64,num_warps=4 subtiles=2 rewiden=1 \
+                  state_first=0 state_first=1 load_evict_first=0,store_evict_first=0 load_evict_first=1,store_evict_first=1; do
+      VARIANTS="$VARIANTS;$F,$change"
+    done
+    for dtype in bfloat16 float32; do
+      TAIL=2 step "tune-fast-gate-k64-$dtype" 200 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
+        --head-dims 64x64 --batches 64,256 --state-dtypes "$dtype" --budget-s 150 --over-table "${VARIANTS#;}" \
+        --out "$RES/triton-tune-fast-gate-k64/$dtype/triton_tune.csv"
+    done
     pack
     ;;
   fast-gate-table)  # (a bare box will do) the table with fast-gate-large's entries: our kernel's GPU tests and
