@@ -550,13 +550,14 @@ case ${1:-} in
     done
     pack
     ;;
-  fast-gate-table)  # (a bare box will do) the table with fast-gate-large's entries: our kernel's GPU tests and
-    # its correctness grid, then our kernel alone over the targets preset (set beside aa-settled/ with regress.py)
+  fast-gate-table)  # (a bare box will do) the table with fast-gate-large's entries (NAME=k64: and fast-gate-k64's):
+    # our kernel's GPU tests and its correctness grid, then our kernel alone over the targets preset (set beside
+    # aa-settled/ with regress.py)
     triton_gpu_tests
     TAIL=3 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
-      --out "$RES/correctness-triton-fast-gate-large"
+      --out "$RES/correctness-triton-fast-gate-${NAME:-large}"
     TAIL=1 step triton-targets-fast-gate 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets \
-      --impls triton --devices cuda:0 --out "$RES/triton-targets-fast-gate"
+      --impls triton --devices cuda:0 --out "$RES/triton-targets-fast-gate${NAME:+-$NAME}"
     pack
     ;;
   ncu-b1)  # (after part 2 is installed) where FlashInfer's B = 1 step is shorter than ours: launch shape,
