@@ -103,6 +103,7 @@
 #   scripts/h200_run.sh fast-gate-large  # the base-2 gate over the table at B = 64 and 256 (~1 min)
 #   scripts/h200_run.sh fast-gate-table  # the table with its entries: GPU tests, correctness grid, our kernel over targets
 #   scripts/h200_run.sh fast-gate-k64  # the base-2 gate on other tiles at K = V = 64, B = 64 and 256
+#   SWEEP=<run> scripts/h200_run.sh fast-gate-k128  # CUPTI on SWEEP; the same search at K = V = 128
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -547,6 +548,22 @@ case ${1:-} in
       TAIL=2 step "tune-fast-gate-k64-$dtype" 200 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
         --head-dims 64x64 --batches 64,256 --state-dtypes "$dtype" --budget-s 150 --over-table "${VARIANTS#;}" \
         --out "$RES/triton-tune-fast-gate-k64/$dtype/triton_tune.csv"
+    done
+    pack
+    ;;
+  fast-gate-k128)  # (a bare box will do) CUPTI on SWEEP's rows at B = 64 and 256 (as cupti-triton), then the same
+    # search as fast-gate-k64 at K = V = 128, where two sub-tiles with the base-2 gate had not been timed
+    TAIL=3 step cupti-triton 200 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls triton \
+      --B 64,256 --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")"
+    F=fast_gate=1,const_heads=1 VARIANTS=""
+    for change in subtiles=2 subtiles=2,state_first=1 subtiles=2,state_first=0 BV=8,num_warps=1 BV=32,num_warps=2 \
+                  subtiles=2,load_evict_first=0,store_evict_first=0 subtiles=2,load_evict_first=1,store_evict_first=1; do
+      VARIANTS="$VARIANTS;$F,$change"
+    done
+    for dtype in bfloat16 float32; do
+      TAIL=2 step "tune-fast-gate-k128-$dtype" 200 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
+        --head-dims 128x128 --batches 64,256 --state-dtypes "$dtype" --budget-s 150 --over-table "${VARIANTS#;}" \
+        --out "$RES/triton-tune-fast-gate-k128/$dtype/triton_tune.csv"
     done
     pack
     ;;
