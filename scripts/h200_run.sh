@@ -567,7 +567,8 @@ case ${1:-} in
     done
     pack
     ;;
-  fast-gate-table)  # (a bare box will do) the table with fast-gate-large's entries (NAME=k64: and fast-gate-k64's):
+  fast-gate-table)  # (a bare box will do) the table with fast-gate-large's entries (NAME=k64: and fast-gate-k64's;
+    # NAME=k128: and fast-gate-k128's):
     # our kernel's GPU tests and its correctness grid, then our kernel alone over the targets preset (set beside
     # aa-settled/ with regress.py)
     triton_gpu_tests
