@@ -382,7 +382,8 @@ case ${1:-} in
     # process; validate_gate.py sweep gates the A/A pairs and a1-slow (resumable: a finished run is kept)
     for run in a1 a2 a3 slow; do
       [ -f "$RES/aa-settled/$run/results.csv" ] && continue
-      planted=""; [ "$run" = slow ] && planted=$(python3 scripts/validate_gate.py planted 2>/dev/null | head -n 1)
+      planted=""; [ "$run" = slow ] && planted=$(python3 scripts/validate_gate.py planted | head -n 1)
+      [ "$run" = slow ] && [ -z "$planted" ] && { echo "== aa-settled-slow: no planted config"; break; }
       TAIL=1 step "aa-settled-$run" 150 env ${planted:+KDA_TRITON_CONFIG=$planted} python3 scripts/sweep.py --no-charts \
         --l2-entry "$(entry)" --preset targets --impls triton --devices cuda:0 --out "$RES/aa-settled/$run"
       pack

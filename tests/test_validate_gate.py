@@ -24,7 +24,9 @@ FLA = Config("fla", 64, 32, 32, 128, 128)
 def test_planted_slowdown_is_a_tuned_config_5_to_10_percent_slower():
     config, ratios = validate_gate.planted_config()
     assert config.startswith("BV=") and (ratios.B >= 64).all()
-    assert ratios.in_range.sum() >= 2 and ratios.ratio.between(1.05, 1.10).sum() == ratios.in_range.sum()
+    # at least one point 5-10% slower (the committed tune runs give the table's bf16 B = 256 entry no
+    # ratio: validate_gate.TUNE_CSVS), and the points called in range are those
+    assert ratios.in_range.sum() >= 1 and ratios.ratio.between(1.05, 1.10).sum() == ratios.in_range.sum()
     assert (ratios.ratio > 1.0).all() and ratios.ratio.max() < 1.2  # small, not a 4x one
 
 
