@@ -30,6 +30,14 @@ def test_planted_slowdown_is_a_tuned_config_5_to_10_percent_slower():
     assert (ratios.ratio > 1.0).all() and ratios.ratio.max() < 1.2  # small, not a 4x one
 
 
+def test_planted_and_sweep_forms_run_without_asv(monkeypatch):
+    """A bare GPU box has no asv (nor its json5): the planted config must still print there, or the
+    planted run silently times the table (it did once: logs-2026-12-01-s15/aa-settled-unplanted-a4.log)."""
+    monkeypatch.setitem(sys.modules, "json5", None)  # any import of it fails
+    bare = load_script("validate_gate")
+    assert bare.planted_config()[0] == validate_gate.planted_config()[0]
+
+
 def run_dir(path, seed: int, triton_scale=(1.0, 1.0)):
     rng = np.random.default_rng(seed)
     rows = {}
