@@ -104,6 +104,7 @@
 #   scripts/h200_run.sh fast-gate-table  # the table with its entries: GPU tests, correctness grid, our kernel over targets
 #   scripts/h200_run.sh fast-gate-k64  # the base-2 gate on other tiles at K = V = 64, B = 64 and 256
 #   SWEEP=<run> scripts/h200_run.sh fast-gate-k128  # CUPTI on SWEEP; the same search at K = V = 128
+#   scripts/h200_run.sh near-misses  # more variants at the three bandwidth rows within 0.3 points of their target
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -566,6 +567,21 @@ case ${1:-} in
         --head-dims 128x128 --batches 64,256 --state-dtypes "$dtype" --budget-s 150 --over-table "${VARIANTS#;}" \
         --out "$RES/triton-tune-fast-gate-k128/$dtype/triton_tune.csv"
     done
+    pack
+    ;;
+  near-misses)  # (a bare box will do) the three bandwidth rows within 0.3 points of their target after the
+    # fast-gate runs (bf16 HV=32 K=V=128 B=256, bf16 HV=64 K=V=64 B=256, fp32 HV=64 K=V=128 B=64): variants
+    # of their tabled configs not timed there yet, over the table
+    near_miss() {  # near_miss NAME HV D B DTYPE VARIANTS
+      TAIL=2 step "tune-near-misses-$1" 100 $ON_GPU python3 scripts/triton_tune.py --value-heads "$2" --head-dims "$3x$3" \
+        --batches "$4" --state-dtypes "$5" --budget-s 60 --over-table "$6" --out "$RES/triton-tune-near-misses/$1/triton_tune.csv"
+    }
+    near_miss bf16-hv32-d128 32 128 256 bfloat16 "subtiles=4;BV=8,subtiles=2;BV=8,subtiles=4;BV=32,num_warps=2,subtiles=2;\
+state_first=2;rewiden=1;load_evict_first=1,store_evict_first=1;store_evict_first=1"
+    near_miss bf16-hv64-d64 64 64 256 bfloat16 "BV=16,subtiles=2;BV=16,subtiles=4;BV=64,num_warps=2;state_first=2;rewiden=1;\
+load_evict_first=0,store_evict_first=0;store_evict_first=0"
+    near_miss fp32-hv64-d128 64 128 64 float32 "BV=8;BV=8,fast_gate=1,const_heads=1;BV=4,subtiles=2;BV=4,subtiles=4;\
+BV=8,subtiles=2,fast_gate=1,const_heads=1;rewiden=1;state_first=1;load_evict_first=0,store_evict_first=0"
     pack
     ;;
   fast-gate-table)  # (a bare box will do) the table with fast-gate-large's entries (NAME=k64: and fast-gate-k64's;
