@@ -272,7 +272,7 @@ def report(df: pd.DataFrame, meta: dict, args) -> str:
         sets = df.groupby("B").input_sets.first()
         calls = (f"a CUDA graph of at least {args.calls} calls (the copies: the median of as many eager calls), "
                  f"each on the next of the placement's input sets, a whole number of turns over them: the "
-                 f"sweeps' `{args.entry}` L2 entry state (sets adding up to three L2s: "
+                 f"sweeps' `{args.entry}` L2 entry state (sets adding up to at least three L2s: "
                  + ", ".join(f"{n} at B = {B}" for B, n in sets.items()) + ")")
     return (f"# Memory ceiling of the decode step's state traffic ({meta['gpu']}, {shape})\n\n"
             f"`{meta['command']}`; median over {args.placements} placements of each placement's median over "
