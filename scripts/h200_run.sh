@@ -199,6 +199,16 @@ first_placements() {  # first_placements DIR PREFIX BF16_HV SECONDS OPTIONS...: 
     done
   done
 }
+fast_gate_search() {  # fast_gate_search NAME D CHANGE...: the base-2 gate with its head counts compiled in and each
+  # CHANGE, over the table at B = 64 and 256 of every targets shape with K = V = D, both dtypes, into triton-tune-NAME/
+  local name=$1 d=$2 change dtype variants=""; shift 2
+  for change in "$@"; do variants="$variants;fast_gate=1,const_heads=1,$change"; done
+  for dtype in bfloat16 float32; do
+    TAIL=2 step "tune-$name-$dtype" 200 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
+      --head-dims "${d}x$d" --batches 64,256 --state-dtypes "$dtype" --budget-s 150 --over-table "${variants#;}" \
+      --out "$RES/triton-tune-$name/$dtype/triton_tune.csv"
+  done
+}
 triton_gpu_tests() {  # our kernel's GPU tests, one-token and multi-token
   TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py
 }
@@ -541,32 +551,17 @@ case ${1:-} in
     ;;
   fast-gate-k64)  # (a bare box will do) at K = V = 64, B = 64 and 256, where the math costs our kernel 3-5 points
     # of the copy over the math-free kernel (ceiling-cold): the base-2 gate on other tiles, hints and state orders
-    F=fast_gate=1,const_heads=1 VARIANTS=""
-    for change in BV=16,num_warps=1 BV=32,num_warps=2 BV=64,num_warps=2 BV=64,num_warps=4 subtiles=2 rewiden=1 \
-                  state_first=0 state_first=1 load_evict_first=0,store_evict_first=0 load_evict_first=1,store_evict_first=1; do
-      VARIANTS="$VARIANTS;$F,$change"
-    done
-    for dtype in bfloat16 float32; do
-      TAIL=2 step "tune-fast-gate-k64-$dtype" 200 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
-        --head-dims 64x64 --batches 64,256 --state-dtypes "$dtype" --budget-s 150 --over-table "${VARIANTS#;}" \
-        --out "$RES/triton-tune-fast-gate-k64/$dtype/triton_tune.csv"
-    done
+    fast_gate_search fast-gate-k64 64 BV=16,num_warps=1 BV=32,num_warps=2 BV=64,num_warps=2 BV=64,num_warps=4 \
+      subtiles=2 rewiden=1 state_first=0 state_first=1 load_evict_first=0,store_evict_first=0 \
+      load_evict_first=1,store_evict_first=1
     pack
     ;;
   fast-gate-k128)  # (a bare box will do) CUPTI on SWEEP's rows at B = 64 and 256 (as cupti-triton), then the same
     # search as fast-gate-k64 at K = V = 128, where two sub-tiles with the base-2 gate had not been timed
     TAIL=3 step cupti-triton 200 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls triton \
       --B 64,256 --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")"
-    F=fast_gate=1,const_heads=1 VARIANTS=""
-    for change in subtiles=2 subtiles=2,state_first=1 subtiles=2,state_first=0 BV=8,num_warps=1 BV=32,num_warps=2 \
-                  subtiles=2,load_evict_first=0,store_evict_first=0 subtiles=2,load_evict_first=1,store_evict_first=1; do
-      VARIANTS="$VARIANTS;$F,$change"
-    done
-    for dtype in bfloat16 float32; do
-      TAIL=2 step "tune-fast-gate-k128-$dtype" 200 $ON_GPU python3 scripts/triton_tune.py --value-heads 16,32,64 \
-        --head-dims 128x128 --batches 64,256 --state-dtypes "$dtype" --budget-s 150 --over-table "${VARIANTS#;}" \
-        --out "$RES/triton-tune-fast-gate-k128/$dtype/triton_tune.csv"
-    done
+    fast_gate_search fast-gate-k128 128 subtiles=2 subtiles=2,state_first=1 subtiles=2,state_first=0 BV=8,num_warps=1 \
+      BV=32,num_warps=2 subtiles=2,load_evict_first=0,store_evict_first=0 subtiles=2,load_evict_first=1,store_evict_first=1
     pack
     ;;
   near-misses)  # (a bare box will do) the three bandwidth rows within 0.3 points of their target after the

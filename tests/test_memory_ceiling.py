@@ -47,16 +47,21 @@ def test_summary_is_per_batch_and_variant_against_the_same_placements_copy():
     assert table.loc["copy-1GiB", "placements"] == 2
 
 
-def test_report_only_writes_the_report_again_with_the_runs_own_settings(tmp_path, monkeypatch):
+def report_again(out, monkeypatch, rows: list[dict], options: str) -> str:
+    """ceiling.md as ``--report-only`` writes it again from a run's ``rows`` made with ``options``."""
     ceiling = load_script("memory_ceiling")
-    rows = [dict(B=256, placement=p, variant=v, GBps=4000.0, us=10.0 + p) for p in range(2)
-            for v in ceiling.OWN_VARIANTS]
-    pd.DataFrame(rows).to_csv(tmp_path / "ceiling.csv", index=False)
-    command = f"scripts/memory_ceiling.py --out {tmp_path} --HV 64 --placements 2 --calls 9"
-    (tmp_path / "meta.json").write_text(json.dumps({"gpu": "NVIDIA H200", "command": command}))
-    monkeypatch.setattr(sys, "argv", ["memory_ceiling.py", "--out", str(tmp_path), "--report-only"])
+    pd.DataFrame(rows).to_csv(out / "ceiling.csv", index=False)
+    command = f"scripts/memory_ceiling.py --out {out} {options}"
+    (out / "meta.json").write_text(json.dumps({"gpu": "NVIDIA H200", "command": command}))
+    monkeypatch.setattr(sys, "argv", ["memory_ceiling.py", "--out", str(out), "--report-only"])
     assert ceiling.main() == 0
-    text = (tmp_path / "ceiling.md").read_text()
+    return (out / "ceiling.md").read_text()
+
+
+def test_report_only_writes_the_report_again_with_the_runs_own_settings(tmp_path, monkeypatch):
+    variants = load_script("memory_ceiling").OWN_VARIANTS
+    rows = [dict(B=256, placement=p, variant=v, GBps=4000.0, us=10.0 + p) for p in range(2) for v in variants]
+    text = report_again(tmp_path, monkeypatch, rows, "--HV 64 --placements 2 --calls 9")
     assert "HV=64 K=V=128 bfloat16 state" in text and "graph of 9 back-to-back calls" in text
     assert "median over 2 placements" in text and "| kda " in text and "## What each step costs" in text
 
@@ -115,14 +120,9 @@ def test_input_sets_are_the_sweeps_rotation_and_a_step_too_small_to_rotate_is_re
 
 
 def test_report_says_the_calls_turned_over_the_input_sets(tmp_path, monkeypatch):
-    ceiling = load_script("memory_ceiling")
+    variants = load_script("memory_ceiling").OWN_VARIANTS
     rows = [dict(B=B, placement=p, variant=v, input_sets=sets, GBps=4000.0, us=10.0 + p)
-            for B, sets in ((64, 18), (256, 5)) for p in range(2) for v in ceiling.OWN_VARIANTS]
-    pd.DataFrame(rows).to_csv(tmp_path / "ceiling.csv", index=False)
-    command = f"scripts/memory_ceiling.py --out {tmp_path} --HV 16 --D 64 --entry previous-step"
-    (tmp_path / "meta.json").write_text(json.dumps({"gpu": "NVIDIA H200", "command": command}))
-    monkeypatch.setattr(sys, "argv", ["memory_ceiling.py", "--out", str(tmp_path), "--report-only"])
-    assert ceiling.main() == 0
-    text = (tmp_path / "ceiling.md").read_text()
+            for B, sets in ((64, 18), (256, 5)) for p in range(2) for v in variants]
+    text = report_again(tmp_path, monkeypatch, rows, "--HV 16 --D 64 --entry previous-step")
     assert "HV=16 K=V=64 bfloat16 state" in text and "`previous-step` L2 entry state" in text
     assert "18 at B = 64, 5 at B = 256" in text and "back-to-back" not in text
