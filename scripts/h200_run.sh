@@ -154,9 +154,14 @@ crosscheck() {  # CUPTI on the first published run, then on the targets run a la
       --out "$RES/cupti/targets" --calls 20
   fi
 }
+planted_config() {  # the planted slowdown's config (validate_gate.py planted; its ratios go to the log), or a
+  # failure where it prints none (a run with an empty KDA_TRITON_CONFIG would time the table)
+  local config
+  config=$(python3 scripts/validate_gate.py planted 2>> "$LOGS/planted.log") && [ -n "$config" ] && echo "$config"
+}
 planted_slowdown() {  # a Triton tile config the tune CSV shows 5-10% slower (validate_gate.py planted)
   local planted
-  planted=$(python3 scripts/validate_gate.py planted 2>/dev/null)
+  planted=$(planted_config) || { echo "== published-slow: no planted config ($LOGS/planted.log)"; return 1; }
   TAIL=1 step published-slow 150 env KDA_TRITON_CONFIG="$planted" python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" \
     --preset published --devices cuda:0 --impls triton ${SWEEP_ARGS:-} --out "$RES/published/slow"
 }
@@ -393,8 +398,10 @@ case ${1:-} in
     # process; validate_gate.py sweep gates the A/A pairs and a1-slow (resumable: a finished run is kept)
     for run in a1 a2 a3 slow; do
       [ -f "$RES/aa-settled/$run/results.csv" ] && continue
-      planted=""; [ "$run" = slow ] && planted=$(python3 scripts/validate_gate.py planted | head -n 1)
-      [ "$run" = slow ] && [ -z "$planted" ] && { echo "== aa-settled-slow: no planted config"; break; }
+      planted=""
+      if [ "$run" = slow ]; then
+        planted=$(planted_config) || { echo "== aa-settled-slow: no planted config ($LOGS/planted.log)"; break; }
+      fi
       TAIL=1 step "aa-settled-$run" 150 env ${planted:+KDA_TRITON_CONFIG=$planted} python3 scripts/sweep.py --no-charts \
         --l2-entry "$(entry)" --preset targets --impls triton --devices cuda:0 --out "$RES/aa-settled/$run"
       pack
@@ -542,14 +549,14 @@ case ${1:-} in
     ;;
   fast-gate-large)  # (a bare box will do) the base-2 gate (fast_gate=1), with and without the head counts
     # compiled in, over the table at B = 64 and 256 of every targets shape, both state dtypes: ceiling-cold puts
-    # our math at 1.7-5.3 points of the copy over the math-free kernel at the bandwidth rows it does not explain
+    # our math at 1.8-5.3 points of the copy over the math-free kernel at the bandwidth rows it does not explain
     over_table tune-fast-gate-large-bf16 260 64,256 bfloat16 "fast_gate=1;fast_gate=1,const_heads=1" \
       "$RES/triton-tune-fast-gate-large/bf16/triton_tune.csv"
     over_table tune-fast-gate-large-fp32 240 64,256 float32 "fast_gate=1;fast_gate=1,const_heads=1" \
       "$RES/triton-tune-fast-gate-large/fp32/triton_tune.csv"
     pack
     ;;
-  fast-gate-k64)  # (a bare box will do) at K = V = 64, B = 64 and 256, where the math costs our kernel 3-5 points
+  fast-gate-k64)  # (a bare box will do) at K = V = 64, B = 64 and 256, where the math costs our kernel 2.6-7.8 points
     # of the copy over the math-free kernel (ceiling-cold): the base-2 gate on other tiles, hints and state orders
     fast_gate_search fast-gate-k64 64 BV=16,num_warps=1 BV=32,num_warps=2 BV=64,num_warps=2 BV=64,num_warps=4 \
       subtiles=2 rewiden=1 state_first=0 state_first=1 load_evict_first=0,store_evict_first=0 \
