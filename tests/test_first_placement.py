@@ -3,7 +3,7 @@ against the rest (run here on the CPU, whose timings model no placement: the sha
 
 from __future__ import annotations
 
-from helpers import load_script
+from helpers import load_script, record_settle_s
 from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.bench.timing import Budget
 
@@ -19,15 +19,8 @@ def test_each_condition_times_every_placement(monkeypatch):
         return {name: (lambda name=name, run=run: (ran.append(name), run()))
                 for name, run in real(cfg, device, impl, idles).items()}
 
-    slept, settled = [], []
-    timed = first_placement.kernel_time
-
-    def kernel_time(*args, settle_s, **kwargs):
-        settled.append(settle_s)
-        return timed(*args, settle_s=settle_s, **kwargs)
-
+    slept, settled = [], record_settle_s(monkeypatch, first_placement)
     monkeypatch.setattr(first_placement, "conditions", recorded)
-    monkeypatch.setattr(first_placement, "kernel_time", kernel_time)
     monkeypatch.setattr(first_placement.time, "sleep", slept.append)
     table = first_placement.study(cfg, "cpu", 3, Budget(min_samples=1, max_samples=2, max_seconds=0.01), (0.05, 1.0),
                                   settle_s=0.03)
@@ -36,4 +29,3 @@ def test_each_condition_times_every_placement(monkeypatch):
     assert slept == [0.05, 1.0]  # each idle in turn, as long as it says
     assert settled == [0.03] * len(ran)  # --settle reaches every kernel time
     assert all(len(p.split()) == 3 for p in table["placements (us)"]) and (table["first / others"] > 0).all()
-

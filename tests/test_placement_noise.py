@@ -9,7 +9,7 @@ import json
 import pandas as pd
 import pytest
 
-from helpers import load_script
+from helpers import load_script, record_settle_s
 from kda_impls.bench.case import Method
 from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.bench.timing import Budget
@@ -33,14 +33,7 @@ def counted_inputs(monkeypatch):
 def test_fresh_placements_draw_new_inputs_and_the_repeats_one_set(monkeypatch):
     drawn = counted_inputs(monkeypatch)
     cfg = Config("naive", 2, 2, 2, 16, 16, layout=PoolLayout(placements=3))
-    settled = []
-    timed = placement_noise.kernel_time
-
-    def kernel_time(*args, settle_s, **kwargs):
-        settled.append(settle_s)
-        return timed(*args, settle_s=settle_s, **kwargs)
-
-    monkeypatch.setattr(placement_noise, "kernel_time", kernel_time)
+    settled = record_settle_s(monkeypatch, placement_noise)
     fresh = placement_noise.fresh_medians(cfg, "cpu", 4, TINY, Method(settle_s=0.25))
     assert len(fresh) == 4 and drawn == [1, 2, 3, 4] and settled == [0.25]  # settling as the sweeps do
     drawn.clear()
