@@ -60,7 +60,7 @@ class Method:
     call: Budget | None = field(default_factory=lambda: Budget(max_seconds=0.2))  # None: no call time
     extra_placements: int = EXTRA_PLACEMENTS
     disjoint_placements: bool = True
-    settle_s: float = 0.03  # three times the idle that ended the slowdown (timing.SETTLE_MIN_BYTES)
+    settle_s: float = 0.03  # three times the idle that ended the slowdown (evidence: timing.SETTLE_MIN_BYTES)
     placement_processes: int = 1
     seed: int = 0
     retime_throttled: bool = True
