@@ -106,6 +106,11 @@
 #   SWEEP=<run> scripts/h200_run.sh fast-gate-k128  # CUPTI on SWEEP; the same search at K = V = 128
 #   scripts/h200_run.sh near-misses  # more variants at the three bandwidth rows within 0.3 points of their target
 #
+# The sixteenth session's (two calls after the installs; the run resumes where the first stopped):
+#
+#   RUN_LIMIT=420 TARGETS_DIR=targets scripts/h200_run.sh targets-lane  # every library over targets, then again
+#   SWEEP=$RES/targets scripts/h200_run.sh targets-cupti  # CUPTI on its B = 1, 64 and 256 rows
+#
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
@@ -656,6 +661,15 @@ BV=8,subtiles=2,fast_gate=1,const_heads=1;rewiden=1;state_first=1;load_evict_fir
   cupti-triton)  # (a bare box will do) the second clock on the bandwidth rows of a committed targets run
     TAIL=12 step cupti-triton 500 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls triton \
       --B 64,256 --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")"
+    pack
+    ;;
+  targets-cupti)  # (after part 2 is installed) the second clock on a targets run: our B = 64 and 256 rows, and
+    # the B = 1 rows of ours and FlashInfer's own call (the speed target's closest points); SWEEP: the run
+    source /root/gpu-site/env.sh
+    TAIL=12 step cupti-triton 300 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls triton \
+      --B 64,256 --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")-triton"
+    TAIL=12 step cupti-b1 300 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls triton,flashinfer \
+      --B 1 --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")-b1"
     pack
     ;;
   eviction-tiles)  # (a bare two-GPU box will do) at B = 64 and 256, where the eviction run found the
