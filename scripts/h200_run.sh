@@ -110,6 +110,7 @@
 #
 #   RUN_LIMIT=420 TARGETS_DIR=targets scripts/h200_run.sh targets-lane  # every library over targets, then again
 #   SWEEP=$RES/targets scripts/h200_run.sh targets-cupti  # CUPTI on its B = 1, 64 and 256 rows
+#   TAG=<sha> scripts/h200_run.sh ceiling-latency  # (after part 2) the B = 1 and 16 ceiling on the table as it is
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -752,10 +753,11 @@ BV=8,subtiles=2,fast_gate=1,const_heads=1;rewiden=1;state_first=1;load_evict_fir
     done
     ;;
   ceiling-latency)  # (after part 2 is installed) the same at B = 1 and 16, FlashInfer's calls timed the same
-    # way beside ours: what the step's latency is made of, theirs against ours
+    # way beside ours: what the step's latency is made of, theirs against ours (TAG: a prefix of the
+    # directories' names, so that a run on a later table lands beside the committed ones)
     source /root/gpu-site/env.sh
     for shape in "--HV 32 --D 128" "--HV 64 --D 128" "--HV 32 --D 64"; do
-      name="latency-$(echo "$shape" | tr -d ' -')"
+      name="latency-${TAG:+$TAG-}$(echo "$shape" | tr -d ' -')"
       TAIL=12 step "ceiling-$name" 120 $ON_GPU python3 scripts/memory_ceiling.py $shape --B 1,16 \
         --impls flashinfer,flashinfer-loggate-sigmoid --out "$RES/memory-ceiling/$name"
     done
