@@ -111,6 +111,7 @@
 #   RUN_LIMIT=420 TARGETS_DIR=targets scripts/h200_run.sh targets-lane  # every library over targets, then again
 #   SWEEP=$RES/targets scripts/h200_run.sh targets-cupti  # CUPTI on its B = 1, 64 and 256 rows
 #   TAG=<sha> scripts/h200_run.sh ceiling-latency  # (after part 2) the B = 1 and 16 ceiling on the table as it is
+#   scripts/h200_run.sh grid-triton  # our kernel's correctness grid on the table as committed
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -751,6 +752,11 @@ BV=8,subtiles=2,fast_gate=1,const_heads=1;rewiden=1;state_first=1;load_evict_fir
         --state-dtype "$1" --HV "$2" --D "$3" --out "$RES/memory-ceiling/$name"
       pack
     done
+    ;;
+  grid-triton)  # (a bare box will do) our kernel's H200 correctness grid on the table as committed
+    TAIL=8 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
+      --out "$RES/correctness-triton-${KDA_GIT_SHA:-unstated}"
+    pack
     ;;
   ceiling-latency)  # (after part 2 is installed) the same at B = 1 and 16, FlashInfer's calls timed the same
     # way beside ours: what the step's latency is made of, theirs against ours (TAG: a prefix of the
