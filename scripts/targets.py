@@ -2,7 +2,7 @@
 """Our Triton kernel's targets, judged on a sweep directory (the `targets` preset measures them all),
 and README's H200 table.
 
-    python scripts/targets.py results/h200/targets [--impl triton] [--readme README.md]
+    python scripts/targets.py results/h200/targets [--impl triton] [--readme README.md] [--across RUN ...]
 
 Writes DIR/targets.md and prints it. Every other library enters at its fastest verified variant per
 point (kda_impls.bench.results.best_per_library), named. The targets (the kernel issue's):
@@ -17,6 +17,7 @@ Only one-token steps on unpadded pools with H = HV and K = V count, except in th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -77,11 +78,13 @@ def bandwidth_target(state_dtype: str, K: int, B: int) -> float | None:
     return None
 
 
-def judge(ok: pd.DataFrame, impl: str) -> tuple[list[str], dict]:
+def judged(ok: pd.DataFrame, impl: str) -> dict[str, pd.DataFrame]:
+    """Each target's points, judged: a frame per target (POINT, its figure in FIGURE, met), where the
+    run has the rows to judge it (speed needs other libraries, padding padded pools)."""
     mine_all = ok[(ok.impl == impl) & (ok.H == ok.HV) & (ok.K == ok.V) & (ok.pad_rows == 0) & (ok["T"] == 1)]
     mine = mine_all[mine_all.slot_pad == 0]
     library = mine.library.dropna().iloc[0] if mine.library.notna().any() else impl
-    sections, summary = [], {}
+    frames = {}
 
     others = best_per_library(flat(ok))
     others = others[others.library != library]
@@ -90,41 +93,66 @@ def judge(ok: pd.DataFrame, impl: str) -> tuple[list[str], dict]:
     if len(pair):
         pair["ratio"] = pair.kernel_us_mean / pair.kernel_us_mean_best
         pair["met"] = (pair.ratio <= B1_RATIO).where(pair.B == 1, pair.ratio < 1)
-        summary["speed"] = verdict(pair.met)
-        sections.append(f"## Faster than every other library's best variant ({impl} / best <= {B1_RATIO} at B = 1, "
-                        f"< 1 elsewhere): {summary['speed']}\n\n"
-                        + pair[[*POINT, "kernel_us_mean", "impl_best", "kernel_us_mean_best", "ratio", "met"]]
-                        .to_markdown(index=False, floatfmt=".3f"))
+        frames["speed"] = pair[[*POINT, "kernel_us_mean", "impl_best", "kernel_us_mean_best", "ratio", "met"]]
 
-    judged = mine.assign(target=[bandwidth_target(r.state_dtype, r.K, r.B) for r in mine.itertuples()])
-    judged = judged.dropna(subset=["target"])
-    judged = judged.assign(met=judged.roofline_frac >= judged.target)
-    summary["bandwidth"] = verdict(judged.met)
-    sections.append(f"## Share of the copy bandwidth: {summary['bandwidth']}\n\n"
-                    + judged[[*POINT, "kernel_us_mean", "roofline_frac", "target", "met"]]
-                    .to_markdown(index=False, floatfmt=".3f"))
+    bandwidth = mine.assign(target=[bandwidth_target(r.state_dtype, r.K, r.B) for r in mine.itertuples()])
+    bandwidth = bandwidth.dropna(subset=["target"])
+    frames["bandwidth"] = bandwidth.assign(met=bandwidth.roofline_frac >= bandwidth.target)[
+        [*POINT, "kernel_us_mean", "roofline_frac", "target", "met"]]
 
     spread = mine[mine.B >= 16].assign(spread=lambda t: t.kernel_us_placement_max / t.kernel_us_placement_min - 1)
-    spread = spread.assign(met=spread.spread <= PLACEMENT_SPREAD)
-    summary["placements"] = verdict(spread.met)
     # placements_timed: the layout's placements and those added where they spread (older runs lack it)
     timed = spread.placements_timed if "placements_timed" in spread else spread.placements
-    spread = spread.assign(placements_timed=timed.astype(int))
-    sections.append(f"## Placement spread (max / min - 1 over the placements timed) <= "
-                    f"{PLACEMENT_SPREAD:.0%} at B >= 16: {summary['placements']}\n\n"
-                    + spread[[*POINT, "placements_timed", "kernel_us_placement_min", "kernel_us_placement_max",
-                              "spread", "met"]]
-                    .to_markdown(index=False, floatfmt=".3f"))
+    frames["placements"] = spread.assign(met=spread.spread <= PLACEMENT_SPREAD, placements_timed=timed.astype(int))[
+        [*POINT, "placements_timed", "kernel_us_placement_min", "kernel_us_placement_max", "spread", "met"]]
 
     padded = mine_all[mine_all.slot_pad > 0].merge(mine, on=POINT, suffixes=("", "_flat"))
     if len(padded):
         padded["cost"] = padded.kernel_us_mean / padded.kernel_us_mean_flat - 1
         padded["met"] = padded.cost <= PADDING_TARGET
-        summary["padding"] = verdict(padded.met)
-        sections.append(f"## Slot padding costs <= {PADDING_TARGET:.0%}: {summary['padding']}\n\n"
-                        + padded[[*POINT, "slot_pad", "kernel_us_mean_flat", "kernel_us_mean", "cost", "met"]]
-                        .to_markdown(index=False, floatfmt=".3f"))
+        frames["padding"] = padded[[*POINT, "slot_pad", "kernel_us_mean_flat", "kernel_us_mean", "cost", "met"]]
+    return frames
+
+
+HEADINGS = {
+    "speed": f"Faster than every other library's best variant ({{impl}} / best <= {B1_RATIO} at B = 1, < 1 elsewhere)",
+    "bandwidth": "Share of the copy bandwidth",
+    "placements": f"Placement spread (max / min - 1 over the placements timed) <= {PLACEMENT_SPREAD:.0%} at B >= 16",
+    "padding": f"Slot padding costs <= {PADDING_TARGET:.0%}",
+}
+FIGURE = {"speed": "ratio", "bandwidth": "roofline_frac", "placements": "spread", "padding": "cost"}
+
+
+def judge(ok: pd.DataFrame, impl: str) -> tuple[list[str], dict]:
+    sections, summary = [], {}
+    for name, frame in judged(ok, impl).items():
+        summary[name] = verdict(frame.met)
+        sections.append(f"## {HEADINGS[name].format(impl=impl)}: {summary[name]}\n\n"
+                        + frame.to_markdown(index=False, floatfmt=".3f"))
     return sections, summary
+
+
+def misses_across(runs: dict[str, pd.DataFrame], impl: str) -> str:
+    """The points each target misses in any of ``runs`` (name -> ok rows), with the figure in every run
+    and how many of the runs that judge the point miss it: a miss in every run against one that comes
+    and goes between runs of the same code."""
+    per_run = {name: judged(ok, impl) for name, ok in runs.items()}
+    sections = []
+    for target in HEADINGS:
+        frames = {name: frames[target] for name, frames in per_run.items() if target in frames}
+        if not frames:
+            continue
+        keys = POINT + (["slot_pad"] if target == "padding" else [])
+        figures = pd.concat({name: f.set_index(keys)[FIGURE[target]] for name, f in frames.items()}, axis=1)
+        missed = pd.concat({name: ~f.set_index(keys).met for name, f in frames.items()}, axis=1)
+        figures["missed in"] = missed.sum(axis=1).astype(int).astype(str) + "/" + missed.notna().sum(axis=1).astype(str)
+        table = figures[missed.any(axis=1)].assign(order=missed.sum(axis=1)).sort_values("order", ascending=False)
+        always = int((missed.all(axis=1)).sum())
+        sections.append(f"## {HEADINGS[target].format(impl=impl)}: {FIGURE[target]} per run; missed in every run "
+                        f"at {always} points, in some at {int(missed.any(axis=1).sum()) - always}\n\n"
+                        + (table.drop(columns="order").reset_index().to_markdown(index=False, floatfmt=".3f")
+                           if len(table) else "None missed."))
+    return "\n\n".join(sections)
 
 
 def write_readme_table(readme: Path, ok: pd.DataFrame, source: Path, meta: dict) -> None:
@@ -147,9 +175,13 @@ def main() -> None:
     parser.add_argument("dir", type=Path)
     parser.add_argument("--impl", default="triton")
     parser.add_argument("--readme", type=Path, help="also rewrite this README's h200-table block")
+    parser.add_argument("--across", type=Path, nargs="+", metavar="RUN",
+                        help="also judge these runs (of the same preset) and write DIR/misses.md: each point a "
+                             "target misses in any run, its figure in each, and in how many runs it is missed")
     args = parser.parse_args()
     try:
         sweep = load(args.dir)
+        across = {run: load(run).ok for run in args.across or []}
     except SweepDirError as exc:
         fail("targets.py", str(exc))
     ok, meta = sweep.ok, sweep.meta
@@ -171,6 +203,16 @@ def main() -> None:
     print(text)
     if args.readme:
         write_readme_table(args.readme, ok, args.dir, meta)
+    if across:
+        # each run named by its path below the runs' common folder
+        common = os.path.commonpath([args.dir, *args.across])
+        misses = misses_across({os.path.relpath(args.dir, common): ok,
+                                **{os.path.relpath(run, common): rows for run, rows in across.items()}},
+                               args.impl)
+        (args.dir / "misses.md").write_text(f"# {args.impl}: the targets' misses across runs\n\n"
+                                            f"Command: `{' '.join(['scripts/targets.py', *sys.argv[1:]])}`\n\n"
+                                            + misses + "\n")
+        print(misses)
 
 
 if __name__ == "__main__":

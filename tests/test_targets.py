@@ -59,3 +59,23 @@ def test_readme_block_is_replaced(tmp_path):
     assert "triton bf16" in text and "2.60 us (20%)" in text and "(mean over placements, L2 entry state `clean`)" in text
     targets.write_readme_table(readme, table(), Path("results/x"), {"settings": {"method": {"entry": "clean"}}})
     assert "(median over placements, L2 entry state `clean`)" in readme.read_text()  # method 3 and earlier
+
+
+def test_misses_across_runs_count_each_point_in_every_run():
+    first = table()
+    second = table()  # the same code again: the B = 16 spread back within 2%, B = 256 K=V=64 bandwidth too
+    second.loc[(second.impl == "triton") & (second.B == 16), ["kernel_us_placement_min", "kernel_us_placement_max"]] = \
+        [10.0, 10.05]
+    second.loc[(second.impl == "triton") & (second.B == 256) & (second.K == 64), "roofline_frac"] = 0.89
+    third = table()[lambda t: t.impl == "triton"]  # our kernel alone: no speed verdict, nothing counted for it
+    report = targets.misses_across({"a": first, "b": second, "c": third}, "triton")
+    sections = dict(s.split("\n\n", 1) for s in report.split("\n\n## "))
+    speed = next(body for head, body in sections.items() if "Faster" in head)
+    assert "| 1/2 " not in speed and speed.count("| 2/2 ") == 2  # B = 1 and 16 missed in both runs judging speed
+    bandwidth_head = next(head for head in sections if head.startswith("Share"))
+    bandwidth = sections[bandwidth_head]
+    assert "missed in every run at 1 points, in some at 1" in bandwidth_head
+    assert "| 3/3 " in bandwidth and "| 2/3 " in bandwidth  # 91% at K=V=128 always; 87% at K=V=64 in a and c
+    placements_head = next(head for head in sections if head.startswith("Placement"))
+    assert "missed in every run at 0 points, in some at 1" in placements_head
+    assert "| 2/3 " in sections[placements_head]
