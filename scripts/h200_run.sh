@@ -112,6 +112,7 @@
 #   SWEEP=$RES/targets scripts/h200_run.sh targets-cupti  # CUPTI on its B = 1, 64 and 256 rows
 #   TAG=<sha> scripts/h200_run.sh ceiling-latency  # (after part 2) the B = 1 and 16 ceiling on the table as it is
 #   scripts/h200_run.sh grid-triton  # our kernel's correctness grid on the table as committed
+#   scripts/h200_run.sh b1-warps-tiled  # bf16 B = 1: multi-warp programs with the small inputs as tiles, over the table
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -752,6 +753,19 @@ BV=8,subtiles=2,fast_gate=1,const_heads=1;rewiden=1;state_first=1;load_evict_fir
         --state-dtype "$1" --HV "$2" --D "$3" --out "$RES/memory-ceiling/$name"
       pack
     done
+    ;;
+  b1-warps-tiled)  # (a bare box will do) bf16 B = 1: programs of 2-8 warps, 4 or 8 rows a warp, with the small
+    # inputs as tiles (tiled_inputs=1 keeps every load ahead of the first shared-memory instruction, which the
+    # multi-warp tiles otherwise reach after 2-3 loads), the base-2 gate, the head counts compiled in: four
+    # times fewer programs saved 0.49 us of the math-free tile at HV=64 K=V=128 (latency-151e802-HV64D128)
+    sanitizers 100
+    F=fast_gate=1,const_heads=1,tiled_inputs=1 VARIANTS=""
+    for tile in BV=8,num_warps=2 BV=16,num_warps=4 BV=32,num_warps=8 BV=16,num_warps=2 BV=32,num_warps=4; do
+      VARIANTS="$VARIANTS;$F,$tile,state_first=1"
+    done
+    over_table tune-b1-warps-tiled 200 1 bfloat16 "$VARIANTS;$F,BV=16,num_warps=4,state_first=1,rewiden=1" \
+      "$RES/triton-tune-b1-warps-tiled/triton_tune.csv"
+    pack
     ;;
   grid-triton)  # (a bare box will do) our kernel's H200 correctness grid on the table as committed
     TAIL=8 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \

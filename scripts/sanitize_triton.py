@@ -49,7 +49,8 @@ CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_
            TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, fast_gate=1),
            TileConfig(BV=16, num_warps=1, programs_per_sm=1, fast_gate=1),
            TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, rewiden=1, fast_gate=1, tiled_inputs=1),
-           TileConfig(BV=16, num_warps=2, subtiles=2, tiled_inputs=1)]
+           TileConfig(BV=16, num_warps=2, subtiles=2, tiled_inputs=1),
+           TileConfig(BV=16, num_warps=4, const_heads=1, state_first=1, fast_gate=1, tiled_inputs=1)]
 
 
 def main() -> int:
