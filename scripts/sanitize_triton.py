@@ -36,7 +36,8 @@ from kda_impls.impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
 # the pool, where TMA must read zeros and touch no memory), the persistent form looking ahead
 # only at the slots, the state's accesses without eviction hints, the gate in base 2 (the
 # tabled B = 1 tiles: one program per tile with the head counts compiled in; the persistent form),
-# and the small inputs loaded as tiles (a B = 1 tile; two 16-row sub-tiles a program).
+# and the small inputs loaded as tiles (a B = 1 tile; two 16-row sub-tiles a program; the tabled bf16
+# B = 1 tile of four warps, 4 rows each).
 CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_warps=4, num_stages=2),
            TileConfig(BV=16, num_warps=1, programs_per_sm=1), TileConfig(BV=16, num_warps=1, subtiles=4),
            TileConfig(BV=16, num_warps=2, const_heads=1), TileConfig(BV=16, num_warps=2, state_first=1),
@@ -50,7 +51,7 @@ CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_
            TileConfig(BV=16, num_warps=1, programs_per_sm=1, fast_gate=1),
            TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, rewiden=1, fast_gate=1, tiled_inputs=1),
            TileConfig(BV=16, num_warps=2, subtiles=2, tiled_inputs=1),
-           TileConfig(BV=16, num_warps=4, const_heads=1, state_first=1, fast_gate=1, tiled_inputs=1)]
+           TileConfig(BV=16, num_warps=4, const_heads=1, state_first=1, rewiden=1, fast_gate=1, tiled_inputs=1)]
 
 
 def main() -> int:

@@ -54,7 +54,8 @@ loaded the state first, before the field existed. The committed table:
         results/h200/triton-tune-fast-gate-k128/bfloat16/triton_tune.csv results/h200/triton-tune-fast-gate-k128/float32/triton_tune.csv \
         results/h200/triton-tune-near-misses/bf16-hv32-d128/triton_tune.csv \
         results/h200/triton-tune-near-misses/bf16-hv64-d64/triton_tune.csv \
-        results/h200/triton-tune-near-misses/fp32-hv64-d128/triton_tune.csv
+        results/h200/triton-tune-near-misses/fp32-hv64-d128/triton_tune.csv \
+        results/h200/triton-tune-b1-warps-tiled/triton_tune.csv
 
 ``--state-order TABLED FIRST``: where two sweeps of the ``targets`` preset (the table as it ran,
 and every entry with its state loaded first) time an entry more than 1% apart, the entry takes

@@ -147,7 +147,7 @@ FORMS = [
     TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, rewiden=1, fast_gate=1, tiled_inputs=1),
     TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, tiled_inputs=1),
     TileConfig(BV=8, num_warps=1, tiled_inputs=1),
-    TileConfig(BV=16, num_warps=4, const_heads=1, state_first=1, fast_gate=1, tiled_inputs=1),
+    TileConfig(BV=16, num_warps=4, const_heads=1, state_first=1, rewiden=1, fast_gate=1, tiled_inputs=1),
 ]
 
 
