@@ -113,6 +113,7 @@
 #   TAG=<sha> scripts/h200_run.sh ceiling-latency  # (after part 2) the B = 1 and 16 ceiling on the table as it is
 #   scripts/h200_run.sh grid-triton  # our kernel's correctness grid on the table as committed
 #   scripts/h200_run.sh b1-warps-tiled  # bf16 B = 1: multi-warp programs with the small inputs as tiles, over the table
+#   scripts/h200_run.sh b1-targets  # (after part 2) the new B = 1 entries against every library; grid; sanitizers
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
@@ -765,6 +766,20 @@ BV=8,subtiles=2,fast_gate=1,const_heads=1;rewiden=1;state_first=1;load_evict_fir
     done
     over_table tune-b1-warps-tiled 200 1 bfloat16 "$VARIANTS;$F,BV=16,num_warps=4,state_first=1,rewiden=1" \
       "$RES/triton-tune-b1-warps-tiled/triton_tune.csv"
+    pack
+    ;;
+  b1-targets)  # (after part 2 is installed) a table change at bf16 B = 1 judged against every other library: the
+    # targets preset's bf16 B = 1 rows, every implementation but the torch one, then our kernel's correctness
+    # grid and the sanitizers on every form
+    source /root/gpu-site/env.sh
+    TAIL=2 step b1-targets 200 $ON_GPU python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets \
+      --B 1 --state-dtype bf16 --impls "$(python3 -c "from kda_impls.registry import names
+print(','.join(n for n in names() if n != 'naive'))")" --devices cuda:0 --out "$RES/targets-b1-${KDA_GIT_SHA:-unstated}"
+    pack
+    TAIL=8 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
+      --out "$RES/correctness-triton-${KDA_GIT_SHA:-unstated}"
+    pack
+    sanitizers 100
     pack
     ;;
   grid-triton)  # (a bare box will do) our kernel's H200 correctness grid on the table as committed
