@@ -139,7 +139,7 @@ def misses_across(runs: dict[str, pd.DataFrame], impl: str) -> str:
     per_run = {name: judged(ok, impl) for name, ok in runs.items()}
     sections = []
     for target in HEADINGS:
-        frames = {name: frames[target] for name, frames in per_run.items() if target in frames}
+        frames = {name: judged_run[target] for name, judged_run in per_run.items() if target in judged_run}
         if not frames:
             continue
         keys = POINT + (["slot_pad"] if target == "padding" else [])
