@@ -223,6 +223,10 @@ fast_gate_search() {  # fast_gate_search NAME D CHANGE...: the base-2 gate with 
       --out "$RES/triton-tune-$name/$dtype/triton_tune.csv"
   done
 }
+triton_grid() {  # our kernel's H200 correctness grid on the table as committed, into correctness-triton-<commit>/
+  TAIL=8 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
+    --out "$RES/correctness-triton-${KDA_GIT_SHA:-unstated}"
+}
 triton_gpu_tests() {  # our kernel's GPU tests, one-token and multi-token
   TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py
 }
@@ -769,22 +773,22 @@ BV=8,subtiles=2,fast_gate=1,const_heads=1;rewiden=1;state_first=1;load_evict_fir
     pack
     ;;
   b1-targets)  # (after part 2 is installed) a table change at bf16 B = 1 judged against every other library: the
-    # targets preset's bf16 B = 1 rows, every implementation but the torch one, then our kernel's correctness
+    # targets preset's bf16 B = 1 rows, every implementation but the torch one, ours first (a sweep cut by its time
+    # limit keeps the rows it reached: about 140 rows in 250 s; the step resumes), then our kernel's correctness
     # grid and the sanitizers on every form
     source /root/gpu-site/env.sh
-    TAIL=2 step b1-targets 200 $ON_GPU python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets \
+    TAIL=2 step b1-targets 300 $ON_GPU python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets \
       --B 1 --state-dtype bf16 --impls "$(python3 -c "from kda_impls.registry import names
-print(','.join(n for n in names() if n != 'naive'))")" --devices cuda:0 --out "$RES/targets-b1-${KDA_GIT_SHA:-unstated}"
+print(','.join(['triton'] + [n for n in names() if n not in ('naive', 'triton')]))")" --devices cuda:0 \
+      --out "$RES/targets-b1-${KDA_GIT_SHA:-unstated}"
     pack
-    TAIL=8 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
-      --out "$RES/correctness-triton-${KDA_GIT_SHA:-unstated}"
+    triton_grid
     pack
     sanitizers 100
     pack
     ;;
   grid-triton)  # (a bare box will do) our kernel's H200 correctness grid on the table as committed
-    TAIL=8 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
-      --out "$RES/correctness-triton-${KDA_GIT_SHA:-unstated}"
+    triton_grid
     pack
     ;;
   ceiling-latency)  # (after part 2 is installed) the same at B = 1 and 16, FlashInfer's calls timed the same
