@@ -223,6 +223,11 @@ fast_gate_search() {  # fast_gate_search NAME D CHANGE...: the base-2 gate with 
       --out "$RES/triton-tune-$name/$dtype/triton_tune.csv"
   done
 }
+cupti_sweep() {  # cupti_sweep NAME IMPLS BATCHES: CUPTI's second clock on SWEEP's unpadded rows of IMPLS at
+  # BATCHES, the harness's own graph pass profiled too, into cupti/<SWEEP's name><NAME>/
+  TAIL=12 step "cupti${1:--triton}" 300 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls "$2" \
+    --B "$3" --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")$1"
+}
 triton_grid() {  # our kernel's H200 correctness grid on the table as committed, into correctness-triton-<commit>/
   TAIL=8 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
     --out "$RES/correctness-triton-${KDA_GIT_SHA:-unstated}"
@@ -578,8 +583,7 @@ case ${1:-} in
     ;;
   fast-gate-k128)  # (a bare box will do) CUPTI on SWEEP's rows at B = 64 and 256 (as cupti-triton), then the same
     # search as fast-gate-k64 at K = V = 128, where two sub-tiles with the base-2 gate had not been timed
-    TAIL=3 step cupti-triton 200 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls triton \
-      --B 64,256 --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")"
+    cupti_sweep "" triton 64,256
     fast_gate_search fast-gate-k128 128 subtiles=2 subtiles=2,state_first=1 subtiles=2,state_first=0 BV=8,num_warps=1 \
       BV=32,num_warps=2 subtiles=2,load_evict_first=0,store_evict_first=0 subtiles=2,load_evict_first=1,store_evict_first=1
     pack
@@ -667,17 +671,14 @@ BV=8,subtiles=2,fast_gate=1,const_heads=1;rewiden=1;state_first=1;load_evict_fir
     pack
     ;;
   cupti-triton)  # (a bare box will do) the second clock on the bandwidth rows of a committed targets run
-    TAIL=12 step cupti-triton 500 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls triton \
-      --B 64,256 --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")"
+    cupti_sweep "" triton 64,256
     pack
     ;;
   targets-cupti)  # (after part 2 is installed) the second clock on a targets run: our B = 64 and 256 rows, and
     # the B = 1 rows of ours and FlashInfer's own call (the speed target's closest points); SWEEP: the run
     source /root/gpu-site/env.sh
-    TAIL=12 step cupti-triton 300 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls triton \
-      --B 64,256 --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")-triton"
-    TAIL=12 step cupti-b1 300 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls triton,flashinfer \
-      --B 1 --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")-b1"
+    cupti_sweep -triton triton 64,256
+    cupti_sweep -b1 triton,flashinfer 1
     pack
     ;;
   eviction-tiles)  # (a bare two-GPU box will do) at B = 64 and 256, where the eviction run found the
