@@ -115,6 +115,10 @@
 #   scripts/h200_run.sh b1-warps-tiled  # bf16 B = 1: multi-warp programs with the small inputs as tiles, over the table
 #   scripts/h200_run.sh b1-targets  # (after part 2) the new B = 1 entries against every library; grid; sanitizers
 #
+# The seventeenth session's:
+#
+#   scripts/h200_run.sh pad-cost  # the one padding miss's rows in six processes each, stores hinted and not
+#
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
 # ./h200-out; the device tool returns at most 8 files): unpack it into results/h200/ and commit.
@@ -787,6 +791,17 @@ print(','.join(['triton'] + [n for n in names() if n not in ('naive', 'triton')]
     pack
     sanitizers 100
     pack
+    ;;
+  pad-cost)  # (a bare box will do) the one padding point missed in most runs (bf16 HV=16 K=V=64 B=16: its padded
+    # row 0.2-3.9% over the unpadded between runs, the other libraries' within 1.2%): both rows, our kernel alone, in
+    # six worker processes each (is the cost a process's, as placements are?), the table as it is and with its
+    # stores unhinted (the hint the placement misses were tied to)
+    for variant in table:"" unhinted:store_evict_first=0; do
+      TAIL=2 step "pad-cost-${variant%%:*}" 200 $ON_GPU env KDA_TRITON_CONFIG="${variant#*:}" python3 scripts/sweep.py \
+        --no-charts --l2-entry "$(entry)" --preset targets --B 16 --HV 16 --K 64 --state-dtype bf16 --impls triton \
+        --placement-processes 6 --extra-placements 0 --out "$RES/pad-cost/${variant%%:*}"
+      pack
+    done
     ;;
   grid-triton)  # (a bare box will do) our kernel's H200 correctness grid on the table as committed
     triton_grid
