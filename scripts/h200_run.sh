@@ -118,6 +118,7 @@
 # The seventeenth session's:
 #
 #   scripts/h200_run.sh pad-cost  # the one padding miss's rows in six processes each, stores hinted and not
+#   ROWS=<the placement misses> RUN=hints-<sha> scripts/h200_run.sh placement-noise-hints  # their hints
 #
 # ENTRY=<state> overrides the L2 entry state of the sweeps (default: the harness's default). Logs
 # and every result directory go into a tarball in $OUT (default
