@@ -233,9 +233,10 @@ cupti_sweep() {  # cupti_sweep NAME IMPLS BATCHES: CUPTI's second clock on SWEEP
   TAIL=12 step "cupti${1:--triton}" 300 $ON_GPU python3 scripts/cupti_crosscheck.py "$SWEEP" --unpadded-only --impls "$2" \
     --B "$3" --calls 20 --replay --out "$RES/cupti/$(basename "$SWEEP")$1"
 }
-triton_grid() {  # our kernel's H200 correctness grid on the table as committed, into correctness-triton-<commit>/
+triton_grid() {  # triton_grid [NAME]: our kernel's H200 correctness grid on the table as committed, into
+  # correctness-triton-<NAME, else the commit>/
   TAIL=8 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
-    --out "$RES/correctness-triton-${KDA_GIT_SHA:-unstated}"
+    --out "$RES/correctness-triton-${1:-${KDA_GIT_SHA:-unstated}}"
 }
 triton_gpu_tests() {  # our kernel's GPU tests, one-token and multi-token
   TAIL=3 step pytest-triton 300 $ON_GPU python3 -m pytest -q -m gpu tests/test_triton.py tests/test_triton_multitoken.py
@@ -537,8 +538,7 @@ case ${1:-} in
     # acee2e5:kda_impls/impls/triton_kda.py > old_triton_kda.py`), at B = 1: the table and candidates with the
     # head counts compiled in, bf16 new, old, then fp32 old, new; first the new kernel's GPU tests and grid
     triton_gpu_tests
-    TAIL=3 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
-      --out "$RES/correctness-triton-fast-gate"
+    triton_grid fast-gate
     VARIANTS="const_heads=1;BV=4,num_warps=1;BV=4,num_warps=1,const_heads=1;BV=8,num_warps=1,state_first=1,const_heads=1"
     VARIANTS="$VARIANTS;BV=8,num_warps=1,state_first=2,const_heads=1;BV=8,num_warps=1,state_first=0,const_heads=1"
     VARIANTS="$VARIANTS;BV=16,num_warps=2,state_first=1,const_heads=1;BV=16,num_warps=1,state_first=1,const_heads=1"
@@ -613,8 +613,7 @@ BV=8,subtiles=2,fast_gate=1,const_heads=1;rewiden=1;state_first=1;load_evict_fir
     # our kernel's GPU tests and its correctness grid, then our kernel alone over the targets preset (set beside
     # aa-settled/ with regress.py)
     triton_gpu_tests
-    TAIL=3 step correctness-triton 200 $ON_GPU python3 scripts/gpu_correctness.py --impls triton \
-      --out "$RES/correctness-triton-fast-gate-${NAME:-large}"
+    triton_grid fast-gate-${NAME:-large}
     TAIL=1 step triton-targets-fast-gate 150 python3 scripts/sweep.py --no-charts --l2-entry "$(entry)" --preset targets \
       --impls triton --devices cuda:0 --out "$RES/triton-targets-fast-gate${NAME:+-$NAME}"
     pack
@@ -794,7 +793,7 @@ print(','.join(['triton'] + [n for n in names() if n not in ('naive', 'triton')]
     pack
     ;;
   pad-cost)  # (a bare box will do) the one padding point missed in most runs (bf16 HV=16 K=V=64 B=16: its padded
-    # row 0.2-3.9% over the unpadded between runs, the other libraries' within 1.2%): both rows, our kernel alone, in
+    # row 0.2-3.9% over the unpadded between runs, targets-e10d22a/misses.md): both rows, our kernel alone, in
     # six worker processes each (is the cost a process's, as placements are?), the table as it is and with its
     # stores unhinted (the hint the placement misses were tied to)
     for variant in table:"" unhinted:store_evict_first=0; do
