@@ -450,7 +450,7 @@ case ${1:-} in
     if [ -d .gpu/part2 ] && [ ! -f /root/gpu-site/env.sh ]; then bash .gpu/part2/install.sh > "$LOGS/install2.log" 2>&1; fi
     source /root/gpu-site/env.sh
     TAIL=3 step pytest-harness 120 $ON_GPU python3 -m pytest -q -m gpu tests/test_bench.py -k "settle or cupti or disjoint"
-    TAIL=12 step cupti-replay 150 $ON_GPU python3 scripts/cupti_crosscheck.py results/h200/published/a1 --impls fla,triton \
+    TAIL=12 step cupti-replay 150 $ON_GPU python3 scripts/cupti_crosscheck.py results/h200/published --impls fla,triton \
       --B 16,64 --replay --calls 20 --out "$RES/cupti/replay"
     pack
     ;;

@@ -17,7 +17,7 @@ What the harness can measure is another matter (an op between timed calls is tak
 subtraction, which charges a call the write-back of its dirty lines: docs/timing.md), so a second
 form, which needs no GPU, sets a sweep's kernel times against the study's decode-layer figures:
 
-    python3 scripts/l2_entry_study.py --report results/h200/l2-entry --against results/h200/published/a1
+    python3 scripts/l2_entry_study.py --report results/h200/l2-entry --against results/h200/published
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 row's kernel time moves between the runs (max / min - 1), beside how far its placements spread
 within each run.
 
-    python3 scripts/run_to_run.py results/h200/published/a1 results/h200/published/a2 results/h200/published/a3
+    python3 scripts/run_to_run.py SWEEP_A SWEEP_B SWEEP_C
     python3 scripts/run_to_run.py DIR... --min-B 64 --limit 0.02 --out FILE.md
     python3 scripts/run_to_run.py DIR... --statistic median   # the same runs, another estimator
 

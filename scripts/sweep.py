@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sweep KDA decode implementations over a preset; see kda_impls/bench/sweep.py and results/README.md."""
+"""Sweep KDA decode implementations over a preset; see kda_impls/bench/sweep.py and docs/results-format.md."""
 
 import sys
 from pathlib import Path

@@ -26,36 +26,36 @@ Writes the CSV (every candidate), a JSON of the environment and the copy bandwid
 Regenerate the committed table from measurements (no GPU needed; several CSVs, e.g. a one-token
 and a multi-token run, make one table):
 
-    python3 scripts/triton_tune.py --write-table results/h200/triton-tune/triton_tune.csv [more.csv ...]
+    python3 scripts/triton_tune.py --write-table results/h200/triton-tune/v3.csv [more.csv ...]
 
 A CSV's rows name the fields of the kernel they measured; a field added to the kernel since then
 takes its default, unless the path says what that run's kernel did instead (``PATH:FIELD=VALUE``),
-e.g. ``results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1``: a run on a kernel that
+e.g. ``results/h200/triton-tune/subtiles.csv:state_first=1``: a run on a kernel that
 loaded the state first, before the field existed. The committed table:
 
-    python3 scripts/triton_tune.py --write-table results/h200/triton-tune-v3/triton_tune.csv \
-        results/h200/triton-tune-multitoken/triton_tune.csv results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1 \
-        --state-order results/h200/state-order/table results/h200/state-order/first \
-        --over-table-runs results/h200/triton-tune-rewiden/triton_tune.csv \
-        results/h200/triton-tune-order/triton_tune.csv results/h200/triton-tune-tma/bf16/triton_tune.csv \
-        results/h200/triton-tune-tma/fp32/triton_tune.csv results/h200/triton-tune-slots-ahead/bf16/triton_tune.csv \
-        results/h200/triton-tune-slots-ahead/fp32/triton_tune.csv results/h200/triton-tune-eviction/bf16/triton_tune.csv \
-        results/h200/triton-tune-eviction/fp32/triton_tune.csv results/h200/triton-tune-eviction-tiles/bf16/triton_tune.csv \
-        results/h200/triton-tune-eviction-tiles/fp32/triton_tune.csv results/h200/triton-tune-b1-warps/bf16/triton_tune.csv \
-        results/h200/triton-tune-b1-warps/fp32/triton_tune.csv results/h200/triton-tune-fast-gate/old-bfloat16/triton_tune.csv \
-        results/h200/triton-tune-fast-gate/old-float32/triton_tune.csv \
-        results/h200/triton-tune-fast-gate/new-bfloat16/triton_tune.csv:fast_gate=1 \
-        results/h200/triton-tune-fast-gate/new-float32/triton_tune.csv:fast_gate=1 \
-        results/h200/triton-tune-fast-gate-tiles/bf16/triton_tune.csv results/h200/triton-tune-fast-gate-tiles/fp32/triton_tune.csv \
-        results/h200/triton-tune-b1-eight-rows/triton_tune.csv results/h200/triton-tune-tiled-inputs/b1/triton_tune.csv \
-        results/h200/triton-tune-tiled-inputs/b16-b64/triton_tune.csv \
-        results/h200/triton-tune-fast-gate-large/bf16/triton_tune.csv results/h200/triton-tune-fast-gate-large/fp32/triton_tune.csv \
-        results/h200/triton-tune-fast-gate-k64/bfloat16/triton_tune.csv results/h200/triton-tune-fast-gate-k64/float32/triton_tune.csv \
-        results/h200/triton-tune-fast-gate-k128/bfloat16/triton_tune.csv results/h200/triton-tune-fast-gate-k128/float32/triton_tune.csv \
-        results/h200/triton-tune-near-misses/bf16-hv32-d128/triton_tune.csv \
-        results/h200/triton-tune-near-misses/bf16-hv64-d64/triton_tune.csv \
-        results/h200/triton-tune-near-misses/fp32-hv64-d128/triton_tune.csv \
-        results/h200/triton-tune-b1-warps-tiled/triton_tune.csv
+    python3 scripts/triton_tune.py --write-table results/h200/triton-tune/v3.csv \
+        results/h200/triton-tune/multitoken.csv results/h200/triton-tune/subtiles.csv:state_first=1 \
+        --state-order results/h200/triton-tune/state-order-table results/h200/triton-tune/state-order-first \
+        --over-table-runs results/h200/triton-tune/rewiden.csv \
+        results/h200/triton-tune/order.csv results/h200/triton-tune/tma-bf16.csv \
+        results/h200/triton-tune/tma-fp32.csv results/h200/triton-tune/slots-ahead-bf16.csv \
+        results/h200/triton-tune/slots-ahead-fp32.csv results/h200/triton-tune/eviction-bf16.csv \
+        results/h200/triton-tune/eviction-fp32.csv results/h200/triton-tune/eviction-tiles-bf16.csv \
+        results/h200/triton-tune/eviction-tiles-fp32.csv results/h200/triton-tune/b1-warps-bf16.csv \
+        results/h200/triton-tune/b1-warps-fp32.csv results/h200/triton-tune/fast-gate-old-bfloat16.csv \
+        results/h200/triton-tune/fast-gate-old-float32.csv \
+        results/h200/triton-tune/fast-gate-new-bfloat16.csv:fast_gate=1 \
+        results/h200/triton-tune/fast-gate-new-float32.csv:fast_gate=1 \
+        results/h200/triton-tune/fast-gate-tiles-bf16.csv results/h200/triton-tune/fast-gate-tiles-fp32.csv \
+        results/h200/triton-tune/b1-eight-rows.csv results/h200/triton-tune/tiled-inputs-b1.csv \
+        results/h200/triton-tune/tiled-inputs-b16-b64.csv \
+        results/h200/triton-tune/fast-gate-large-bf16.csv results/h200/triton-tune/fast-gate-large-fp32.csv \
+        results/h200/triton-tune/fast-gate-k64-bfloat16.csv results/h200/triton-tune/fast-gate-k64-float32.csv \
+        results/h200/triton-tune/fast-gate-k128-bfloat16.csv results/h200/triton-tune/fast-gate-k128-float32.csv \
+        results/h200/triton-tune/near-misses-bf16-hv32-d128.csv \
+        results/h200/triton-tune/near-misses-bf16-hv64-d64.csv \
+        results/h200/triton-tune/near-misses-fp32-hv64-d128.csv \
+        results/h200/triton-tune/b1-warps-tiled.csv
 
 ``--state-order TABLED FIRST``: where two sweeps of the ``targets`` preset (the table as it ran,
 and every entry with its state loaded first) time an entry more than 1% apart, the entry takes
@@ -96,7 +96,7 @@ STATE_ORDER_MARGIN = 0.01
 # this fraction of its time, by batch size (over_table_margin): our kernel's rows moved up to 1.74% from
 # run to run over three runs of the published preset (results/h200/published/run_to_run.md); over four
 # same-box runs of the targets preset, up to 2.2% at B = 16 and 64 and 0.24% at B = 256
-# (results/h200/aa-settled/run_to_run.md), where the table would otherwise leave wins of 1-2% behind.
+# (results/h200/triton-tune/run_to_run-targets.md), where the table would otherwise leave wins of 1-2% behind.
 OVER_TABLE_MARGIN = 0.02
 OVER_TABLE_MARGIN_FROM_B256 = 0.01
 VALUE_HEADS = (16, 32, 64)

@@ -56,16 +56,15 @@ from kda_impls.impls.triton_kda import CONFIG_ENV, TileConfig, choose_config  # 
 # The one-token runs the committed table was written from (triton_tune.py --write-table). They
 # measured the kernel with its head counts passed at run time, as the table's entries run it
 # (const_heads=0). On the kernel that compiled them in (commit 240bc7e) the config they put 5-10%
-# behind (subtiles=8) came out 3.3-4.2% slower (results/h200/gate-sweep/summary.json); a planted
+# behind (subtiles=8) came out 3.3-4.2% slower (results/h200/gate-validation/sweep/summary.json); a planted
 # config must come from a run of the kernel the table runs.
 # The last two are the over-table runs that changed the table's B = 256 fp32 entry at the planted
 # shape (no earlier run timed the config it took): a point is read from the last run that timed it,
 # the table's choice with it. The table's bf16 B = 256 entry there (fast_gate=1, subtiles=2, commit
-# 5c9e207) was timed only against near variants (triton-tune-fast-gate-k128/), none 5% slower, so no
+# 5c9e207) was timed only against near variants (results/h200/triton-tune/fast-gate-k128-*.csv), none 5% slower, so no
 # run here gives that point a ratio and the planted config is chosen on the other three.
-TUNE_CSVS = [REPO / "results" / "h200" / run / "triton_tune.csv"
-             for run in ("triton-tune-v3", "triton-tune-subtiles", "triton-tune-eviction-tiles/bf16",
-                         "triton-tune-eviction-tiles/fp32")]
+TUNE_CSVS = [REPO / "results" / "h200" / "triton-tune" / f"{run}.csv"
+             for run in ("v3", "subtiles", "eviction-tiles-bf16", "eviction-tiles-fp32")]
 PLANTED_SHAPE = dict(HV=32, K=128, V=128)  # Kimi-Linear's layer, what the gate profile times
 PLANTED_RANGE = (1.05, 1.10)
 RUN_TO_RUN_LIMIT, RUN_TO_RUN_MIN_B = 0.02, 16  # every kernel time at B >= 16 within 2% over the A runs

@@ -344,7 +344,7 @@ def test_verdict_by_ratio_beyond_the_threshold(ratio, status):
 
 def test_one_row_steps_are_gated_at_ten_percent():
     """B = 1 moves by up to 6% between two processes of one commit on the H200 (FlashInfer's dense
-    call, results/h200/gate-sweep/spread.csv): a 7% move there is the same, at B >= 16 slower; 12% is
+    call, results/h200/gate-validation/sweep/spread.csv): a 7% move there is the same, at B >= 16 slower; 12% is
     slower at B = 1 too. Sweep keys and asv names alike; other batch sizes keep --threshold."""
     one_row = [Config("flashinfer", 1, 32, 32, 128, 128).key(), name("triton", 1),
                "decode.KernelTime.track_kernel('triton', 1, 'HV32-K128-V128', 0, 'bfloat16', 1)"]

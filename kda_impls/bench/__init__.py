@@ -1,6 +1,6 @@
 """The benchmark harness: configurations and pool layouts, the case runner, timers, the copy
 roofline, clocks, and the sweep over presets (``scripts/sweep.py``, ``scripts/plot.py``;
-results/README.md documents the output)."""
+docs/results-format.md documents the output)."""
 
 from .case import COLUMNS, STATUSES, Method, run_case
 from .config import Config, PoolLayout
