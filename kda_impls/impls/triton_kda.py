@@ -17,7 +17,7 @@ program issues its state load (before the small inputs' loads, between them and 
 the gate), ``rewiden`` whether the stored tile is widened to fp32 once or twice (the second time
 for the update, so the fp32 tile need not stay live across the reductions), ``maxnreg`` a cap
 on ptxas's registers, and ``fast_gate`` whether the gate is computed in base 2 on MUFU's log2 (fewer
-instructions on a B = 1 step's chain) or with libdevice's log. docs/perf-notes.md has what each
+instructions on a B = 1 step's chain) or with libdevice's log. docs/triton-kernel.md has what each
 was measured to do on the H200, and what the forms tried and dropped did (each tile read twice).
 
 Multi-token decode (T > 1 tokens per row, speculative verify) has its own kernel with the same
@@ -116,7 +116,7 @@ def _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS: tl.constexpr
     is ``exp2(-exp(A_log) log2(1 + exp2(x log2 e)))``, one MUFU instruction for each exp and the
     log and no rescaling between them, and each norm takes one ``rsqrt``, not a square root and a
     division. The gate is the prologue every program computes before it can use its state tile:
-    most of a B = 1 step's instructions (docs/perf-notes.md, "The gate in base 2")."""
+    most of a B = 1 step's instructions (docs/triton-kernel.md, "The gate in base 2")."""
     if FAST_GATE:
         q = q * _per_row(scale * tl.math.rsqrt(_sum_along_k(q * q) + L2_EPS))
         k = k * _per_row(tl.math.rsqrt(_sum_along_k(k * k) + L2_EPS))
@@ -212,7 +212,7 @@ def _kda_decode_kernel(
     # and computes the gate once per row, not once per head: a [K] vector changes layout to meet the
     # tile, for some bf16 tiles (Triton 3.6) through shared memory, and ptxas moved no load above
     # that, so the warp waited on q before it issued the other inputs and the state
-    # (docs/perf-notes.md, "The small inputs' layout").
+    # (docs/triton-kernel.md, "The small inputs' layout").
     if TILED_INPUTS:
         offs_in = offs_k[None, :] + tl.zeros([BV, 1], dtype=tl.int32)
     else:
@@ -238,7 +238,7 @@ def _kda_decode_kernel(
         # inputs' loads and before the gate (their loads need not wait for the slot, and the gate is
         # computed while the state is in flight); 0 loads each tile after the gate. Which is faster
         # depends on the tile: issued first, the bf16 32-row tile ran 7-11% slower with the same
-        # registers (docs/perf-notes.md).
+        # registers (docs/triton-kernel.md).
         if STATE_FIRST == 1:
             ahead = tl.load(head_state + first_v[:, None] * K, mask=live, other=0.0, eviction_policy=LOAD_HINT)
         q, k, a, dt_bias, A_log, beta_logit = _load_head_inputs(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
@@ -334,7 +334,7 @@ def _kda_decode_persistent_kernel(
     cp.async. Without it each tile's loads are issued when its turn comes, as in the
     one-program-per-tile kernel, but with the slot already in hand (the dependent load behind part
     of the 1.3-6.9 points of copy the memory ceiling found the slots cost at B = 256; it beat the
-    table past 2% at 1 of 36 tuned points: docs/perf-notes.md, "The slots looked ahead")."""
+    table past 2% at 1 of 36 tuned points: docs/triton-kernel.md, "The slots looked ahead")."""
     V_TILES: tl.constexpr = V // BV
     pid = tl.program_id(0)
     step = tl.num_programs(0)
@@ -383,7 +383,7 @@ def _kda_decode_tma_kernel(
     lies outside the pool, which TMA reads as zeros without touching memory. The new tile is
     stored through pointers, masked on -1 rows: the first form stored it by TMA too, which was as
     far behind the table and faulted (an illegal instruction under memcheck) at a -1 row's box
-    (docs/perf-notes.md, "The state read by TMA")."""
+    (docs/triton-kernel.md, "The state read by TMA")."""
     V_TILES: tl.constexpr = V // BV
     H: tl.constexpr = HV // GROUP
     offs_k = tl.arange(0, K)
@@ -500,11 +500,11 @@ class TileConfig:
     its stores ``evict_first`` (the default, as the kernel was first tuned: the state is touched
     once a step), 0 leaves them unhinted, as FlashInfer's kernel does. The hinted store is faster
     at B <= 64 and what makes the step sensitive to where the pool lands; unhinted wins at some
-    B = 256 entries (docs/perf-notes.md, "The eviction hints"); ``fast_gate``: 1 computes the gate
+    B = 256 entries (docs/triton-kernel.md, "The eviction hints"); ``fast_gate``: 1 computes the gate
     and the norms in base 2 on MUFU's approximations (:func:`_token_gate`: fewer instructions before
     a program can use its tile, which a B = 1 step waits on), 0 with libdevice's log, square roots
     and divisions (the code the other entries were tuned on: the same tile can compile to another
-    load order, docs/perf-notes.md, "The gate in base 2"); ``tiled_inputs``: 1 loads a one-tile,
+    load order, docs/triton-kernel.md, "The gate in base 2"); ``tiled_inputs``: 1 loads a one-tile,
     one-token program's q, k, a and dt_bias as ``[BV, K]`` tiles of copies in the state tile's layout
     and computes the gate per row (:func:`_kda_decode_kernel`), 0 as ``[K]`` vectors, the gate once."""
 
