@@ -761,7 +761,7 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
 
 def test_sweeps_settle_by_default_after_a_hand_back_like_the_one_that_slowed_the_h200():
     """On the H200 the 0.5 GiB of a bf16 HV=64 K=V=128 B=256 check's inputs, handed back, slowed the next
-    placement by 8%, and 10 ms of idling ended such a slowdown (results/h200/first-placement-idles/):
+    placement by 8%, and 10 ms of idling ended such a slowdown (results/h200/timing-evidence/settle.md):
     a sweep idles at least that long, by default, after a hand-back that large. Fails if the default
     goes back to no settling or the threshold rises past that hand-back."""
     assert sweep_module.parser().parse_args([]).settle == Method().settle_s >= 0.01

@@ -4,7 +4,7 @@
 launcher of the placement's input sets, repeated until it lasts ~0.5 ms) is captured in a CUDA graph
 and events bracket each replay, which is divided by its calls: events between calls would add a
 dependent-launch gap of their own to each (2.2-3.0 us on the H200 against CUPTI's kernel durations,
-results/h200/timing-method/events-per-call). The L2 state a call starts from (:data:`ENTRY_STATES`) is made by the
+results/h200/timing-evidence/cupti.md). The L2 state a call starts from (:data:`ENTRY_STATES`) is made by the
 rotation itself, or by an op before each call, whose time is taken out by timing passes of the op
 alone in the same batch. A row is timed on several *placements* (fresh allocations behind a spacer
 of random size, so that the pools land on other pages); the kernel time is the mean over
@@ -43,9 +43,9 @@ METHOD_VERSION = 4  # 4: placements held, fresh from the first; 27 for steps ove
 
 # A row whose step moves more bytes than the L2 holds, or whose placements' medians spread by more
 # than this (max / min - 1), gets more placements: the method's extra_placements. On the H200 fla's
-# large bf16 steps land anywhere in a 10% range by placement, in clusters (results/h200/placements/):
+# large bf16 steps land anywhere in a 10% range by placement, in clusters (results/h200/timing-evidence/placements.md):
 # three runs' means of three draws each lie more than 2% apart in 59% of resamplings, of 27 in 2%
-# (fla-loggate, each run's first left out: placements/estimators.md). Three draws can all fall in one
+# (fla-loggate, each run's first left out: its estimators section). Three draws can all fall in one
 # cluster and agree (fla-loggate-sigmoid bf16 HV=32 B=256 in two of method 4's first three
 # `published` runs: three within 1%, where the third's 27 spread over 11%), so large steps get them
 # all whatever their first three say; small ones, only where those spread (docs/timing.md, "Method 4").
@@ -53,7 +53,7 @@ PLACEMENT_SPREAD_LIMIT = 0.02
 EXTRA_PLACEMENTS = 24
 
 # What the L2 holds when a timed call starts. docs/timing.md sets them against a decode layer
-# (results/h200/l2-entry/) and says why the default is the rotation: with an op between calls the
+# (results/h200/timing-evidence/l2-entry.md) and says why the default is the rotation: with an op between calls the
 # timer must take the op out, and a subtraction also charges the call for the write-back of the
 # lines it left dirty, which the op after it pays (+1 us at B=1, +23% at B=64 on the H200).
 ENTRY_STATES = {
@@ -86,10 +86,10 @@ SPACER_PAGES = 64  # a placement's spacer is 1..SPACER_PAGES pages of 2 MiB (the
 PAGE_BYTES = 2 << 20
 # On the H200 the first placement of a large row ran 10% slow (fp32 HV=64 K=V=128 B=256: 599 against
 # 545 us) when the memory of an earlier kernel time (six held placements) or of a correctness check
-# had just been handed back to the driver (results/h200/first-placement/, scripts/first_placement.py):
+# had just been handed back to the driver (results/h200/timing-evidence/settle.md, scripts/first_placement.py):
 # whatever the driver does with freed memory slows what runs meanwhile. 10 ms of idling after such a
 # hand-back ended it at both state dtypes, and the 0.5 GiB of a bf16 check's inputs slowed the next
-# placement by 8% in one process of two (results/h200/first-placement-idles/). ``settle_s``
+# placement by 8% in one process of two (the same file). ``settle_s``
 # (Method.settle_s, --settle) idles after a release of more than this many bytes.
 SETTLE_MIN_BYTES = 64 << 20
 
