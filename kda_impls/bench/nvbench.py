@@ -242,7 +242,7 @@ def _markdown(frame: pd.DataFrame, **kwargs) -> str:
 
 def report(table: pd.DataFrame, meta: dict) -> str:
     """crosscheck.md from the cross-check table (:func:`compare`) and the run's meta.json."""
-    rows = table[table.kind == "row"].assign(cause=table.cause.fillna(""))  # read back from a CSV: NaN
+    rows = table[table.kind == "row"].assign(cause=table.cause.astype(object).fillna(""))  # read back from a CSV: NaN
     timed = rows.dropna(subset=["ratio"])
     settled = timed[timed.B >= SETTLED_B]
     overhead, least = fixed_overhead_us(rows)
