@@ -81,7 +81,7 @@ def row_job(name: str, row: dict, device, seed: int) -> Job:
 
 
 def copy_job(name: str, nbytes: int, device) -> Job:
-    """A device copy of half ``nbytes`` into the other half: the same bytes read and written as a step."""
+    """A device copy of ``nbytes / 2`` bytes, so that as many bytes are read and written as a step moves."""
     import torch
 
     half = max(1, nbytes // 2)

@@ -86,6 +86,13 @@ def _versions() -> dict:
     return found
 
 
+def _impl_versions(name: str) -> dict:
+    try:
+        return registry.get(name).versions()
+    except Exception as exc:  # an implementation that will not load here: its rows were skipped, say why
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="nvbench_crosscheck", description=__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -153,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     from .roofline import copy_bandwidth
 
     meta = environment(device, out, shlex.join(sys.argv)) | {
-        "versions": _versions(), "nvbench": settings | {"batch": args.batch, "extra": args.nvbench},
+        "versions": _versions(), "impls": {name: _impl_versions(name) for name in sorted(rows.impl.unique())},
+        "nvbench": settings | {"batch": args.batch, "extra": args.nvbench},
         "wall_s": round(time.perf_counter() - started, 1), "agreement": AGREEMENT,
         "copy_gbps": copy_bandwidth(device) / 1e9,
         "sweeps": {str(s): read_meta(s).get("git", {}).get("sha") for s in args.sweeps}}
