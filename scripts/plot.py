@@ -1,12 +1,7 @@
 #!/usr/bin/env python3
-"""Charts of a sweep directory (PNG and SVG beside its results.csv); see kda_impls/bench/plots.py."""
+"""Charts of a sweep directory, as ``kda-plot`` draws them; see kda_impls/bench/plots.py."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout runs without `pip install -e .`
-
-from kda_impls.bench.plots import main  # noqa: E402
+from kda_impls.bench.plots import main
 
 if __name__ == "__main__":
     main()

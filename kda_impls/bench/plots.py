@@ -1,23 +1,30 @@
-"""Charts of a sweep directory, as PNG and SVG beside its results.csv.
+"""Charts of a sweep directory, as PNG and SVG: one chart per question.
 
-- latency: kernel time against batch per implementation (log-log; the kernel time, the band the
-  placements' min..max) and, dotted, the latency of one eager call;
+The library charts draw each library at its best verified call: at every point the fastest ok variant
+of the library (:func:`results.best_per_library`), one colour per library:
+
+- latency: kernel time against batch (log-log; the band, the placements' min..max) and, dotted, the
+  latency of one eager call of the same variant;
 - bandwidth: bytes moved / kernel time against batch, with the measured copy bandwidth (roofline);
-- speedup: kernel-time ratio to a baseline implementation against batch;
+- speedup: kernel-time ratio to a baseline library (or one implementation) against batch;
 - heatmap: share of the copy roofline over HV x (K, V) at one batch;
 - slot_padding: kernel-time overhead of padded state slots over unpadded ones;
 - tokens_time, tokens_bandwidth: speculative verify, kernel time and bandwidth against the tokens
   per row T (solid: the state stored after every token; dashed: after the last only).
 
+The variant charts (``variants_LIBRARY``, for each library with several variants in the run) draw the
+kernel time of each of its variants against batch, a colour per variant: which call of a library to make.
+
 Only ``ok`` rows are drawn; the title counts the others. The batch charts draw one panel per shape
 and state dtype that has several batches (at the shape's least slot padding, without padding rows).
-Every implementation keeps one colour (its library's) and marker in every chart of every run.
+``kda-plot DIR`` writes into DIR only when git does not track it; otherwise into a new directory, and
+says so (``--out`` chooses): charts that are committed are rewritten only when asked.
 """
 
 from __future__ import annotations
 
-import math
-import zlib
+import subprocess
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -27,141 +34,47 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator  # noqa: E402
 
-from .. import dtypes, registry  # noqa: E402
-from ..cli import Parser, fail  # noqa: E402
+from .. import dtypes  # noqa: E402
+from ..cli import Parser, comma_list, fail  # noqa: E402
+from . import chart_style as cs  # noqa: E402
 from .case import CONFIG_COLUMNS  # noqa: E402
-from .results import SweepDirError, kernel_time_words, load  # noqa: E402
+from .results import Sweep, SweepDirError, best_per_library, kernel_time_words, load  # noqa: E402
 
 SHAPE = ["H", "HV", "K", "V"]
 CONFIG = [c for c in CONFIG_COLUMNS if c not in ("impl", "B")]  # a panel's line: one configuration over B
 MAX_PANELS = 6
-MIN_WIDTH = 8.0  # inches
-CHARS_PER_INCH = 12  # of 10-point text, to wrap titles and lay out legends
 FORMATS = ("png", "svg")
 
 
-# One colour per library and one marker per implementation, fixed, so that a chart of any run
-# reads like every other: the registered implementations in registry order, others by name hash.
-LIBRARY_COLORS = {"naive": "#7f7f7f", "triton": "#d62728", "fla": "#1f77b4", "flashinfer": "#2ca02c"}
-OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
-LINESTYLES = ("-", "--", "-.", ":")
+class Lines:
+    """What a chart's lines are: ``rows`` with a ``line`` column, each line's style and legend label."""
+
+    def __init__(self, rows: pd.DataFrame, styles: dict[str, dict], labels: dict[str, str]):
+        self.rows, self.styles, self.labels = rows, styles, labels
+
+    def legend(self, names) -> tuple[list, list[str]]:
+        """Handles and labels of the lines ``names``, in the order of ``styles``."""
+        shown = [n for n in self.styles if n in set(names)]
+        handles, _ = cs.handles({n: self.styles[n] for n in shown})
+        return handles, [self.labels[n] for n in shown]
 
 
-def _stable_index(name: str, n: int) -> int:
-    return zlib.crc32(name.encode()) % n
+def libraries(ok: pd.DataFrame) -> Lines:
+    """Each library at its fastest ok variant per configuration, labelled with how many it had."""
+    ok = ok.assign(library=ok.library.fillna(ok.impl)) if "library" in ok else ok.assign(library=ok.impl)
+    best = best_per_library(ok).assign(line=lambda t: t.library)
+    variants = ok.groupby("library").impl.unique()
+    names = sorted(variants.index)
+    labels = {n: (n if variants[n][0] == n else f"{n} ({variants[n][0]})") if len(variants[n]) == 1
+              else f"{n} (fastest of its {len(variants[n])} variants)" for n in names}
+    return Lines(best, {n: cs.library_style(n) for n in names}, labels)
 
 
-def style(impl: str) -> dict:
-    """``color``, ``marker`` and ``linestyle`` of ``impl`` in every chart of every run: its library's
-    colour (the name up to the first '-'), and its place among that library's registered variants."""
-    library = impl.split("-")[0]
-    color = LIBRARY_COLORS.get(library) or OTHER_COLORS[_stable_index(library, len(OTHER_COLORS))]
-    siblings = [name for name in registry.BUILTIN if name.split("-")[0] == library]
-    index = siblings.index(impl) if impl in siblings else _stable_index(impl, len(MARKERS))
-    return dict(color=color, marker=MARKERS[index % len(MARKERS)], linestyle=LINESTYLES[index % len(LINESTYLES)])
-
-
-def _title(title: str, meta: dict, table: pd.DataFrame, chars: int) -> str:
-    """The chart, then the device, L2 entry state and library versions (as the implementations report
-    them), then how many rows are not drawn and why; wrapped between items, never inside one."""
-    device = meta["device"]
-    gpu = device["name"] + (f" (sm_{device['compute_capability'].replace('.', '')})"
-                            if device.get("compute_capability") else "")
-    versions = {n: v for n, v in meta.get("versions", {}).items() if v and v != "not installed" and n != "python"}
-    ordered = sorted(versions, key=lambda n: (n not in ("torch", "triton"), n))
-    entry = meta.get("settings", {}).get("method", {}).get("entry")
-    about = [gpu, *([f"L2 entry: {entry}"] if entry and device.get("type") == "cuda" else []),
-             *(f"{n} {versions[n]}" for n in ordered)]
-    skipped = table.status.value_counts().drop("ok", errors="ignore")
-    if not skipped.empty:
-        about.append("not drawn: " + ", ".join(f"{n} {s}" for s, n in skipped.items()) + " rows")
-    return f"KDA decode · {title}\n" + "\n".join(_balanced_lines(about, chars))
-
-
-def _balanced_lines(items: list[str], chars: int, sep: str = " · ") -> list[str]:
-    """``items`` joined by ``sep`` on as few lines of at most ``chars`` as they fit, the items spread
-    evenly over those lines (no line a lone word), an item never split."""
-    lines = max(1, math.ceil(len(sep.join(items)) / chars))
-    while True:
-        target = len(sep.join(items)) / lines
-        out, current = [], []
-        for item in items:
-            if current and len(sep.join(current + [item])) > target + len(item) / 2 and len(out) < lines - 1:
-                out.append(sep.join(current))
-                current = []
-            current.append(item)
-        out.append(sep.join(current))
-        if all(len(line) <= chars for line in out) or lines >= len(items):
-            return out
-        lines += 1
-
-
-def _figure(n_panels: int, title: str, meta: dict, table: pd.DataFrame, *, cols: int = 3,
-            width: float = 5.2, height: float = 3.9):
-    cols = 2 if n_panels == 4 else min(cols, n_panels)
-    rows = math.ceil(n_panels / cols)
-    fig_width = max(width * cols, MIN_WIDTH)  # room for the title and legend above one narrow panel
-    fig, axes = plt.subplots(rows, cols, figsize=(fig_width, height * rows + 1.3), squeeze=False,
-                             layout="constrained")
-    for ax in axes.flat[n_panels:]:
-        ax.set_visible(False)
-    fig.suptitle(_title(title, meta, table, int(CHARS_PER_INCH * fig_width)), fontsize=10)
-    return fig, list(axes.flat[:n_panels])
-
-
-def _legend(fig, handles: list, labels: list[str]) -> None:
-    mean_chars = sum(map(len, labels)) / len(labels) + 6  # with the handle
-    ncols = max(1, min(len(labels), int(fig.get_figwidth() * CHARS_PER_INCH / mean_chars)))
-    fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
-
-
-def _impl_handles(impls) -> tuple[list, list[str]]:
-    impls = sorted(impls)
-    return [Line2D([], [], ms=3.5, **style(i)) for i in impls], impls
-
-
-def _log_y(ax) -> None:
-    """Log y axis with plain numbers; minor ticks labelled only when the data span less than a
-    decade (else there would be no label at all, or a crowd of them)."""
-    ax.set_yscale("log")
-    plain = FuncFormatter(lambda y, _: f"{y:g}")
-    ax.yaxis.set_major_formatter(plain)
-    lo, hi = ax.get_ylim()
-    ax.yaxis.set_minor_formatter(plain if hi / lo < 10 else NullFormatter())
-
-
-def _ratio_y(ax, ratios: pd.Series) -> None:
-    """A y axis of ratios with labelled ticks whatever their span: linear ticks (at least four) on
-    a narrow span, powers of two on a wide one (a log axis over 0.8-1.3 shows only "1x")."""
-    lo, hi = min(ratios.min(), 1.0), max(ratios.max(), 1.0)
-    if hi / lo > 4:
-        ax.set_yscale("log", base=2)
-        ax.yaxis.set_major_locator(LogLocator(base=2))
-        ax.yaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}×" if y >= 1 else f"1/{1 / y:g}×"))
-        return
-    pad = 0.08 * (hi - lo) or 0.05
-    ax.set_ylim(lo - pad, hi + pad)
-    ax.yaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10], min_n_ticks=4))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.3g}×"))
-
-
-def _shape_label(key: tuple) -> str:
-    H, HV, K, V, dtype, T, checkpoints = key
-    tokens = "" if T == 1 else f", T={T} ({checkpoints} checkpoints)"
-    return f"H={H} HV={HV} K={K} V={V}, {dtypes.short(dtype)} state{tokens}"
-
-
-def _batch_axis(ax, batches) -> None:
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(batches))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("batch B")
-    ax.grid(True, which="major", alpha=0.3)
+def variants(ok: pd.DataFrame, library: str) -> Lines:
+    mine = ok[ok.library.fillna(ok.impl) == library] if "library" in ok else ok[ok.impl == library]
+    names = sorted(mine.impl.unique())
+    return Lines(mine.assign(line=mine.impl), {n: cs.variant_style(n) for n in names}, {n: n for n in names})
 
 
 def _batch_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
@@ -175,77 +88,86 @@ def _batch_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     return panels[:MAX_PANELS]
 
 
-def latency(ok, table, meta, **_):
-    panels = _batch_panels(ok)
+def latency(lines: Lines, table, meta, *, what: str = "latency against batch", eager: bool = True, **_):
+    panels = _batch_panels(lines.rows)
     if not panels:
         return None
-    fig, axes = _figure(len(panels), "latency against batch", meta, table)
-    for ax, (key, rows) in zip(axes, panels):
-        for impl, r in rows.sort_values("B").groupby("impl"):
-            look = style(impl)
+    fig, axes = cs.figure(len(panels), what, meta, table)
+    for ax, (key, rows) in zip(axes, panels, strict=True):
+        for name, r in rows.sort_values("B").groupby("line"):
+            look = lines.styles[name]
             ax.fill_between(r.B, r.kernel_us_placement_min, r.kernel_us_placement_max, color=look["color"],
                             alpha=0.25, lw=0)
             ax.plot(r.B, r.kernel_us_mean, ms=3.5, **look)
-            ax.plot(r.B, r.call_us_median, ":", color=look["color"], lw=1, alpha=0.8)
-        _log_y(ax)
-        _batch_axis(ax, rows.B.unique())
+            if eager:
+                ax.plot(r.B, r.call_us_median, ":", color=look["color"], lw=1, alpha=0.8)
+        cs.log_axis(ax)
+        cs.count_axis(ax, rows.B.unique(), "batch B")
         ax.set_ylabel("µs")
-        ax.set_title(_shape_label(key), fontsize=9)
-    handles, labels = _impl_handles(pd.concat([r for _, r in panels]).impl.unique())
-    handles += [Line2D([], [], color="0.3", marker="o", ms=3.5), Line2D([], [], color="0.3", ls=":", lw=1)]
-    _legend(fig, handles, labels + [f"kernel time ({kernel_time_words(meta)}; band: their min–max)",
-                                    "one eager call (median)"])
+        ax.set_title(cs.shape_label(key), fontsize=9)
+    handles, labels = lines.legend(pd.concat([r for _, r in panels]).line.unique())
+    handles.append(Line2D([], [], color="0.3", marker="o", ms=3.5))
+    labels.append(f"kernel time ({kernel_time_words(meta)}; band: their min–max)")
+    if eager:
+        handles.append(Line2D([], [], color="0.3", ls=":", lw=1))
+        labels.append("one eager call of the same variant (median)")
+    cs.legend(fig, handles, labels)
     return fig
 
 
-def bandwidth(ok, table, meta, **_):
-    panels = _batch_panels(ok)
+def bandwidth(lines: Lines, table, meta, **_):
+    panels = _batch_panels(lines.rows)
     if not panels:
         return None
-    fig, axes = _figure(len(panels), "bandwidth against batch", meta, table)
+    fig, axes = cs.figure(len(panels), "bandwidth against batch", meta, table)
     roof = meta["copy_bandwidth_Bps"] / 1e9
-    for ax, (key, rows) in zip(axes, panels):
-        for impl, r in rows.sort_values("B").groupby("impl"):
-            ax.plot(r.B, r.gbps, ms=3.5, **style(impl))
+    for ax, (key, rows) in zip(axes, panels, strict=True):
+        for name, r in rows.sort_values("B").groupby("line"):
+            ax.plot(r.B, r.gbps, ms=3.5, **lines.styles[name])
         ax.axhline(roof, color="k", ls=":", lw=1.2)
         ax.set_ylim(0, roof * 1.08)
-        _batch_axis(ax, rows.B.unique())
+        cs.count_axis(ax, rows.B.unique(), "batch B")
         ax.set_ylabel("GB/s (bytes moved / kernel time)")
-        ax.set_title(_shape_label(key), fontsize=9)
-    handles, labels = _impl_handles(pd.concat([r for _, r in panels]).impl.unique())
+        ax.set_title(cs.shape_label(key), fontsize=9)
+    handles, labels = lines.legend(pd.concat([r for _, r in panels]).line.unique())
     handles.append(Line2D([], [], color="k", ls=":", lw=1.2))
-    _legend(fig, handles, labels + [f"measured device copy: {roof:,.4g} GB/s"])
+    cs.legend(fig, handles, labels + [f"measured device copy: {roof:,.4g} GB/s"])
     return fig
 
 
-def speedup(ok, table, meta, baseline=None, **_):
-    baseline = baseline or ("flashinfer" if (ok.impl == "flashinfer").any() else "naive")
-    base = ok[ok.impl == baseline][[*CONFIG, "B", "kernel_us_mean"]]
-    joined = ok[ok.impl != baseline].merge(base, on=[*CONFIG, "B"], suffixes=("", "_base"))
+def speedup(lines: Lines, table, meta, baseline=None, ok=None, **_):
+    """Kernel-time ratio of every library to ``baseline``: a library (at its best) or one implementation."""
+    rows = lines.rows
+    baseline = baseline or ("flashinfer" if (rows.line == "flashinfer").any() else "naive")
+    base_rows = rows[rows.line == baseline] if (rows.line == baseline).any() else ok[ok.impl == baseline]
+    base = base_rows[[*CONFIG, "B", "kernel_us_mean"]]
+    joined = rows[rows.line != baseline].merge(base, on=[*CONFIG, "B"], suffixes=("", "_base"))
     joined["speedup"] = joined.kernel_us_mean_base / joined.kernel_us_mean
-    panels = [(key, joined.merge(rows[[*CONFIG, "B"]].drop_duplicates())) for key, rows in _batch_panels(ok)]
-    panels = [(key, rows) for key, rows in panels if not rows.empty]
+    panels = [(key, joined.merge(r[[*CONFIG, "B"]].drop_duplicates())) for key, r in _batch_panels(rows)]
+    panels = [(key, r) for key, r in panels if not r.empty]
     if not panels:
         return None
-    fig, axes = _figure(len(panels), f"speedup over {baseline} (kernel time)", meta, table)
-    for ax, (key, rows) in zip(axes, panels):
-        for impl, r in rows.sort_values("B").groupby("impl"):
-            ax.plot(r.B, r.speedup, ms=3.5, **style(impl))
-        ax.axhline(1, color=style(baseline)["color"], ls=":", lw=1.2)
-        _ratio_y(ax, rows.speedup)
-        _batch_axis(ax, rows.B.unique())
+    fig, axes = cs.figure(len(panels), f"speedup over {baseline} (kernel time)", meta, table)
+    base_color = lines.styles.get(baseline, {"color": "0.3"})["color"]
+    for ax, (key, r_all) in zip(axes, panels, strict=True):
+        for name, r in r_all.sort_values("B").groupby("line"):
+            ax.plot(r.B, r.speedup, ms=3.5, **lines.styles[name])
+        ax.axhline(1, color=base_color, ls=":", lw=1.2)
+        cs.ratio_axis(ax, r_all.speedup)
+        cs.count_axis(ax, r_all.B.unique(), "batch B")
         ax.set_ylabel(f"{baseline} time / time")
-        ax.set_title(_shape_label(key), fontsize=9)
-    handles, labels = _impl_handles(joined.impl.unique())
-    handles.append(Line2D([], [], color=style(baseline)["color"], ls=":", lw=1.2))
-    _legend(fig, handles, labels + [f"{baseline} (1×)"])
+        ax.set_title(cs.shape_label(key), fontsize=9)
+    handles, labels = lines.legend(joined.line.unique())
+    handles.append(Line2D([], [], color=base_color, ls=":", lw=1.2))
+    cs.legend(fig, handles, labels + [f"{baseline} (1×)"])
     return fig
 
 
-def heatmap(ok, table, meta, batch=None, **_):
+def heatmap(lines: Lines, table, meta, batch=None, **_):
     """Share of the copy roofline over HV x (K, V) at one batch (default: the batch with the most
     shapes, the largest of those), for H == HV, no slot padding or padding rows, and the most common
     state dtype."""
+    ok = lines.rows
     rows = ok[(ok.H == ok.HV) & (ok.pad_rows == 0) & (ok.slot_pad == 0) & (ok["T"] == 1)]
     if rows.empty:
         return None
@@ -256,16 +178,15 @@ def heatmap(ok, table, meta, batch=None, **_):
     rows = rows[rows.B == batch]
     if shapes_per_batch.get(batch, 0) < 2:
         return None
-    impls = sorted(rows.impl.unique())
-    kv = sorted(set(zip(rows.K, rows.V)))
+    names = [n for n in lines.styles if n in set(rows.line)]
+    kv = sorted(set(zip(rows.K, rows.V, strict=True)))
     hvs = sorted(rows.HV.unique())
     dtype = dtypes.short(rows.state_dtype.iloc[0])
-    fig, axes = _figure(len(impls), f"share of the copy roofline at B={batch}, {dtype} state, H = HV", meta, table,
-                        cols=2, width=0.62 * len(kv) + 1.6, height=0.5 * len(hvs) + 1.6)
+    fig, axes = cs.figure(len(names), f"share of the copy roofline at B={batch}, {dtype} state, H = HV", meta, table,
+                          cols=2, width=0.62 * len(kv) + 1.6, height=0.5 * len(hvs) + 1.6)
     cmap = plt.get_cmap("viridis").with_extremes(bad="0.92")
-    for ax, impl in zip(axes, impls):
-        mine = rows[rows.impl == impl]
-        frac = mine.set_index(["HV", "K", "V"]).roofline_frac
+    for ax, name in zip(axes, names, strict=True):
+        frac = rows[rows.line == name].set_index(["HV", "K", "V"]).roofline_frac
         grid = np.array([[frac.get((hv, k, v), np.nan) for k, v in kv] for hv in hvs])
         image = ax.imshow(np.ma.masked_invalid(grid * 100), vmin=0, vmax=100, cmap=cmap, aspect="auto")
         for (i, j), value in np.ndenumerate(grid):
@@ -275,44 +196,44 @@ def heatmap(ok, table, meta, batch=None, **_):
         ax.set_yticks(range(len(hvs)), [str(h) for h in hvs])
         ax.set_xlabel("K × V")
         ax.set_ylabel("HV")
-        ax.set_title(impl, fontsize=10, color=style(impl)["color"])
+        ax.set_title(lines.labels[name], fontsize=10, color=lines.styles[name]["color"])
     fig.colorbar(image, ax=axes, label="% of measured copy bandwidth", shrink=0.9)
     return fig
 
 
-def slot_padding(ok, table, meta, **_):
+def slot_padding(lines: Lines, table, meta, **_):
     """Kernel-time overhead of each slot padding over the least padding at the same shape, state
-    dtype and batch, per implementation, for the shape measured with the most paddings."""
-    rows = ok[(ok.pad_rows == 0) & (ok["T"] == 1)]
+    dtype and batch, per line, for the shape measured with the most paddings."""
+    rows = lines.rows[(lines.rows.pad_rows == 0) & (lines.rows["T"] == 1)]
     paddings = rows.groupby(SHAPE).slot_pad.nunique()
     if paddings.empty or paddings.max() < 2:
         return None
     shape = paddings.idxmax()
     rows = rows.groupby(SHAPE).get_group(shape)
     least = rows.slot_pad.min()
-    base = rows[rows.slot_pad == least][["impl", "state_dtype", "B", "kernel_us_mean"]]
-    padded = rows[rows.slot_pad != least].merge(base, on=["impl", "state_dtype", "B"], suffixes=("", "_base"))
+    base = rows[rows.slot_pad == least][["line", "state_dtype", "B", "kernel_us_mean"]]
+    padded = rows[rows.slot_pad != least].merge(base, on=["line", "state_dtype", "B"], suffixes=("", "_base"))
     if padded.empty:
         return None
     padded["overhead"] = padded.kernel_us_mean / padded.kernel_us_mean_base - 1
-    impls = sorted(padded.impl.unique())
+    names = [n for n in lines.styles if n in set(padded.line)]
     pads = sorted(padded.slot_pad.unique())
     state_dtypes = sorted(padded.state_dtype.unique())
-    pad_color = dict(zip(pads, plt.get_cmap("plasma")(np.linspace(0.15, 0.75, len(pads)))))
-    dtype_style = dict(zip(state_dtypes, ["-", "--", ":"]))
+    pad_color = dict(zip(pads, cs.plasma(len(pads)), strict=True))
+    dtype_style = dict(zip(state_dtypes, ["-", "--", ":"], strict=False))
     H, HV, K, V = shape
-    fig, axes = _figure(len(impls), f"slot padding overhead at H={H} HV={HV} K={K} V={V} (vs slot_pad={least})",
-                        meta, table)
-    for ax, impl in zip(axes, impls):
-        for (pad, dtype), r in padded[padded.impl == impl].sort_values("B").groupby(["slot_pad", "state_dtype"]):
+    fig, axes = cs.figure(len(names), f"slot padding overhead at H={H} HV={HV} K={K} V={V} (vs slot_pad={least})",
+                          meta, table)
+    for ax, name in zip(axes, names, strict=True):
+        for (pad, dtype), r in padded[padded.line == name].sort_values("B").groupby(["slot_pad", "state_dtype"]):
             ax.plot(r.B, 100 * r.overhead, dtype_style[dtype], marker="o", ms=3, color=pad_color[pad])
         ax.axhline(0, color="0.4", lw=0.8)
-        _batch_axis(ax, padded.B.unique())
+        cs.count_axis(ax, padded.B.unique(), "batch B")
         ax.set_ylabel("% kernel time over unpadded")
-        ax.set_title(impl, fontsize=10, color=style(impl)["color"])
+        ax.set_title(lines.labels[name], fontsize=10, color=lines.styles[name]["color"])
     handles = [Line2D([], [], color=pad_color[p], marker="o", ms=3) for p in pads]
     handles += [Line2D([], [], color="0.3", ls=dtype_style[d]) for d in state_dtypes]
-    _legend(fig, handles, [f"slot_pad={p}" for p in pads] + [f"{dtypes.short(d)} state" for d in state_dtypes])
+    cs.legend(fig, handles, [f"slot_pad={p}" for p in pads] + [f"{dtypes.short(d)} state" for d in state_dtypes])
     return fig
 
 
@@ -324,90 +245,147 @@ def _token_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
 
 
 def _token_lines(rows: pd.DataFrame):
-    """(impl, checkpoints, rows over T) per line; T = 1 starts the line of either checkpoint kind."""
-    for (impl, kind), r in rows[rows["T"] > 1].groupby(["impl", "checkpoints"]):
-        one = rows[(rows.impl == impl) & (rows["T"] == 1)]
-        yield impl, kind, pd.concat([one, r]).sort_values("T")
+    """(line, checkpoints, rows over T) per line; T = 1 starts the line of either checkpoint kind."""
+    for (name, kind), r in rows[rows["T"] > 1].groupby(["line", "checkpoints"]):
+        one = rows[(rows.line == name) & (rows["T"] == 1)]
+        yield name, kind, pd.concat([one, r]).sort_values("T")
 
 
-def _tokens_chart(ok, table, meta, what: str):
-    panels = _token_panels(ok)
+def _tokens_chart(lines: Lines, table, meta, what: str):
+    panels = _token_panels(lines.rows)
     if not panels:
         return None
-    title = "speculative verify: kernel time against tokens per row" if what == "time" else \
-        "speculative verify: bandwidth against tokens per row"
-    fig, axes = _figure(len(panels), title, meta, table, cols=4, width=4.2, height=3.4)
+    title = f"speculative verify: {'kernel time' if what == 'time' else 'bandwidth'} against tokens per row"
+    fig, axes = cs.figure(len(panels), title, meta, table, cols=4, width=4.2, height=3.4)
     roof = meta.get("copy_bandwidth_Bps", 0) / 1e9
-    for ax, ((dtype, B, *shape), rows) in zip(axes, panels):
-        for impl, kind, r in _token_lines(rows):
-            look = style(impl) | {"linestyle": "-" if kind == "all" else "--"}
+    for ax, ((dtype, B, *shape), rows) in zip(axes, panels, strict=True):
+        for name, kind, r in _token_lines(rows):
+            look = lines.styles[name] | {"linestyle": "-" if kind == "all" else "--"}
             ax.plot(r["T"], r.kernel_us_mean if what == "time" else r.gbps, ms=3.5, **look)
         if what == "time":
-            _log_y(ax)
+            cs.log_axis(ax)
             ax.set_ylabel("µs per step")
         else:
             ax.axhline(roof, color="k", ls=":", lw=1.2)
             ax.set_ylim(0, roof * 1.08)
             ax.set_ylabel("GB/s (bytes moved / kernel time)")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(rows["T"].unique()))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlabel("tokens per row T")
-        ax.grid(True, which="major", alpha=0.3)
+        cs.count_axis(ax, rows["T"].unique(), "tokens per row T")
         H, HV, K, V = shape
         ax.set_title(f"B={B}, {dtypes.short(dtype)} state (H={H} HV={HV} K={K} V={V})", fontsize=9)
-    handles, labels = _impl_handles(pd.concat([r for _, r in panels]).impl.unique())
+    handles, labels = lines.legend(pd.concat([r for _, r in panels]).line.unique())
     handles += [Line2D([], [], color="0.3", ls="-"), Line2D([], [], color="0.3", ls="--")]
     labels += ["state stored after every token", "after the last token only"]
     if what != "time":
         handles.append(Line2D([], [], color="k", ls=":", lw=1.2))
         labels.append(f"measured device copy: {roof:,.4g} GB/s")
-    _legend(fig, handles, labels)
+    cs.legend(fig, handles, labels)
     return fig
 
 
-def tokens_time(ok, table, meta, **_):
-    return _tokens_chart(ok, table, meta, "time")
+def tokens_time(lines, table, meta, **_):
+    return _tokens_chart(lines, table, meta, "time")
 
 
-def tokens_bandwidth(ok, table, meta, **_):
-    return _tokens_chart(ok, table, meta, "bandwidth")
+def tokens_bandwidth(lines, table, meta, **_):
+    return _tokens_chart(lines, table, meta, "bandwidth")
 
 
 CHARTS = {"latency": latency, "bandwidth": bandwidth, "speedup": speedup, "heatmap": heatmap,
           "slot_padding": slot_padding, "tokens_time": tokens_time, "tokens_bandwidth": tokens_bandwidth}
 
 
-def plot_dir(out_dir: Path, *, baseline: str | None = None, batch: int | None = None) -> list[Path]:
-    """Draw every chart the directory's rows allow; return the files written."""
-    sweep = load(out_dir)
-    if baseline is not None and baseline not in set(sweep.table.impl):
-        raise ValueError(f"--baseline {baseline} is not in {sweep.path} (its implementations: "
-                         f"{', '.join(sorted(set(sweep.table.impl)))})")
-    written = []
+def figures(ok: pd.DataFrame, table: pd.DataFrame, meta: dict, *, baseline=None, batch=None):
+    """(name, figure) of every chart the rows allow: the library charts, then each library's variants."""
+    best = libraries(ok)
     for name, chart in CHARTS.items():
-        fig = chart(sweep.ok, sweep.table, sweep.meta, baseline=baseline, batch=batch)
+        yield name, chart(best, table, meta, baseline=baseline, batch=batch, ok=ok)
+    for library in best.styles:
+        mine = variants(ok, library)
+        if len(mine.styles) >= 2:
+            yield f"variants_{library}", latency(mine, table, meta, what=f"{library}'s variants: kernel time "
+                                                 "against batch", eager=False)
+
+
+def check_baseline(sweep: Sweep, baseline: str | None) -> None:
+    """ValueError unless ``baseline`` is None or a library or implementation of the sweep."""
+    known = set(sweep.table.impl) | set(sweep.table.get("library", pd.Series(dtype=str)).dropna())
+    if baseline is not None and baseline not in known:
+        raise ValueError(f"--baseline {baseline} is not in {sweep.path} (its libraries and implementations: "
+                         f"{', '.join(sorted(known))})")
+
+
+def plot_dir(sweep_dir: Path, *, baseline: str | None = None, batch: int | None = None,
+             out: Path | None = None, formats: tuple[str, ...] = FORMATS) -> list[Path]:
+    """Draw every chart the directory's rows allow into ``out`` (default: the sweep's own directory), in
+    ``formats``; return the files written."""
+    sweep = load(sweep_dir)
+    check_baseline(sweep, baseline)
+    out = Path(out) if out is not None else sweep.path
+    written = []
+    for name, fig in figures(sweep.ok, sweep.table, sweep.meta, baseline=baseline, batch=batch):
         if fig is None:
             continue
-        for fmt in FORMATS:
-            path = sweep.path / f"{name}.{fmt}"
+        for fmt in formats:
+            path = out / f"{name}.{fmt}"
             fig.savefig(path, dpi=130)
             written.append(path)
         plt.close(fig)
     return written
 
 
+def tracked_by_git(directory: Path) -> bool:
+    """Whether git tracks any file in ``directory`` (False outside a git checkout, or without git)."""
+    try:
+        done = subprocess.run(["git", "-C", str(directory), "ls-files", "--", "."], capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and bool(done.stdout.strip())
+
+
+def chart_dir(sweep_dir: Path, out: Path | None) -> tuple[Path, str | None]:
+    """(where the charts go, a line saying why when it is not where the user would look): ``out``; else the
+    sweep's own directory when git does not track it; else a new directory."""
+    if out is not None:
+        return out, None
+    if not tracked_by_git(sweep_dir):
+        return sweep_dir, None
+    new = Path(tempfile.mkdtemp(prefix=f"kda-plot-{sweep_dir.resolve().name}-"))
+    return new, f"{sweep_dir} is tracked by git, so its charts are left as they are: new charts in {new} (--out DIR)"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(prog="kda-plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path, help="a sweep directory (results.csv, meta.json)")
-    parser.add_argument("--baseline", help="the speedup chart's denominator (default: flashinfer if present, else naive)")
+    parser.add_argument("--out", type=Path, help="where the charts go (default: DIR when git does not track it, "
+                                                 "else a new directory)")
+    parser.add_argument("--baseline", help="the speedup chart's denominator: a library or an implementation "
+                                           "(default: flashinfer if present, else naive)")
     parser.add_argument("--batch", type=int, help="the heatmap's batch (default: the batch with the most shapes)")
+    parser.add_argument("--format", type=comma_list(str), default=FORMATS,
+                        help=f"file formats, comma-separated (default: {','.join(FORMATS)})")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.format) - set(plt.gcf().canvas.get_supported_filetypes()))
+    plt.close("all")
+    if unknown:
+        parser.error(f"--format: {', '.join(unknown)} is not a format matplotlib writes")
     try:
-        written = plot_dir(args.dir, baseline=args.baseline, batch=args.batch)
+        check_baseline(load(args.dir), args.baseline)  # a bad directory or baseline: before anything is made
     except (SweepDirError, ValueError) as exc:
         fail("kda-plot", str(exc))
+    out, note = chart_dir(args.dir, args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):  # a probe, so that no chart half-draws into a read-only place
+            pass
+    except OSError as exc:
+        fail("kda-plot", f"cannot write charts in {out}: {exc.strerror}; give a writable directory with --out DIR")
+    if note:
+        print(note)
+    try:
+        written = plot_dir(args.dir, baseline=args.baseline, batch=args.batch, out=out, formats=args.format)
+    except OSError as exc:
+        fail("kda-plot", f"cannot write charts in {out}: {exc.strerror}")
     for path in written:
         print(path)
     if not written:

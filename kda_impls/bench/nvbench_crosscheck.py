@@ -1,0 +1,169 @@
+"""The nvbench cross-check command (scripts/nvbench_crosscheck.py): a sweep's ok rows (or a preset's
+configurations) timed by nvbench (:mod:`kda_impls.bench.nvbench`), beside the harness's kernel times.
+
+Writes OUT/nvbench.json (nvbench's own), OUT/crosscheck.csv, OUT/crosscheck.md and OUT/meta.json (commit,
+device, versions of cuda-bench, cuda-bindings, torch and triton, nvbench's settings). Bad input (no rows,
+an unknown implementation, an OUT that already holds a cross-check or cannot be written, no CUDA or no
+cuda-bench) is one line and exit status 2 before anything runs. ``--report-only`` rewrites crosscheck.md
+from crosscheck.csv on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from .. import registry
+from ..cli import Parser, comma_list, fail, positive_float, positive_int, print_and_save
+from .nvbench import (
+    AGREEMENT,
+    ROW_COLUMNS,
+    NvbenchMissing,
+    compare,
+    copy_job,
+    import_bench,
+    report,
+    row_job,
+    run_jobs,
+    summaries,
+)
+from .results import SweepDirError, environment, load, read_meta, write_meta
+
+
+def _rows_of(args, parser) -> pd.DataFrame:
+    """The rows to time, each with its ``source``, ``name`` and the ``seed`` its inputs are drawn with,
+    from the sweep directories or the preset, narrowed by --impls and --B; a bad input fails here."""
+    if bool(args.sweeps) == bool(args.preset):
+        parser.error("name the sweep directories to cross-check, or --preset NAME (one of the two)")
+    unknown = sorted(set(args.impls or ()) - set(registry.names()))
+    if unknown:
+        parser.error(f"--impls: unknown implementation {', '.join(unknown)} (known: {', '.join(registry.names())})")
+    frames = []
+    if args.preset:
+        from .presets import PRESETS
+
+        if args.preset not in PRESETS:
+            parser.error(f"--preset {args.preset}: not a preset (one of {', '.join(PRESETS)})")
+        impls = list(args.impls or registry.names())
+        configs = PRESETS[args.preset].configs(impls)
+        frames.append(pd.DataFrame([c.columns() | {"key": c.key(), "source": f"preset {args.preset}", "seed": 1}
+                                    for c in configs]))
+    for sweep_dir in args.sweeps:
+        try:
+            sweep = load(sweep_dir)
+        except SweepDirError as exc:
+            fail(parser.prog, str(exc))
+        seed = sweep.meta.get("settings", {}).get("method", {}).get("seed", 0)
+        frames.append(sweep.ok.assign(source=str(sweep_dir), seed=seed + 1))  # the first placement's seed
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if args.impls and not rows.empty:
+        rows = rows[rows.impl.isin(args.impls)]
+    if args.B and not rows.empty:
+        rows = rows[rows.B.isin(args.B)]
+    if args.unpadded_only and not rows.empty:
+        rows = rows[(rows.slot_pad == 0) & (rows.pad_rows == 0)]
+    if rows.empty:
+        fail(parser.prog, "no rows to time: the sweeps have no ok rows that match --impls/--B/--unpadded-only")
+    rows = rows.reindex(columns=[*ROW_COLUMNS, "source", "seed"]).reset_index(drop=True)
+    return rows.assign(kind="row", name=[f"{i:04d} {key}" for i, key in enumerate(rows.key)])
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("cuda-bench", "cuda-bindings", "torch", "triton"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def _impl_versions(name: str) -> dict:
+    try:
+        return registry.get(name).versions()
+    except Exception as exc:  # an implementation that will not load here: its rows were skipped, say why
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog="nvbench_crosscheck", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("sweeps", type=Path, nargs="*", help="sweep directories whose ok rows to time")
+    parser.add_argument("--preset", help="time a preset's configurations instead (no harness times to compare)")
+    parser.add_argument("--out", type=Path, required=True, help="a new directory for the cross-check")
+    parser.add_argument("--report-only", action="store_true",
+                        help="time nothing: write OUT/crosscheck.md again from OUT/crosscheck.csv (no GPU needed)")
+    parser.add_argument("--impls", type=comma_list(str), help="only these implementations (comma-separated)")
+    parser.add_argument("--B", type=comma_list(positive_int), help="only these batch sizes (comma-separated)")
+    parser.add_argument("--unpadded-only", action="store_true", help="skip rows with slot padding or padding rows")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--max-noise", type=positive_float, default=0.5,
+                        help="nvbench's stopping rule: relative noise of the cold mean under this, in %% (default 0.5)")
+    parser.add_argument("--min-time", type=positive_float, default=0.05,
+                        help="and at least this many seconds of GPU time per row (default 0.05; nvbench's own 0.5)")
+    parser.add_argument("--timeout", type=positive_float, default=5.0, help="seconds per row at most (default 5)")
+    parser.add_argument("--batch", action="store_true",
+                        help="also run nvbench's batch measurement (launches back to back, no flush; with Python "
+                             "launches the GPU waits on the host, so not a kernel time for microsecond kernels)")
+    parser.add_argument("--nvbench", default="", help="more arguments for nvbench's own command line, quoted")
+    args = parser.parse_args(argv)
+    out = args.out
+    if args.report_only:
+        if not (out / "crosscheck.csv").exists():
+            fail(parser.prog, f"{out / 'crosscheck.csv'}: missing; --report-only rewrites the report of a "
+                              f"cross-check made there")
+        return print_and_save(report(pd.read_csv(out / "crosscheck.csv"), read_meta(out)), out / "crosscheck.md")
+    if (out / "crosscheck.csv").exists():
+        fail(parser.prog, f"{out} already holds a cross-check: choose another --out (or remove {out} yourself)")
+    rows = _rows_of(args, parser)
+    import torch
+
+    if not torch.cuda.is_available():
+        fail(parser.prog, "nvbench times CUDA kernels and this machine has no CUDA device")
+    try:
+        import_bench()
+    except NvbenchMissing as exc:
+        fail(parser.prog, str(exc))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(parser.prog, f"--out {out}: cannot create it ({exc.strerror})")
+    if not os.access(out, os.W_OK):
+        fail(parser.prog, f"--out {out}: not writable")
+    device = torch.device(args.device)
+    if rows.bytes.isna().any():  # a preset's configurations: the bytes a step moves, from its inputs
+        from .config import Config
+
+        rows["bytes"] = [r["bytes"] if pd.notna(r["bytes"])
+                         else Config.from_columns(r).make_inputs(device, int(r["seed"])).nbytes()
+                         for r in rows.to_dict("records")]
+    copies = pd.DataFrame({"bytes": sorted(rows.bytes.dropna().astype(int).unique())})
+    copies = copies.assign(kind="copy", name=[f"copy {n}B" for n in copies.bytes], source="copy")
+    rows["bytes"] = rows.bytes.astype(int)
+    jobs = [row_job(r["name"], r, device, int(r["seed"])) for r in rows.to_dict("records")]
+    jobs += [copy_job(r["name"], int(r["bytes"]), device) for r in copies.to_dict("records")]
+    settings = {"max-noise": args.max_noise, "min-time": args.min_time, "timeout": args.timeout}
+    nvbench_args = [a for k, v in settings.items() for a in (f"--{k}", str(v))] + shlex.split(args.nvbench)
+    started = time.perf_counter()
+    run_jobs(jobs, out / "nvbench.json", device, nvbench_args, batched=args.batch)
+    table = compare(pd.concat([rows, copies], ignore_index=True), summaries(out / "nvbench.json"),
+                    args.max_noise / 100)
+    table.to_csv(out / "crosscheck.csv", index=False)
+    from .roofline import copy_bandwidth
+
+    meta = environment(device, out, shlex.join(sys.argv)) | {
+        "versions": _versions(), "impls": {name: _impl_versions(name) for name in sorted(rows.impl.unique())},
+        "nvbench": settings | {"batch": args.batch, "extra": args.nvbench},
+        "wall_s": round(time.perf_counter() - started, 1), "agreement": AGREEMENT,
+        "copy_gbps": copy_bandwidth(device) / 1e9,
+        "sweeps": {str(s): read_meta(s).get("git", {}).get("sha") for s in args.sweeps}}
+    write_meta(out, meta)
+    return print_and_save(report(table, meta), out / "crosscheck.md")
