@@ -181,10 +181,11 @@ def fixed_overhead_us(rows: pd.DataFrame) -> tuple[float, int]:
 def _cause(row, overhead: float, max_noise: float) -> str:
     if pd.isna(row.ratio) or row.agrees:
         return ""
-    if row.nvbench_noise > max_noise:
-        return f"nvbench did not settle: noise {row.nvbench_noise:.1%} over its max-noise {max_noise:.1%}"
+    # the fixed overhead first: a difference of its size is explained by it whether or not nvbench settled
     if np.isfinite(overhead) and abs(row.diff_us - overhead) <= max(0.25 * abs(overhead), 0.3):
         return f"nvbench's fixed per-sample overhead (nvbench - harness {row.diff_us:.2f} us, as at the least B)"
+    if row.nvbench_noise > max_noise:
+        return f"nvbench did not settle: noise {row.nvbench_noise:.1%} over its max-noise {max_noise:.1%}"
     if row.diff_us > 0:
         return "nvbench slower beyond its fixed overhead: its write-flushed L2 or one pool called back to back"
     return "harness slower than nvbench: look at the row with CUPTI (scripts/cupti_crosscheck.py)"
@@ -242,10 +243,12 @@ def _markdown(frame: pd.DataFrame, **kwargs) -> str:
 
 def report(table: pd.DataFrame, meta: dict) -> str:
     """crosscheck.md from the cross-check table (:func:`compare`) and the run's meta.json."""
-    rows = table[table.kind == "row"].assign(cause=table.cause.astype(object).fillna(""))  # read back from a CSV: NaN
+    rows = table[table.kind == "row"]
+    overhead, least = fixed_overhead_us(rows)
+    max_noise = meta.get("nvbench", {}).get("max-noise", 0.5) / 100
+    rows = rows.assign(cause=[_cause(r, overhead, max_noise) for r in rows.itertuples()])  # the rules as they are now
     timed = rows.dropna(subset=["ratio"])
     settled = timed[timed.B >= SETTLED_B]
-    overhead, least = fixed_overhead_us(rows)
     same, configs = same_ranking(rows)
     copies = table[table.kind == "copy"].dropna(subset=["nvbench_us"])
     copies = copies.assign(nvbench_copy_gbps=copies.bytes / copies.nvbench_us / 1e3)
@@ -266,6 +269,10 @@ def report(table: pd.DataFrame, meta: dict) -> str:
                      f"events in each of nvbench's samples, which the harness's replayed passes do not pay.")
     if not timed.empty:
         parts.append("## By batch\n\n" + _markdown(_batch_table(timed), index=False))
+        causes = settled[~settled.agrees].cause.str.split(r"[:(]", n=1).str[0].str.strip().value_counts()
+        if not causes.empty:
+            parts.append(f"## Why rows at B >= {SETTLED_B} differ by more than {AGREEMENT:.0%}\n\n"
+                         + _markdown(causes.rename_axis("cause").reset_index(name="rows"), index=False))
         by_impl = timed.astype({"B": int}).pivot_table(index="impl", columns="B", values="ratio", aggfunc="median")
         parts.append("## Median ratio by implementation and batch\n\n" + _markdown(by_impl))
         parts.append("## The largest differences\n\nof_copy: nvbench's copy of the same bytes over the row's time "
