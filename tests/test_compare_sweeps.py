@@ -8,11 +8,11 @@ import sys
 
 import numpy as np
 import pandas as pd
+from helpers import REPO, write_sweep_dir
 
-from helpers import REPO, load_script, write_sweep_dir
 from kda_impls.bench.config import Config
+from kda_impls.tools import compare_sweeps
 
-compare_sweeps = load_script("compare_sweeps")
 ROWS = [Config(impl, B, 32, 32, 128, 128) for impl in ("triton", "fla") for B in (1, 64, 256)]
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Our sweeps against published timings: does a table someone measured reproduce here, with which
 of the library's call variants, and under which pool layout?
 
@@ -22,10 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls.bench.results import SweepDirError, best_per_library, load  # noqa: E402
-from kda_impls.cli import Parser, fail  # noqa: E402
+from kda_impls.bench.results import SweepDirError, best_per_library, load
+from kda_impls.cli import Parser, fail
 
 KEY = ["impl", "state_dtype", "H", "HV", "K", "V", "B"]  # impl: the published table's library
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Two sweep directories of the same configurations, row by row: how far each row timed in both
 moved (B / A kernel time), and what each side's first calls (compilation included) took.
 
@@ -8,9 +7,10 @@ moved (B / A kernel time), and what each side's first calls (compilation include
 
 For the multi-GPU proof (a sweep over two GPUs against one GPU's run of the same preset: do the
 rows agree within the run-to-run spread? ``--run-to-run`` names another one-GPU run to judge by)
-and for what moved between two commits' runs (every row beyond ``--flag`` is listed, with each implementation's median ratio beside it, so that a whole
-machine running faster is told from one implementation getting slower). Not a gate: ``kda-regress``
-decides what is slower; this prints how the two runs compare.
+and for what moved between two commits' runs (every row beyond ``--flag`` is listed, with each
+implementation's median ratio beside it, so that a whole machine running faster is told from one
+implementation getting slower). Not a gate: ``kda-regress`` decides what is slower; this prints how
+the two runs compare.
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls.bench.case import CONFIG_COLUMNS  # noqa: E402
-from kda_impls.bench.results import SweepDirError, load  # noqa: E402
-from kda_impls.cli import fail, print_and_save  # noqa: E402
+from kda_impls.bench.case import CONFIG_COLUMNS
+from kda_impls.bench.results import SweepDirError, load
+from kda_impls.cli import fail, print_and_save
 
 SHOWN = ["impl", "state_dtype", "HV", "K", "V", "B", "T", "slot_pad"]
 
@@ -104,8 +102,8 @@ def report(a, b, name_a: str, name_b: str, min_b: int, flag: float, c=None, name
         + "\n\nPer library, every device (s):\n\n" + totals.to_markdown(floatfmt=".1f"),
         "## What the rows took, per implementation (s; placements: per row, on average)\n\n"
         + costs.to_markdown(floatfmt=".1f"),
-    ] + ([f"## Against the run-to-run spread, rows at B >= {min_b}\n\nEach implementation's range of B / A beside that of "
-          f"another run like A (`{name_c}`) against A.\n\n"
+    ] + ([f"## Against the run-to-run spread, rows at B >= {min_b}\n\nEach implementation's range of B / A "
+          f"beside that of another run like A (`{name_c}`) against A.\n\n"
           + against_run_to_run(a, b, c, min_b).to_markdown(floatfmt=".3f")] if c is not None else [])
     ) + "\n"
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Cross-check a sweep's kernel times with a second clock: CUPTI kernel durations (torch.profiler)
 of the same configurations, in the same L2 entry state, on the same GPU.
 
@@ -30,14 +29,12 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls.bench.config import Config  # noqa: E402
-from kda_impls.bench.cupti import kernels_of, op_busy, replay_durations, step_durations  # noqa: E402
-from kda_impls.bench.results import environment, load, write_meta  # noqa: E402
-from kda_impls.bench.timing import entry_op, rotation_inputs  # noqa: E402
-from kda_impls.cli import comma_list, positive_int, print_and_save  # noqa: E402
-from kda_impls.registry import get  # noqa: E402
+from kda_impls.bench.config import Config
+from kda_impls.bench.cupti import kernels_of, op_busy, replay_durations, step_durations
+from kda_impls.bench.results import environment, load, write_meta
+from kda_impls.bench.timing import entry_op, rotation_inputs
+from kda_impls.cli import comma_list, positive_int, print_and_save
+from kda_impls.registry import get
 
 AGREEMENT = 0.03
 
@@ -108,7 +105,8 @@ def report(table: pd.DataFrame) -> str:
         + agreement_table(table, ["impl", "state_dtype", "B"]).to_markdown(index=False, floatfmt=".3f"),
         "## The largest differences\n\n" + worst[["impl", "state_dtype", "HV", "K", "B", "slot_pad", "l2_entry",
                                                   "kernel_us_mean", "cupti_busy_us", "cupti_charged_us", "kernels",
-                                                  "ratio", "ratio_to_charged"]].to_markdown(index=False, floatfmt=".3f"),
+                                                  "ratio", "ratio_to_charged"]].to_markdown(index=False,
+                                                                                            floatfmt=".3f"),
     ] + ([replay_section(table)] if "replay_busy_us" in table else [])) + "\n"
 
 

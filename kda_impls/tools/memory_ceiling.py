@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the memory system gives a KDA decode step's state traffic without its math: the copy
 bandwidth our kernel's targets are judged against, taken apart step by step.
 
@@ -68,13 +67,11 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls import get, make_inputs  # noqa: E402
-from kda_impls.bench.results import environment  # noqa: E402
-from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth, median_copy_seconds  # noqa: E402
-from kda_impls.bench.timing import rotation_inputs, timed_runs  # noqa: E402
-from kda_impls.impls.triton_kda import TritonKDA, _program_tile  # noqa: E402
+from kda_impls import get, make_inputs
+from kda_impls.bench.results import environment
+from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth, median_copy_seconds
+from kda_impls.bench.timing import rotation_inputs, timed_runs
+from kda_impls.impls.triton_kda import TritonKDA, _program_tile
 
 WARMUP = 3
 # What each step of the traffic costs, in points of the copy: (the variant without the step, with it)
@@ -238,7 +235,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per (B, variant): the median over placements of GB/s, its share of the same placement's
     1 GiB copy, and the placement spread of the time (max / min)."""
     copy = df[df.variant == "copy-1GiB"].set_index(["B", "placement"]).GBps
-    df = df.assign(pct_copy=100 * df.GBps / copy.loc[list(zip(df.B, df.placement))].to_numpy())
+    df = df.assign(pct_copy=100 * df.GBps / copy.loc[list(zip(df.B, df.placement, strict=True))].to_numpy())
     grouped = df.groupby(["B", "variant"], sort=False)
     return pd.DataFrame({"GBps": grouped.GBps.median(), "pct_copy": grouped.pct_copy.median(),
                          "us": grouped.us.median(), "spread": grouped.us.max() / grouped.us.min(),

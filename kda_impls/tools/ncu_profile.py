@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Nsight Compute counters of the Triton KDA decode kernel, beside a device-to-device copy of the
 same bytes (where the time goes when the kernel misses the copy bandwidth) and beside FlashInfer's
 call at B = 1 (where its step is shorter: its launch shape, registers and stalls against ours).
@@ -33,12 +32,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls.bench.config import Config  # noqa: E402
-from kda_impls.bench.results import environment  # noqa: E402
-from kda_impls.impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
-from kda_impls.registry import get  # noqa: E402
+from kda_impls.bench.config import Config
+from kda_impls.bench.results import environment
+from kda_impls.impls.triton_kda import TileConfig, TritonKDA
+from kda_impls.registry import get
 
 # name: (implementation, state dtype, HV, K=V, B, T, forced tile config of our kernel, or None for the
 # table's choice (another implementation: its own call), or "copy")
@@ -109,11 +106,12 @@ def profile(name: str, ncu: str) -> tuple[pd.DataFrame, pd.Series]:
     """ncu's raw metrics of the case's profiled launch, and their units."""
     command = [ncu, "--clock-control", "none", "--cache-control", "all", "--nvtx", "--nvtx-include", f"{RANGE}/",
                *[a for s in SECTIONS for a in ("--section", s)], "--csv", "--page", "raw",
-               sys.executable, __file__, "--workload", name]
+               sys.executable, "-m", "kda_impls.tools.ncu_profile", "--workload", name]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     csv_text = done.stdout[done.stdout.find('"ID"'):] if '"ID"' in done.stdout else ""
     if done.returncode or not csv_text:
-        raise RuntimeError(f"{shlex.join(command)}: exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        raise RuntimeError(f"{shlex.join(command)}: exit {done.returncode}\n{done.stdout[-2000:]}\n"
+                           f"{done.stderr[-2000:]}")
     table = pd.read_csv(io.StringIO(csv_text), low_memory=False)
     units = table.iloc[0]  # the raw page's second line gives each metric's unit
     table = table.iloc[1:].copy()  # one frame, not a fragmented one, before the column is added

@@ -1,29 +1,23 @@
-#!/usr/bin/env python3
 """Run the Triton KDA decode kernel once per tile config on a small padded pool with -1 rows, for
 compute-sanitizer. Each run is also checked by kda_impls.verify; exits 1 if any is wrong.
 
     compute-sanitizer --tool memcheck --error-exitcode 99 python3 scripts/sanitize_triton.py
     compute-sanitizer --tool racecheck --error-exitcode 99 python3 scripts/sanitize_triton.py
 
-Torch's caching allocator is switched off (before torch starts) so that every tensor is its own
-allocation: an access past the pool then lands outside any allocation, where memcheck sees it,
-rather than in a neighbouring tensor's block.
+The command (scripts/sanitize_triton.py) switches torch's caching allocator off before torch starts
+(``PYTORCH_NO_CUDA_MEMORY_CACHING=1``) so that every tensor is its own allocation: an access past the
+pool then lands outside any allocation, where memcheck sees it, rather than in a neighbouring tensor's
+block.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
-os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+import torch
 
-import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls import make_inputs, verify  # noqa: E402
-from kda_impls.impls.triton_kda import TileConfig, TritonKDA  # noqa: E402
+from kda_impls import make_inputs, verify
+from kda_impls.impls.triton_kda import TileConfig, TritonKDA
 
 # The table's choice, several V-tiles, a pipelined head group (cp.async into shared memory: the
 # case racecheck is for), the persistent form (48 tiles over min(48, SMs) programs: the last
@@ -44,7 +38,8 @@ CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_
            TileConfig(BV=16, num_warps=2, state_first=2),
            TileConfig(BV=16, num_warps=1, rewiden=1),
            TileConfig(BV=16, num_warps=1, subtiles=4, rewiden=1, maxnreg=72),
-           TileConfig(BV=16, num_warps=4, tma=1), TileConfig(BV=16, num_warps=4, num_stages=3, programs_per_sm=1, tma=1),
+           TileConfig(BV=16, num_warps=4, tma=1),
+           TileConfig(BV=16, num_warps=4, num_stages=3, programs_per_sm=1, tma=1),
            TileConfig(BV=16, num_warps=1, programs_per_sm=1, lookahead=0),
            TileConfig(BV=16, num_warps=2, load_evict_first=0, store_evict_first=0),
            TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, fast_gate=1),

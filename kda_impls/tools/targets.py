@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Our Triton kernel's targets, judged on a sweep directory (the `targets` preset measures them all),
 and README's H200 table.
 
@@ -23,11 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls import dtypes  # noqa: E402
-from kda_impls.bench.results import SweepDirError, best_per_library, kernel_time_words, load  # noqa: E402
-from kda_impls.cli import fail  # noqa: E402
+from kda_impls import dtypes
+from kda_impls.bench.results import SweepDirError, best_per_library, kernel_time_words, load
+from kda_impls.cli import fail
 
 POINT = ["state_dtype", "HV", "K", "V", "B"]
 B1_RATIO, PLACEMENT_SPREAD, PADDING_TARGET = 0.95, 0.02, 0.02

@@ -1,6 +1,6 @@
-#!/usr/bin/env python3
 """Registers, spills and instruction counts of the Triton KDA decode kernel per tile config,
-compiled for the H200 (sm_90) on any machine: no GPU needed.
+compiled for the H200 (sm_90) on any machine: no GPU needed. The command (scripts/triton_registers.py)
+clears TRITON_INTERPRET before the kernels are defined: they are compiled, not interpreted.
 
     python3 scripts/triton_registers.py                          # CONFIGS at HV=32 K=V=128, bf16 and fp32
     python3 scripts/triton_registers.py --configs "BV=32,num_warps=1;BV=32,num_warps=1,const_heads=1" --T 4
@@ -42,19 +42,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)  # compile, not interpret
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls import make_inputs  # noqa: E402
-from kda_impls.impls.triton_kda import TileConfig, kernel_arguments  # noqa: E402
-from kda_impls.impls.triton_tuning import TABLE  # noqa: E402
+from kda_impls import make_inputs
+from kda_impls.impls.triton_kda import TileConfig, kernel_arguments
+from kda_impls.impls.triton_tuning import TABLE
 
 CONFIGS = ("BV=8,num_warps=1", "BV=16,num_warps=1", "BV=32,num_warps=1", "BV=32,num_warps=2",
            "BV=32,num_warps=1,const_heads=1", "BV=4,num_warps=1,subtiles=16",
@@ -109,11 +105,11 @@ def sass_counts(cubin: Path) -> dict:
 
 def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
     """Triton's (signature, constexprs, attributes) of a launch: tensors as typed pointers (16-byte
-    aligned, as the pool and inputs are), tensor descriptors by their block, integers as Triton's launcher specialises them (1 a
-    constant, 16-divisible ones marked so, the rest i32), floats as fp32."""
+    aligned, as the pool and inputs are), tensor descriptors by their block, integers as Triton's
+    launcher specialises them (1 a constant, 16-divisible ones marked so, the rest i32), floats as fp32."""
     names = [n for n in kernel.arg_names if n not in meta]
     types, attrs, ones = {}, {}, {}
-    for i, (name, value) in enumerate(zip(names, args)):
+    for i, (name, value) in enumerate(zip(names, args, strict=True)):
         if isinstance(value, torch.Tensor):
             types[name] = "*" + TRITON_TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]

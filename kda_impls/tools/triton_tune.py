@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Measure the Triton KDA decode kernel's tile configs on this GPU and regenerate the tuning table.
 
 Measure (one GPU, a few minutes; stops timing at --budget-s and still writes everything):
@@ -21,41 +20,19 @@ run also writes ``over_table.md`` beside its CSV (per shape, the fastest variant
 config; ``--over-table-report CSV ...`` writes it again from committed runs).
 
 Writes the CSV (every candidate), a JSON of the environment and the copy bandwidth beside it
-(``.json``), the regenerated ``triton_tuning.py`` beside it, and prints the best per shape.
+(``.json``), the table those rows make (``triton_tuning.json``) beside it, and prints the best per shape.
 
-Regenerate the committed table from measurements (no GPU needed; several CSVs, e.g. a one-token
-and a multi-token run, make one table):
+Write the tuning table (kda_impls/impls/triton_tuning.json) from measurements (no GPU needed;
+several CSVs, e.g. a one-token and a multi-token run, make one table):
 
     python3 scripts/triton_tune.py --write-table results/h200/triton-tune/triton_tune.csv [more.csv ...]
 
 A CSV's rows name the fields of the kernel they measured; a field added to the kernel since then
 takes its default, unless the path says what that run's kernel did instead (``PATH:FIELD=VALUE``),
 e.g. ``results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1``: a run on a kernel that
-loaded the state first, before the field existed. The committed table:
-
-    python3 scripts/triton_tune.py --write-table results/h200/triton-tune-v3/triton_tune.csv \
-        results/h200/triton-tune-multitoken/triton_tune.csv results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1 \
-        --state-order results/h200/state-order/table results/h200/state-order/first \
-        --over-table-runs results/h200/triton-tune-rewiden/triton_tune.csv \
-        results/h200/triton-tune-order/triton_tune.csv results/h200/triton-tune-tma/bf16/triton_tune.csv \
-        results/h200/triton-tune-tma/fp32/triton_tune.csv results/h200/triton-tune-slots-ahead/bf16/triton_tune.csv \
-        results/h200/triton-tune-slots-ahead/fp32/triton_tune.csv results/h200/triton-tune-eviction/bf16/triton_tune.csv \
-        results/h200/triton-tune-eviction/fp32/triton_tune.csv results/h200/triton-tune-eviction-tiles/bf16/triton_tune.csv \
-        results/h200/triton-tune-eviction-tiles/fp32/triton_tune.csv results/h200/triton-tune-b1-warps/bf16/triton_tune.csv \
-        results/h200/triton-tune-b1-warps/fp32/triton_tune.csv results/h200/triton-tune-fast-gate/old-bfloat16/triton_tune.csv \
-        results/h200/triton-tune-fast-gate/old-float32/triton_tune.csv \
-        results/h200/triton-tune-fast-gate/new-bfloat16/triton_tune.csv:fast_gate=1 \
-        results/h200/triton-tune-fast-gate/new-float32/triton_tune.csv:fast_gate=1 \
-        results/h200/triton-tune-fast-gate-tiles/bf16/triton_tune.csv results/h200/triton-tune-fast-gate-tiles/fp32/triton_tune.csv \
-        results/h200/triton-tune-b1-eight-rows/triton_tune.csv results/h200/triton-tune-tiled-inputs/b1/triton_tune.csv \
-        results/h200/triton-tune-tiled-inputs/b16-b64/triton_tune.csv \
-        results/h200/triton-tune-fast-gate-large/bf16/triton_tune.csv results/h200/triton-tune-fast-gate-large/fp32/triton_tune.csv \
-        results/h200/triton-tune-fast-gate-k64/bfloat16/triton_tune.csv results/h200/triton-tune-fast-gate-k64/float32/triton_tune.csv \
-        results/h200/triton-tune-fast-gate-k128/bfloat16/triton_tune.csv results/h200/triton-tune-fast-gate-k128/float32/triton_tune.csv \
-        results/h200/triton-tune-near-misses/bf16-hv32-d128/triton_tune.csv \
-        results/h200/triton-tune-near-misses/bf16-hv64-d64/triton_tune.csv \
-        results/h200/triton-tune-near-misses/fp32-hv64-d128/triton_tune.csv \
-        results/h200/triton-tune-b1-warps-tiled/triton_tune.csv
+loaded the state first, before the field existed. The table records the arguments that wrote it
+(its ``command``); ``python3 scripts/triton_tune.py --rewrite-table`` runs them again (a test checks
+that they write the committed table).
 
 ``--state-order TABLED FIRST``: where two sweeps of the ``targets`` preset (the table as it ran,
 and every entry with its state loaded first) time an entry more than 1% apart, the entry takes
@@ -68,7 +45,6 @@ import argparse
 import csv
 import json
 import os
-import re
 import shlex
 import sys
 import time
@@ -78,16 +54,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls.bench.case import Method, run_case  # noqa: E402
-from kda_impls.bench.config import Config, PoolLayout  # noqa: E402
-from kda_impls.bench.results import environment  # noqa: E402
-from kda_impls.bench.results import load as load_sweep  # noqa: E402
-from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth  # noqa: E402
-from kda_impls.bench.timing import Budget  # noqa: E402
-from kda_impls.dtypes import dtype_name  # noqa: E402
-from kda_impls.impls.triton_kda import TileConfig, TritonKDA, choose_config, compile_kernel, table_key, tile_shape  # noqa: E402
+from kda_impls.bench.case import Method, run_case
+from kda_impls.bench.config import Config, PoolLayout
+from kda_impls.bench.results import environment
+from kda_impls.bench.results import load as load_sweep
+from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth
+from kda_impls.bench.timing import Budget
+from kda_impls.dtypes import dtype_name
+from kda_impls.impls import triton_tuning
+from kda_impls.impls.triton_kda import TileConfig, TritonKDA, choose_config, compile_kernel, table_key, tile_shape
 
 # Two sweeps' times of an entry closer than this leave its state order as the tune CSVs say: the
 # run-to-run spread of our kernel's rows is within 1% (results/h200/published/run_to_run.md).
@@ -104,7 +79,7 @@ HEAD_DIMS = ((128, 128), (64, 64), (128, 256))
 BATCHES = (1, 16, 64, 256)
 STATE_DTYPES = (torch.bfloat16, torch.float32)
 PADDED_SLOT = 64  # elements of padding per slot for the padding-cost timing
-TABLE_PATH = Path(__file__).resolve().parents[1] / "kda_impls" / "impls" / "triton_tuning.py"
+TABLE_PATH = Path(triton_tuning.__file__).with_name(triton_tuning.FILE)
 # Per candidate: three placements sharing 0.12 s of sampling (many configs to time), none added
 # (the candidates of a shape are compared within one run), no call time.
 METHOD = Method(kernel=Budget(min_samples=12, max_seconds=0.12, rel_ci=0.01), call=None, extra_placements=0)
@@ -144,7 +119,8 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
         configs += [replace(config, const_heads=1) for config in configs]
         # the state loaded first: faster for the 16-row bf16 tiles at K=V=128, slower for the 32-row
         # ones at K=V=64 (7-11%, the same registers; docs/perf-notes.md)
-        configs += [replace(config, state_first=1) for config in configs if config.heads == 1 and not config.const_heads]
+        configs += [replace(config, state_first=1) for config in configs
+                    if config.heads == 1 and not config.const_heads]
         # the reductions and the update each widening the stored tile: fewer registers for some
         # tiles (bf16 K=V=128, 16 rows: 128 -> 96; fp32, 32 rows: 206 -> 139), more instructions
         configs += [replace(config, rewiden=1) for config in configs if config.heads == 1 and not config.const_heads]
@@ -187,8 +163,8 @@ def measure(args) -> int:
         writer.writeheader()
         writer.writerows(rows)
     args.out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
-    table_out = args.out.with_name("triton_tuning.py")
-    table_out.write_text(render_table(rows, meta))
+    table_out = args.out.with_name(triton_tuning.FILE)
+    table_out.write_text(render_table(rows, meta, command=["--write-table", str(args.out)]))
     print_summary(rows)
     report = [write_over_table_report(args.out)] if args.over_table else []
     print(f"\nwrote {', '.join(map(str, [args.out, args.out.with_suffix('.json'), table_out, *report]))} "
@@ -287,8 +263,8 @@ def print_summary(rows: list[dict]) -> None:
         r, p = best[key], padded.get(key)
         us = float(r["us"])
         pad = f"{float(p['us']):9.2f} {100 * (float(p['us']) / us - 1):+7.1f}%" if p else f"{'-':>9} {'-':>8}"
-        print(f"{r['state_dtype']:8} {r['HV']:>3} {r['K']:>4} {r['V']:>4} {r['B']:>4} {key[5]:>2}  {r['config']:58} {us:8.2f} "
-              f"{float(r['GBps']):6.0f} {float(r['pct_copy']):5.1f}% {float(r['floor_us']):8.2f} {pad}")
+        print(f"{r['state_dtype']:8} {r['HV']:>3} {r['K']:>4} {r['V']:>4} {r['B']:>4} {key[5]:>2}  {r['config']:58} "
+              f"{us:8.2f} {float(r['GBps']):6.0f} {float(r['pct_copy']):5.1f}% {float(r['floor_us']):8.2f} {pad}")
 
 
 def key_of(row: dict) -> tuple:
@@ -314,15 +290,16 @@ def fitted_config(row: dict, measured_with: str = "") -> TileConfig:
     return TileConfig.parse(row["config"], base).fitted(HV, V, T)
 
 
-def render_table(rows: list[dict], meta: dict | list | None, state_order: dict | None = None) -> str:
-    """The source of kda_impls/impls/triton_tuning.py from measured rows (the best per shape);
+def render_table(rows: list[dict], meta: dict | list | None, state_order: dict | None = None,
+                 command: list[str] = ()) -> str:
+    """The JSON of the tuning table from measured rows (the best per shape), ``command`` the arguments that wrote it;
     ``meta``: the environment record of the run, or a list of them (one per CSV); ``state_order``:
     per table key, (us as the table ran it, us with the state loaded first) from two sweeps
     (:func:`state_order_times`), which set the entry's ``state_first`` where they differ by more
     than STATE_ORDER_MARGIN, unless the entry comes from a run over the table (``over_table`` in the
     row: it timed the kernel as it is, state order included)."""
     metas = meta if isinstance(meta, list) else [meta]
-    provenance = "; ".join(dict.fromkeys(provenance_of(m) for m in metas))
+    provenance = list(dict.fromkeys(provenance_of(m) for m in metas))
     best = {key_of(r): r for r in rows if r.get("best") in (True, "True")}
     # Each entry as it runs: every field named, fitted to its shape (a field a run's CSV predates
     # takes the default, or what the run's path says its kernel did: ``measured_with``)
@@ -338,13 +315,13 @@ def render_table(rows: list[dict], meta: dict | list | None, state_order: dict |
             config = replace(config, state_first=int(first_us < table_us))
             comment += f"; state order by sweeps: {first_us:.2f} us first, {table_us:.2f} us as tabled"
         entries[table_key(getattr(torch, k[0]), *k[1:])] = (str(config), comment)
-    return table_source(provenance, entries)
+    return triton_tuning.dumps(provenance, entries, list(command))
 
 
 def state_order_times(tabled_dir: Path, first_dir: Path) -> dict:
     """Per table key (one token, unpadded pool): the kernel time of our kernel in a sweep of the table
     as it was, and in one with every entry's state loaded first (``KDA_TRITON_CONFIG=state_first=1``;
-    scripts/h200_run.sh state-order makes both)."""
+    two ``kda-sweep --preset targets --impls triton`` runs, the second under that setting)."""
     times = []
     for path in (tabled_dir, first_dir):
         ok = load_sweep(path).ok
@@ -352,27 +329,6 @@ def state_order_times(tabled_dir: Path, first_dir: Path) -> dict:
         times.append({(r.state_dtype, int(r.HV), int(r.K), int(r.V), int(r.B), 1): float(r.kernel_us_mean)
                       for r in ok.itertuples()})
     return {key: (times[0][key], times[1][key]) for key in times[0].keys() & times[1].keys()}
-
-
-def table_source(provenance: str, entries: dict) -> str:
-    """``entries``: ``{table key: (config string, comment or None)}``."""
-    lines = [
-        '"""Tile configs of the Triton KDA decode kernel by (state dtype, HV, K, V, B, T); see',
-        "kda_impls.impls.triton_kda.choose_config (nearest tabled T, then B; fp16 state uses the bfloat16 rows).",
-        "",
-        "Generated by scripts/triton_tune.py; regenerate rather than edit:",
-        "    python3 scripts/triton_tune.py --write-table <triton_tune.csv>",
-        '"""',
-        "",
-        f"PROVENANCE = {provenance!r}",
-        "",
-        "TABLE = {",
-    ]
-    for key in sorted(entries, key=lambda k: (k[5], k[0], k[2], k[3], k[1], k[4])):
-        config, comment = entries[key]
-        lines.append(f"    {key!r}: {config!r},{'  # ' + comment if comment else ''}")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
 
 
 def over_table_margin(B: int) -> float:
@@ -417,7 +373,7 @@ def over_table_report(rows: list[dict], source: str) -> str:
         table_config, best_config = (TileConfig.parse(r["config"], TileConfig(BV=key[3])) for r in (tabled[0], best))
         changed = ",".join(f"{f.name}={getattr(best_config, f.name)}" for f in fields(TileConfig)
                            if getattr(best_config, f.name) != getattr(table_config, f.name))
-        lines.append(dict(zip(("state_dtype", "HV", "K", "V", "B", "T"), key), table_us=float(tabled[0]["us"]),
+        lines.append(dict(zip(triton_tuning.KEY, key, strict=True), table_us=float(tabled[0]["us"]),
                           best_us=float(best["us"]), ratio=float(best["us"]) / float(tabled[0]["us"]),
                           best_pct_copy=float(best["pct_copy"]), best_changes=changed or "(the tabled config)"))
     if not lines:
@@ -464,14 +420,23 @@ def write_table(csv_paths: list[Path | str], into: Path, state_order: tuple[Path
     if not any(r.get("best") == "True" for r in rows):
         print(f"{', '.join(map(str, csv_paths))}: no measured best config in it; table left as it was")
         return 1
-    into.write_text(render_table(rows, metas, state_order_times(*state_order) if state_order else None))
+    command = ["--write-table", *map(str, csv_paths)]
+    command += ["--state-order", *map(str, state_order)] if state_order else []
+    command += ["--over-table-runs", *map(str, over_table_runs)] if over_table_runs else []
+    text = render_table(rows, metas, state_order_times(*state_order) if state_order else None, command)
+    into.write_text(text)
     print(f"wrote {into} from {', '.join(map(str, [*csv_paths, *over_table_runs]))}")
     if state_order:
-        ordered = [line for line in into.read_text().splitlines() if "state order by sweeps" in line]
-        first = sum(re.search(r"state_first=1\b", line) is not None for line in ordered)
+        ordered = [entry for entry in json.loads(text)["entries"] if "state order by sweeps" in entry["note"]]
+        first = sum(TileConfig.parse(entry["config"], TileConfig(BV=entry["V"])).state_first for entry in ordered)
         print(f"state order by the sweeps: {first} entries load the state first, {len(ordered) - first} after the "
               f"small inputs")
     return 0
+
+
+def recorded_command(path: Path = TABLE_PATH) -> list[str]:
+    """The arguments that wrote the table at ``path`` (``--write-table ...``)."""
+    return json.loads(path.read_text())["command"]
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -506,7 +471,7 @@ def arguments() -> argparse.ArgumentParser:
                         help="instead of the candidate set: the tabled config of each shape and the tabled config "
                              "with each of these fields replaced (';' between them: \"rewiden=1;rewiden=1,BV=32\")")
     parser.add_argument("--write-table", nargs="+", metavar="CSV[:FIELD=VALUE,...]",
-                        help="regenerate kda_impls/impls/triton_tuning.py from measured CSVs and exit (FIELD=VALUE: "
+                        help="write kda_impls/impls/triton_tuning.json from measured CSVs and exit (FIELD=VALUE: "
                              "what the run's kernel did where its rows name no such field)")
     parser.add_argument("--over-table-runs", nargs="+", default=[], metavar="CSV",
                         help="with --write-table: CSVs of --over-table runs, applied last: each replaces an entry "
@@ -516,6 +481,8 @@ def arguments() -> argparse.ArgumentParser:
                         help="with --write-table: two sweep directories of our kernel, the table as it ran and "
                              "every entry with its state loaded first; each entry takes the faster order where they "
                              f"differ by more than {STATE_ORDER_MARGIN * 100:.0f}%%")
+    parser.add_argument("--rewrite-table", action="store_true",
+                        help="write kda_impls/impls/triton_tuning.json again with the arguments it records and exit")
     parser.add_argument("--over-table-report", nargs="+", type=Path, metavar="CSV",
                         help="write over_table.md beside each CSV of an --over-table run and exit (no GPU needed)")
     return parser
@@ -530,6 +497,8 @@ def main() -> int:
         return 0
     if (args.state_order or args.over_table_runs) and not args.write_table:
         parser.error("--state-order and --over-table-runs go with --write-table")
+    if args.rewrite_table:
+        args = parser.parse_args(recorded_command())
     if args.write_table:
         return write_table(args.write_table, TABLE_PATH, args.state_order, args.over_table_runs)
     if not torch.cuda.is_available():

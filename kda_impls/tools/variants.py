@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What each call variant of a library costs: kernel time per point and variant, and the ratio to
 the library's own call (the variant named after the library), from a sweep directory.
 
@@ -16,10 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls.bench.results import SweepDirError, kernel_time_words, load  # noqa: E402
-from kda_impls.cli import fail, print_and_save  # noqa: E402
+from kda_impls.bench.results import SweepDirError, kernel_time_words, load
+from kda_impls.cli import fail, print_and_save
 
 POINT = ["state_dtype", "H", "HV", "K", "V", "B"]
 
