@@ -1,5 +1,5 @@
-"""The tuner (scripts/triton_tune.py, kda_impls.tools.triton_tune) and the tuning table it writes
-(kda_impls/impls/triton_tuning.json): the table the kernel reads is the committed JSON, the JSON is
+"""The tuner (scripts/triton_tune.py: kda_impls.tools.triton_tune, tuning_table) and the tuning table it
+writes (kda_impls/impls/triton_tuning.json): the table the kernel reads is the committed JSON, the JSON is
 what its recorded command writes from the committed tune runs, and the tuner's rules for choosing
 an entry (best per shape, the state order from two sweeps, over-table runs past a margin)."""
 
@@ -14,12 +14,12 @@ from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.impls import triton_kda, triton_tuning
 from kda_impls.impls.triton_kda import TileConfig, choose_config
 from kda_impls.impls.triton_tuning import TABLE
-from kda_impls.tools import triton_tune
+from kda_impls.tools import triton_tune, tuning_table
 
 
 def test_the_kernel_reads_the_committed_json():
     """The kernel's table is the JSON shipped in the package, every entry a full config of its shape."""
-    provenance, table = triton_tuning.parse(triton_tune.TABLE_PATH.read_text())
+    provenance, table = triton_tuning.parse(tuning_table.TABLE_PATH.read_text())
     assert triton_kda.TABLE is TABLE and TABLE == table and len(table) > 0
     assert triton_tuning.PROVENANCE == "; ".join(provenance)
     key = next(iter(table))
@@ -41,12 +41,12 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
                                         (1, "BV=16,heads=2,num_warps=2,num_stages=2", 2.0, True)]]
     csv_path, table_path = tmp_path / "triton_tune.csv", tmp_path / "triton_tuning.json"
     pd.DataFrame(rows[1:2]).to_csv(csv_path, index=False)
-    assert triton_tune.write_table([csv_path], table_path) == 1 and not table_path.exists()  # no best row
+    assert tuning_table.write_table([csv_path], table_path) == 1 and not table_path.exists()  # no best row
     pd.DataFrame(rows).to_csv(csv_path, index=False)  # a run from before the T column: one-token rows
     multi_path = tmp_path / "multitoken.csv"
     pd.DataFrame([{**rows[0], "T": 4, "config": "BV=8,heads=1,num_warps=1,num_stages=1,programs_per_sm=0"}]).to_csv(
         multi_path, index=False)
-    assert triton_tune.write_table([csv_path, multi_path], table_path) == 0
+    assert tuning_table.write_table([csv_path, multi_path], table_path) == 0
     provenance, table = triton_tuning.parse(table_path.read_text())
     # every field named, as the kernel runs the entry: a run from before const_heads measured the head
     # counts at run time (the default), and the multi-token kernel compiles them in
@@ -61,24 +61,24 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
             f"BV=8,heads=1,num_warps=1,num_stages=1,{tail},const_heads=1,state_first=1,{end}"}
     assert all("measured" in line for line in provenance)
     # a run on a kernel that loaded the state first, before the field existed: its path says so
-    assert triton_tune.write_table([f"{csv_path}:state_first=1", multi_path], table_path) == 0
+    assert tuning_table.write_table([f"{csv_path}:state_first=1", multi_path], table_path) == 0
     provenance, table = triton_tuning.parse(table_path.read_text())
     for key, heads in (((32, 128, 128, 64, 1), 0), ((32, 128, 128, 64, 4), 1)):
         assert table[("bfloat16", *key)].endswith(f"const_heads={heads},state_first=1,{end}")
     with pytest.raises(ValueError, match="--write-table"):
-        triton_tune.write_table([f"{csv_path}:state_first=3"], table_path)
+        tuning_table.write_table([f"{csv_path}:state_first=3"], table_path)
 
 
 def test_committed_table_is_what_its_recorded_command_writes(tmp_path, monkeypatch):
     """The arguments the committed table records (its ``command``), parsed by the tuner's own command
     line and run on the committed measurements, write that table: fails if the table was edited by
     hand, or written from runs the command does not list."""
-    args = triton_tune.arguments().parse_args(triton_tune.recorded_command())
+    args = triton_tune.arguments().parse_args(tuning_table.recorded_command())
     assert args.write_table and args.state_order and args.over_table_runs, args
     monkeypatch.chdir(REPO)  # the command's paths are the repository's
     table_path = tmp_path / "triton_tuning.json"
-    assert triton_tune.write_table(args.write_table, table_path, args.state_order, args.over_table_runs) == 0
-    assert table_path.read_text() == triton_tune.TABLE_PATH.read_text()
+    assert tuning_table.write_table(args.write_table, table_path, args.state_order, args.over_table_runs) == 0
+    assert table_path.read_text() == tuning_table.TABLE_PATH.read_text()
     assert triton_tuning.parse(table_path.read_text())[1] == TABLE
 
 
@@ -100,7 +100,7 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
         cfgs = {Config("triton", B, 32, 32, 128, 128): [us[side]] * 3 for B, us in times.items()}
         cfgs[Config("triton", 1, 32, 32, 128, 128, layout=PoolLayout(slot_pad=64))] = [1.0] * 3  # padded: not read
         sweeps.append(write_sweep_dir(tmp_path / name, cfgs, {}))
-    assert triton_tune.write_table([csv_path], table_path, tuple(sweeps)) == 0
+    assert tuning_table.write_table([csv_path], table_path, tuple(sweeps)) == 0
     provenance, table = triton_tuning.parse(table_path.read_text())
     order = {key[4]: TileConfig.parse(config, TileConfig(BV=128)).state_first for key, config in table.items()}
     assert order == {1: 1, 16: 0, 64: 0, 256: 1}
@@ -132,11 +132,11 @@ def test_over_table_report_sets_each_shapes_fastest_variant_against_the_tabled_c
 
     rows = [row(64, tabled, "table", 10.0), row(64, tabled + ",tma=1", "candidate", 9.7),
             row(64, tabled + ",lookahead=0,programs_per_sm=8", "candidate", 11.0),
-            row(64, tabled, triton_tune.PADDED_SOURCE, 1.0), row(64, tabled + ",BV=8", "candidate", "", "error: x"),
+            row(64, tabled, tuning_table.PADDED_SOURCE, 1.0), row(64, tabled + ",BV=8", "candidate", "", "error: x"),
             row(256, tabled, "table+candidate", 40.0), row(256, tabled + ",rewiden=1", "candidate", 39.4)]
     path = tmp_path / "triton_tune.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
-    text = " ".join(triton_tune.write_over_table_report(path).read_text().split())
+    text = " ".join(tuning_table.write_over_table_report(path).read_text().split())
     assert "| bfloat16 | 128 | 128 | 2 | 0.970 | 0.985 | 2 |" in text, text  # the range; past 2%, and 1% at B = 256
     assert "| 64 | 1 | 10.000 | 9.700 | 0.970 | 80.000 | tma=1 |" in text, text  # not the padded row's 1.0
     assert "| 256 | 1 | 40.000 | 39.400 | 0.985 | 80.000 | rewiden=1 |" in text, text
@@ -165,12 +165,12 @@ def test_over_table_runs_replace_an_entry_only_past_the_margin_and_skip_the_stat
         cfgs = {Config("triton", B, 32, 32, 128, 128): [us] * 3 for B in (1, 64, 128, 256)}
         sweeps.append(write_sweep_dir(tmp_path / name, cfgs, {}))
     table_path = tmp_path / "triton_tuning.json"
-    assert triton_tune.write_table([paths[0]], table_path, tuple(sweeps), over_table_runs=[paths[1]]) == 0
+    assert tuning_table.write_table([paths[0]], table_path, tuple(sweeps), over_table_runs=[paths[1]]) == 0
     provenance, table = triton_tuning.parse(table_path.read_text())
     table = {key[4]: TileConfig.parse(text, TileConfig(BV=128)) for key, text in table.items()}
     assert table[1] == TileConfig(BV=8, num_warps=1, rewiden=1)  # faster by 3.3%: replaced, timed order kept
     assert table[64] == table[128] == TileConfig(BV=32, num_warps=4)  # 1% and 1.5% are noise below B = 256
     assert table[256] == TileConfig(BV=16, num_warps=1)  # 1.5% at B = 256 is not
-    assert triton_tune.write_table([paths[0]], table_path, tuple(sweeps)) == 0  # without the run: the sweeps' order
+    assert tuning_table.write_table([paths[0]], table_path, tuple(sweeps)) == 0  # without the run: the sweeps' order
     provenance, table = triton_tuning.parse(table_path.read_text())
     assert all(TileConfig.parse(text, TileConfig(BV=128)).state_first for text in table.values())
