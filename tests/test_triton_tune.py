@@ -3,6 +3,7 @@ writes (kda_impls/impls/triton_tuning.json): the table the kernel reads is the c
 what its recorded command writes from the committed tune runs, and the tuner's rules for choosing
 an entry (best per shape, the state order from two sweeps, over-table runs past a margin)."""
 
+import json
 from dataclasses import replace
 
 import pandas as pd
@@ -71,10 +72,10 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
 
 def test_committed_table_is_what_its_recorded_command_writes(tmp_path, monkeypatch):
     """The arguments the committed table records (its ``command``), parsed by the tuner's own command
-    line and run on the committed measurements, write that table: fails if the table was edited by
-    hand, or written from runs the command does not list."""
+    line and run on the committed measurements (the tune-data folder results/h200/tuning-table/), write
+    that table: fails if the table was edited by hand, or written from data the command does not name."""
     args = triton_tune.arguments().parse_args(tuning_table.recorded_command())
-    assert args.write_table and args.state_order and args.over_table_runs, args
+    assert args.write_table, args
     monkeypatch.chdir(REPO)  # the command's paths are the repository's
     table_path = tmp_path / "triton_tuning.json"
     assert tuning_table.write_table(args.write_table, table_path, args.state_order, args.over_table_runs) == 0
@@ -174,3 +175,14 @@ def test_over_table_runs_replace_an_entry_only_past_the_margin_and_skip_the_stat
     assert tuning_table.write_table([paths[0]], table_path, tuple(sweeps)) == 0  # without the run: the sweeps' order
     provenance, table = triton_tuning.parse(table_path.read_text())
     assert all(TileConfig.parse(text, TileConfig(BV=128)).state_first for text in table.values())
+    # the same runs saved as one tune-data folder write the same table from it, and say what wrote them
+    folder = tmp_path / "tune-data"
+    assert tuning_table.write_table([paths[0]], table_path, tuple(sweeps), [paths[1]], save_to=folder) == 0
+    from_runs = triton_tuning.parse(table_path.read_text())
+    assert tuning_table.write_table([folder], table_path) == 0
+    assert triton_tuning.parse(table_path.read_text()) == from_runs
+    assert tuning_table.recorded_command(table_path) == ["--write-table", str(folder)]
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["command"].endswith(f"--over-table-runs {paths[1]} --save-tune-data {folder}") and "git" in meta
+    with pytest.raises(ValueError, match="the folder holds the state order"):
+        tuning_table.write_table([folder], table_path, tuple(sweeps))

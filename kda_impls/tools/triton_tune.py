@@ -27,6 +27,10 @@ several CSVs, e.g. a one-token and a multi-token run, make one table):
 
     python3 scripts/triton_tune.py --write-table results/h200/triton-tune/triton_tune.csv [more.csv ...]
 
+``--save-tune-data FOLDER`` also saves what the table is written from (every run's rows, the
+state-order sweeps' times, each run's environment record) into one folder, which ``--write-table
+FOLDER`` then reads in place of the runs: the committed table is written from results/h200/tuning-table/.
+
 A CSV's rows name the fields of the kernel they measured; a field added to the kernel since then
 takes its default, unless the path says what that run's kernel did instead (``PATH:FIELD=VALUE``),
 e.g. ``results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1``: a run on a kernel that
@@ -294,8 +298,9 @@ def arguments() -> argparse.ArgumentParser:
                         help="instead of the candidate set: the tabled config of each shape and the tabled config "
                              "with each of these fields replaced (';' between them: \"rewiden=1;rewiden=1,BV=32\")")
     parser.add_argument("--write-table", nargs="+", metavar="CSV[:FIELD=VALUE,...]",
-                        help="write kda_impls/impls/triton_tuning.json from measured CSVs and exit (FIELD=VALUE: "
-                             "what the run's kernel did where its rows name no such field)")
+                        help="write kda_impls/impls/triton_tuning.json from measured CSVs (FIELD=VALUE: what the "
+                             "run's kernel did where its rows name no such field), or from one tune-data folder "
+                             "(--save-tune-data), and exit")
     parser.add_argument("--over-table-runs", nargs="+", default=[], metavar="CSV",
                         help="with --write-table: CSVs of --over-table runs, applied last: each replaces an entry "
                              "only where its best beats the tabled config by more than 2%% (the run-to-run spread), "
@@ -304,6 +309,9 @@ def arguments() -> argparse.ArgumentParser:
                         help="with --write-table: two sweep directories of our kernel, the table as it ran and "
                              "every entry with its state loaded first; each entry takes the faster order where they "
                              f"differ by more than {STATE_ORDER_MARGIN * 100:.0f}%%")
+    parser.add_argument("--save-tune-data", type=Path, metavar="FOLDER",
+                        help="with --write-table CSV...: also save the rows, run records and state-order times the "
+                             "table is written from into FOLDER, which --write-table FOLDER reads in their place")
     parser.add_argument("--rewrite-table", action="store_true",
                         help="write kda_impls/impls/triton_tuning.json again with the arguments it records and exit")
     parser.add_argument("--over-table-report", nargs="+", type=Path, metavar="CSV",
@@ -318,12 +326,12 @@ def main() -> int:
         for csv_path in args.over_table_report:
             print(f"wrote {write_over_table_report(csv_path)}")
         return 0
-    if (args.state_order or args.over_table_runs) and not args.write_table:
-        parser.error("--state-order and --over-table-runs go with --write-table")
+    if (args.state_order or args.over_table_runs or args.save_tune_data) and not args.write_table:
+        parser.error("--state-order, --over-table-runs and --save-tune-data go with --write-table")
     if args.rewrite_table:
         args = parser.parse_args(recorded_command())
     if args.write_table:
-        return write_table(args.write_table, TABLE_PATH, args.state_order, args.over_table_runs)
+        return write_table(args.write_table, TABLE_PATH, args.state_order, args.over_table_runs, args.save_tune_data)
     if not torch.cuda.is_available():
         print("measuring needs a CUDA GPU; none is available (--write-table needs none)")
         return 2

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 from dataclasses import fields, replace
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from kda_impls.bench.results import git_state
 from kda_impls.bench.results import load as load_sweep
 from kda_impls.impls import triton_tuning
 from kda_impls.impls.triton_kda import TileConfig, table_key
@@ -163,34 +165,77 @@ def write_over_table_report(csv_path: Path) -> Path:
     return out
 
 
-def write_table(csv_paths: list[Path | str], into: Path, state_order: tuple[Path, Path] | None = None,
-                over_table_runs: list[Path | str] = ()) -> int:
-    """The table from the CSVs (``PATH`` or ``PATH:FIELD=VALUE,...``, the fields of the kernel that
-    run measured where its rows do not name them), the best row of a later CSV replacing an earlier's;
-    with ``state_order`` (two sweep directories), each entry's state order by :func:`state_order_times`;
-    then the ``over_table_runs`` (``--over-table`` runs, in order), each replacing an entry only where
-    its best beats the tabled config it timed by more than :func:`over_table_margin`."""
+def collect(sources: list[Path | str], state_order: tuple[Path, Path] | None = None,
+            over_table_runs: list[Path | str] = ()) -> tuple[list[dict], list[dict | None], dict | None]:
+    """(rows, each run's environment record, state-order times) the table is written from. ``sources``:
+    one tune-data folder (:func:`save_tune_data`), or the CSVs of tune runs (``PATH`` or
+    ``PATH:FIELD=VALUE,...``, the fields of the kernel that run measured where its rows do not name
+    them), the best row of a later CSV replacing an earlier's; ``state_order``: two sweep directories
+    (:func:`state_order_times`); ``over_table_runs``: ``--over-table`` runs, in order, each replacing an
+    entry only where its best beats the tabled config it timed by more than :func:`over_table_margin`."""
+    if len(sources) == 1 and Path(sources[0]).is_dir():
+        if state_order or over_table_runs:
+            raise ValueError("--write-table FOLDER: the folder holds the state order and the over-table runs")
+        return load_tune_data(Path(sources[0]))
     rows, metas = [], []
-    for spec in map(str, [*csv_paths, *over_table_runs]):
+    for spec in map(str, [*sources, *over_table_runs]):
         path, _, measured_with = spec.partition(":")
         csv_path = Path(path)
-        run = [row | {"measured_with": measured_with} for row in read_rows(csv_path)]
+        run = [row | {"run": path, "measured_with": measured_with} for row in read_rows(csv_path)]
         if spec in map(str, over_table_runs):
             run = [row | {"over_table": True} for row in keep_tabled_unless_faster(run)]
         rows += run
         meta_path = csv_path.with_suffix(".json")
-        metas.append(json.loads(meta_path.read_text()) | {"measured_with": measured_with}
+        metas.append(json.loads(meta_path.read_text()) | {"measured_with": measured_with, "run": path}
                      if meta_path.exists() else None)
+    return rows, metas, state_order_times(*state_order) if state_order else None
+
+
+def save_tune_data(folder: Path, rows: list[dict], metas: list[dict | None], order: dict | None,
+                   command: list[str]) -> None:
+    """What :func:`collect` read, in one folder the table can be written from again: ``rows.csv``
+    (every run's rows in order, each naming its ``run``), ``state_order.csv`` (per entry, the two
+    sweeps' times) and ``meta.json`` (each run's environment record, the commit and ``command``, the
+    tuner's arguments that wrote the folder)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "rows.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+        writer.writeheader()
+        writer.writerows(rows)
+    meta = {"git": git_state(folder), "command": shlex.join(["scripts/triton_tune.py", *command]), "runs": metas}
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    with open(folder / "state_order.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*triton_tuning.KEY, "tabled_us", "first_us"])
+        writer.writerows([*key, repr(tabled), repr(first)] for key, (tabled, first) in sorted((order or {}).items()))
+
+
+def load_tune_data(folder: Path) -> tuple[list[dict], list[dict | None], dict | None]:
+    """(rows, environment records, state-order times) of a folder :func:`save_tune_data` wrote."""
+    order = {(r["state_dtype"], *(int(r[k]) for k in triton_tuning.KEY[1:])): (float(r["tabled_us"]),
+                                                                               float(r["first_us"]))
+             for r in read_rows(folder / "state_order.csv")}
+    return read_rows(folder / "rows.csv"), json.loads((folder / "meta.json").read_text())["runs"], order or None
+
+
+def write_table(sources: list[Path | str], into: Path, state_order: tuple[Path, Path] | None = None,
+                over_table_runs: list[Path | str] = (), save_to: Path | None = None) -> int:
+    """The table from what :func:`collect` reads, into ``into``; with ``save_to``, that also saved there
+    as one tune-data folder (:func:`save_tune_data`)."""
+    rows, metas, order = collect(sources, state_order, over_table_runs)
     if not any(r.get("best") == "True" for r in rows):
-        print(f"{', '.join(map(str, csv_paths))}: no measured best config in it; table left as it was")
+        print(f"{', '.join(map(str, sources))}: no measured best config in it; table left as it was")
         return 1
-    command = ["--write-table", *map(str, csv_paths)]
+    command = ["--write-table", *map(str, sources)]
     command += ["--state-order", *map(str, state_order)] if state_order else []
     command += ["--over-table-runs", *map(str, over_table_runs)] if over_table_runs else []
-    text = render_table(rows, metas, state_order_times(*state_order) if state_order else None, command)
+    if save_to:
+        save_tune_data(save_to, rows, metas, order, [*command, "--save-tune-data", str(save_to)])
+        print(f"wrote {save_to}: rows.csv, state_order.csv, meta.json")
+    text = render_table(rows, metas, order, command)
     into.write_text(text)
-    print(f"wrote {into} from {', '.join(map(str, [*csv_paths, *over_table_runs]))}")
-    if state_order:
+    print(f"wrote {into} from {', '.join(map(str, [*sources, *over_table_runs]))}")
+    if order:
         ordered = [entry for entry in json.loads(text)["entries"] if "state order by sweeps" in entry["note"]]
         first = sum(TileConfig.parse(entry["config"], TileConfig(BV=entry["V"])).state_first for entry in ordered)
         print(f"state order by the sweeps: {first} entries load the state first, {len(ordered) - first} after the "
