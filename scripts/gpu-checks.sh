@@ -28,8 +28,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-checks-out}
 RES=${RES:-results/h200}  # where the steps' folders go
 mkdir -p "$OUT/logs" "$RES"
-# the scripts import this tree's package (not installed on the box)
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+# the scripts import this tree's package (not installed on the box); NVLink multicast stays off
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 LIMIT_S=${LIMIT_S:-540}
 FAILED=()
 DONE=()
@@ -62,10 +63,11 @@ write_meta(Path(sys.argv[1]), environment(torch.device("cuda"), Path(sys.argv[1]
 }
 
 step_install() {
-  local part
+  local part found=0
   for part in .gpu/part1 .gpu/part2 .gpu/part3; do
-    if [ -f "$part/install.sh" ]; then run_step "install-$(basename "$part")" bash "$part/install.sh"; fi
+    if [ -f "$part/install.sh" ]; then found=1; run_step "install-$(basename "$part")" bash "$part/install.sh"; fi
   done
+  [ "$found" = 1 ] || { echo "== install: this call carries no .gpu/part1 .. part3"; FAILED+=(install); }
 }
 
 step_grid() {
