@@ -67,18 +67,6 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
-def record_settle_s(monkeypatch, script: ModuleType) -> list[float]:
-    """The ``settle_s`` of each ``kernel_time`` call ``script`` makes, recorded as the calls run."""
-    settled, timed = [], script.kernel_time
-
-    def kernel_time(*args, settle_s, **kwargs):
-        settled.append(settle_s)
-        return timed(*args, settle_s=settle_s, **kwargs)
-
-    monkeypatch.setattr(script, "kernel_time", kernel_time)
-    return settled
-
-
 def write_sweep_dir(path: Path, rows: dict[Config, list[float] | str], meta: dict,
                     placements: dict[Config, list[float]] | None = None) -> Path:
     """``rows`` maps a config to its kernel samples in microseconds (status "ok"), or to the status

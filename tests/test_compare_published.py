@@ -4,16 +4,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+from helpers import REPO, write_sweep_dir
 
-from helpers import REPO, load_script, write_sweep_dir
 from kda_impls.bench.config import Config, PoolLayout
-
-compare_published = load_script("compare_published")
+from kda_impls.tools import compare_published
 
 SHAPE = dict(state_dtype="bfloat16", H=32, HV=32, K=128, V=128)
+DEFAULT_LAYOUT = PoolLayout()
 
 
-def sweep_dir(path: Path, medians: dict[int, float], layout: PoolLayout = PoolLayout(),
+def sweep_dir(path: Path, medians: dict[int, float], layout: PoolLayout = DEFAULT_LAYOUT,
               slower_variant: float | None = None) -> Path:
     """A sweep directory with flashinfer rows at the batch sizes of ``medians`` in ``layout``, and
     one padded row and one wrong row that must be ignored; with ``slower_variant``, a second

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
+import pytest
+from helpers import write_sweep_dir
 
-from helpers import REPO, load_script, write_sweep_dir
 from kda_impls.bench.config import Config
+from kda_impls.tools import compare_sweeps
 
-compare_sweeps = load_script("compare_sweeps")
 ROWS = [Config(impl, B, 32, 32, 128, 128) for impl in ("triton", "fla") for B in (1, 64, 256)]
 
 
@@ -41,10 +40,11 @@ def test_rows_paired_summarised_and_listed(tmp_path):
     assert "one, cuda:0" in text and "two, cuda:1" in text
 
 
-def test_a_missing_directory_is_one_line_and_status_2(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "compare_sweeps.py"), str(tmp_path / "none"),
-                           str(tmp_path)], capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no such directory" in done.stderr
+def test_a_missing_directory_is_one_line_and_status_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        compare_sweeps.main([str(tmp_path / "none"), str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and "no such directory" in err
 
 
 def test_moves_are_set_beside_another_runs(tmp_path):

@@ -6,9 +6,7 @@ import re
 
 import pandas as pd
 
-from helpers import load_script
-
-crosscheck = load_script("cupti_crosscheck")
+from kda_impls.tools import cupti_crosscheck as crosscheck
 
 
 def table(replay: bool) -> pd.DataFrame:

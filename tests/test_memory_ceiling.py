@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import load_script
 from kda_impls import make_inputs
+from kda_impls.tools import memory_ceiling
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -20,11 +20,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("through_slots", [True, False], ids=["slots", "rows"])
 @pytest.mark.parametrize("subtiles", [1, 2, 4], ids=["tile", "two-tiles", "head"])
 def test_tile_roundtrip_flips_exactly_the_live_rows_state(state_dtype, through_slots, subtiles):
-    ceiling = load_script("memory_ceiling")
     inputs = make_inputs(3, 2, 4, 16, 32, state_dtype=state_dtype, slot_pad=16, n_slots=7, device=DEVICE, seed=5)
     width = {2: torch.int16, 4: torch.int32}[inputs.state.element_size()]
     before = inputs.pool_span().view(width).clone()
-    ceiling.tile_roundtrip(inputs, BV=8, num_warps=1, through_slots=through_slots, subtiles=subtiles, flip=1)()
+    memory_ceiling.tile_roundtrip(inputs, BV=8, num_warps=1, through_slots=through_slots, subtiles=subtiles, flip=1)()
     after = inputs.pool_span().view(width)
     rows = inputs.slots.long() if through_slots else torch.arange(inputs.B)
     expected = before.clone()
@@ -32,16 +31,15 @@ def test_tile_roundtrip_flips_exactly_the_live_rows_state(state_dtype, through_s
         start = slot * inputs.slot_stride
         expected[start:start + inputs.HV * inputs.V * inputs.K] ^= 1
     assert torch.equal(after, expected)
-    ceiling.tile_roundtrip(inputs, BV=8, num_warps=1, through_slots=through_slots, subtiles=subtiles, flip=0)()
+    memory_ceiling.tile_roundtrip(inputs, BV=8, num_warps=1, through_slots=through_slots, subtiles=subtiles, flip=0)()
     assert torch.equal(inputs.pool_span().view(width), expected)  # flip 0: every bit as it was
 
 
 def test_summary_is_per_batch_and_variant_against_the_same_placements_copy():
-    ceiling = load_script("memory_ceiling")
     rows = [dict(B=64, placement=p, variant=v, GBps=gbps, us=us)
             for p, scale in ((0, 1.0), (1, 0.5))
             for v, gbps, us in (("copy-1GiB", 4000.0 * scale, 10.0), ("kda", 3600.0 * scale, 20.0 + 2 * p))]
-    table = ceiling.summary(pd.DataFrame(rows)).set_index("variant")
+    table = memory_ceiling.summary(pd.DataFrame(rows)).set_index("variant")
     assert table.loc["kda", "pct_copy"] == pytest.approx(90.0)  # each placement against its own copy
     assert table.loc["kda", "spread"] == pytest.approx(22.0 / 20.0)
     assert table.loc["copy-1GiB", "placements"] == 2
@@ -49,17 +47,16 @@ def test_summary_is_per_batch_and_variant_against_the_same_placements_copy():
 
 def report_again(out, monkeypatch, rows: list[dict], options: str) -> str:
     """ceiling.md as ``--report-only`` writes it again from a run's ``rows`` made with ``options``."""
-    ceiling = load_script("memory_ceiling")
     pd.DataFrame(rows).to_csv(out / "ceiling.csv", index=False)
     command = f"scripts/memory_ceiling.py --out {out} {options}"
     (out / "meta.json").write_text(json.dumps({"gpu": "NVIDIA H200", "command": command}))
     monkeypatch.setattr(sys, "argv", ["memory_ceiling.py", "--out", str(out), "--report-only"])
-    assert ceiling.main() == 0
+    assert memory_ceiling.main() == 0
     return (out / "ceiling.md").read_text()
 
 
 def test_report_only_writes_the_report_again_with_the_runs_own_settings(tmp_path, monkeypatch):
-    variants = load_script("memory_ceiling").OWN_VARIANTS
+    variants = memory_ceiling.OWN_VARIANTS
     rows = [dict(B=256, placement=p, variant=v, GBps=4000.0, us=10.0 + p) for p in range(2) for v in variants]
     text = report_again(tmp_path, monkeypatch, rows, "--HV 64 --placements 2 --calls 9")
     assert "HV=64 K=V=128 bfloat16 state" in text and "graph of 9 back-to-back calls" in text
@@ -67,12 +64,11 @@ def test_report_only_writes_the_report_again_with_the_runs_own_settings(tmp_path
 
 
 def test_step_costs_are_the_points_between_variants_and_our_kernel_against_the_others():
-    ceiling = load_script("memory_ceiling")
     pct = {"copy-1GiB": 100.0, "tiles": 97.0, "tiles-slots": 93.5, "tiles-sorted-slots": 95.0,
            "tiles-slots-x4": 91.0, "head-slots": 92.0, "kda": 91.5, "flashinfer": 90.0}
     us = {"tiles-slots": 100.0, "kda": 102.0, "flashinfer": 120.0}
     table = pd.DataFrame([dict(B=256, variant=v, pct_copy=p, us=us.get(v, 1.0)) for v, p in pct.items()])
-    costs = ceiling.step_costs(table).set_index("B").loc[256]
+    costs = memory_ceiling.step_costs(table).set_index("B").loc[256]
     assert costs["slots (points)"] == pytest.approx(3.5) and costs["order (points)"] == pytest.approx(1.5)
     assert costs["math (points)"] == pytest.approx(2.0) and costs["x4 (points)"] == pytest.approx(2.5)
     assert costs["head (points)"] == pytest.approx(1.5) and costs["kda - tiles-slots (us)"] == pytest.approx(2.0)
@@ -82,45 +78,42 @@ def test_step_costs_are_the_points_between_variants_and_our_kernel_against_the_o
 
 @pytest.mark.interpreter
 def test_every_variant_runs_and_the_sorted_one_walks_the_same_slots_in_order():
-    ceiling = load_script("memory_ceiling")
     from kda_impls.impls.triton_kda import TritonKDA
     inputs = make_inputs(4, 2, 2, 16, 16, state_dtype=torch.bfloat16, n_slots=9, device=DEVICE, seed=2)
-    ordered = ceiling.in_slot_order(inputs)
+    ordered = memory_ceiling.in_slot_order(inputs)
     assert ordered.state is inputs.state and torch.equal(ordered.slots, inputs.slots.sort().values)
     assert not torch.equal(inputs.slots, ordered.slots)  # the drawn slots were not already in order
-    launchers = ceiling.variant_launchers(inputs, TritonKDA().config_for(inputs), ("naive",))
-    assert set(launchers) == set(ceiling.OWN_VARIANTS) - {"copy-1GiB"} | {"naive"}
+    launchers = memory_ceiling.variant_launchers(inputs, TritonKDA().config_for(inputs), ("naive",))
+    assert set(launchers) == set(memory_ceiling.OWN_VARIANTS) - {"copy-1GiB"} | {"naive"}
     for launch, nbytes in launchers.values():
         launch()
         assert nbytes >= 2 * inputs.B * inputs.HV * inputs.V * inputs.K * inputs.state.element_size()
 
 
 def test_calls_take_each_input_set_in_turn_and_whole_turns():
-    ceiling = load_script("memory_ceiling")
     visited = []
-    launch = ceiling.in_turn([lambda n=n: visited.append(n) for n in range(3)])
+    launch = memory_ceiling.in_turn([lambda n=n: visited.append(n) for n in range(3)])
     for _ in range(7):
         launch()
     assert visited == [0, 1, 2, 0, 1, 2, 0]
-    assert ceiling.calls_per_turn(20, 1) == 20
-    assert ceiling.calls_per_turn(20, 18) == 36  # a call never finds its own set still in the L2
-    assert ceiling.calls_per_turn(20, 2) == 20 and ceiling.calls_per_turn(21, 2) == 22
+    assert memory_ceiling.calls_per_turn(20, 1) == 20
+    assert memory_ceiling.calls_per_turn(20, 18) == 36  # a call never finds its own set still in the L2
+    assert memory_ceiling.calls_per_turn(20, 2) == 20 and memory_ceiling.calls_per_turn(21, 2) == 22
 
 
 def test_input_sets_are_the_sweeps_rotation_and_a_step_too_small_to_rotate_is_refused(monkeypatch):
-    ceiling = load_script("memory_ceiling")
     inputs = make_inputs(2, 2, 2, 16, 16, state_dtype=torch.bfloat16, device="cpu", seed=1)
-    assert ceiling.input_sets(inputs, "back-to-back", "cpu") == [inputs]
+    assert memory_ceiling.input_sets(inputs, "back-to-back", "cpu") == [inputs]
     copies = [inputs, inputs.clone(), inputs.clone()]
-    monkeypatch.setattr(ceiling, "rotation_inputs", lambda entry, first, device: (entry, copies))
-    assert ceiling.input_sets(inputs, "previous-step", "cuda") is copies
-    monkeypatch.setattr(ceiling, "rotation_inputs", lambda entry, first, device: ("dirty", [first]))
+    monkeypatch.setattr(memory_ceiling, "rotation_inputs", lambda entry, first, device: (entry, copies))
+    assert memory_ceiling.input_sets(inputs, "previous-step", "cuda") is copies
+    monkeypatch.setattr(memory_ceiling, "rotation_inputs", lambda entry, first, device: ("dirty", [first]))
     with pytest.raises(SystemExit, match="previous-step needs a rotation.*'dirty'"):
-        ceiling.input_sets(inputs, "previous-step", "cuda")
+        memory_ceiling.input_sets(inputs, "previous-step", "cuda")
 
 
 def test_report_says_the_calls_turned_over_the_input_sets(tmp_path, monkeypatch):
-    variants = load_script("memory_ceiling").OWN_VARIANTS
+    variants = memory_ceiling.OWN_VARIANTS
     rows = [dict(B=B, placement=p, variant=v, input_sets=sets, GBps=4000.0, us=10.0 + p)
             for B, sets in ((64, 18), (256, 5)) for p in range(2) for v in variants]
     text = report_again(tmp_path, monkeypatch, rows, "--HV 16 --D 64 --entry previous-step")

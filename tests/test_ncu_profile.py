@@ -4,16 +4,15 @@ import io
 
 import pandas as pd
 
-from helpers import load_script
+from kda_impls.tools import ncu_profile
 
-RAW = '''"ID","Kernel Name","gpu__time_duration.sum","gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed","launch__registers_per_thread"
-"","","usecond","%","register/thread"
-"0","_kda_decode_kernel","146.2","88.5","168"
-'''
+RAW = ('"ID","Kernel Name","gpu__time_duration.sum","gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",'
+       '"launch__registers_per_thread"\n'
+       '"","","usecond","%","register/thread"\n'
+       '"0","_kda_decode_kernel","146.2","88.5","168"\n')
 
 
 def test_summary_takes_the_named_metrics_with_their_units_and_leaves_absent_ones_blank():
-    ncu_profile = load_script("ncu_profile")
     table = pd.read_csv(io.StringIO(RAW))
     units, raw = table.iloc[0], table.iloc[1:].assign(case="bf16-B256-table")
     summary = ncu_profile.summarise(raw, units).iloc[0]
@@ -29,7 +28,6 @@ def test_every_case_names_a_registered_implementation_and_the_default_runs_ours_
     from kda_impls.impls.triton_kda import TileConfig
     from kda_impls.registry import get
 
-    ncu_profile = load_script("ncu_profile")
     for impl, _, _, D, _, _, config in ncu_profile.CASES.values():
         get(impl)
         if config not in (None, "copy"):

@@ -9,20 +9,16 @@ reference, untouched slots and the padding between slots compared bit for bit.
 
 import itertools
 import os
-import shlex
 import subprocess
 import sys
 from dataclasses import replace
 
-import pandas as pd
 import pytest
 import torch
 
-from helpers import (REPO, assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing, load_script,
-                     write_sweep_dir)
+from helpers import REPO, assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing
 
 from kda_impls import get, make_inputs, reference, rel_err, verify
-from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, _kda_decode_persistent_kernel,
                                        _kda_decode_tma_kernel, choose_config, heuristic_config, kernel_arguments,
                                        multiprocessors, table_key, tma_addressable)
@@ -406,89 +402,6 @@ def test_forced_config_is_validated():
         TritonKDA(TileConfig(BV=12))
 
 
-def test_tune_script_regenerates_a_loadable_table(tmp_path):
-    triton_tune = load_script("triton_tune")
-    rows = [dict(state_dtype="bfloat16", HV=32, K=128, V=128, B=B, slot_pad=0, config=config, status="ok",
-                 us=us, pct_copy=90.0, best=str(best))
-            for B, config, us, best in [(64, "BV=32,heads=1,num_warps=4,num_stages=1", 30.0, True),
-                                        (64, "BV=16,heads=1,num_warps=2,num_stages=1", 33.0, False),
-                                        (1, "BV=16,heads=2,num_warps=2,num_stages=2", 2.0, True)]]
-    csv_path, table_path = tmp_path / "triton_tune.csv", tmp_path / "triton_tuning.py"
-    pd.DataFrame(rows[1:2]).to_csv(csv_path, index=False)
-    assert triton_tune.write_table([csv_path], table_path) == 1 and not table_path.exists()  # no best row
-    pd.DataFrame(rows).to_csv(csv_path, index=False)  # a run from before the T column: one-token rows
-    multi_path = tmp_path / "multitoken.csv"
-    pd.DataFrame([{**rows[0], "T": 4, "config": "BV=8,heads=1,num_warps=1,num_stages=1,programs_per_sm=0"}]).to_csv(
-        multi_path, index=False)
-    assert triton_tune.write_table([csv_path, multi_path], table_path) == 0
-    namespace = {}
-    exec(table_path.read_text(), namespace)
-    # every field named, as the kernel runs the entry: a run from before const_heads measured the head
-    # counts at run time (the default), and the multi-token kernel compiles them in
-    tail = "programs_per_sm=0,subtiles=1"
-    end = "rewiden=0,maxnreg=0,tma=0,lookahead=1,load_evict_first=1,store_evict_first=1,fast_gate=0,tiled_inputs=0"
-    assert namespace["TABLE"] == {
-        ("bfloat16", 32, 128, 128, 64, 1):
-            f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0,state_first=0,{end}",
-        ("bfloat16", 32, 128, 128, 1, 1):
-            f"BV=16,heads=2,num_warps=2,num_stages=2,{tail},const_heads=0,state_first=0,{end}",
-        ("bfloat16", 32, 128, 128, 64, 4):
-            f"BV=8,heads=1,num_warps=1,num_stages=1,{tail},const_heads=1,state_first=1,{end}"}
-    assert "measured" in namespace["PROVENANCE"]
-    # a run on a kernel that loaded the state first, before the field existed: its path says so
-    assert triton_tune.write_table([f"{csv_path}:state_first=1", multi_path], table_path) == 0
-    exec(table_path.read_text(), namespace)
-    for key, heads in (((32, 128, 128, 64, 1), 0), ((32, 128, 128, 64, 4), 1)):
-        assert namespace["TABLE"][("bfloat16", *key)].endswith(f"const_heads={heads},state_first=1,{end}")
-    with pytest.raises(ValueError, match="--write-table"):
-        triton_tune.write_table([f"{csv_path}:state_first=3"], table_path)
-
-
-def test_committed_table_is_what_its_documented_command_writes(tmp_path, monkeypatch):
-    """The command triton_tune.py's docstring names for the committed table, parsed by the script's
-    own command line and run on the committed measurements, writes that table: fails if the table
-    was edited by hand, or regenerated from runs the command does not list."""
-    triton_tune = load_script("triton_tune")
-    command = triton_tune.__doc__.split("The committed table:")[1].split("\n\n")[1]
-    words = shlex.split(command.replace("\\\n", " "))
-    args = triton_tune.arguments().parse_args(words[words.index("--write-table"):])
-    assert args.write_table and args.state_order and args.over_table_runs, args
-    monkeypatch.chdir(REPO)  # the command's paths are the repository's
-    table_path = tmp_path / "triton_tuning.py"
-    assert triton_tune.write_table(args.write_table, table_path, args.state_order, args.over_table_runs) == 0
-    namespace = {}
-    exec(table_path.read_text(), namespace)
-    assert namespace["TABLE"] == TABLE
-
-
-def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, capsys):
-    """--state-order TABLED FIRST: an entry that loads its state after the small inputs takes the
-    order its two sweep rows (unpadded, one token) time faster by more than 1%; closer, it stays;
-    an entry already loading its state first is left alone (both sweeps ran its code)."""
-    triton_tune = load_script("triton_tune")
-    plain = "BV=32,heads=1,num_warps=4,num_stages=1"
-    rows = [dict(state_dtype="bfloat16", HV=32, K=128, V=128, B=B, slot_pad=0, config=config, status="ok",
-                 us=10.0, pct_copy=90.0, best="True")
-            for B, config in [(1, plain), (16, plain), (64, plain), (256, plain + ",state_first=1")]]
-    csv_path, table_path = tmp_path / "triton_tune.csv", tmp_path / "triton_tuning.py"
-    pd.DataFrame(rows).to_csv(csv_path, index=False)
-    # kernel time as tabled, then with the state first: faster first, faster as tabled, within 1%, and an
-    # entry already state-first whose two sweeps ran the same code (their difference is noise: kept)
-    times = {1: (3.7, 3.1), 16: (6.0, 6.6), 64: (20.0, 20.1), 256: (140.0, 150.0)}
-    sweeps = []
-    for name, side in (("tabled", 0), ("first", 1)):
-        cfgs = {Config("triton", B, 32, 32, 128, 128): [us[side]] * 3 for B, us in times.items()}
-        cfgs[Config("triton", 1, 32, 32, 128, 128, layout=PoolLayout(slot_pad=64))] = [1.0] * 3  # padded: not read
-        sweeps.append(write_sweep_dir(tmp_path / name, cfgs, {}))
-    assert triton_tune.write_table([csv_path], table_path, tuple(sweeps)) == 0
-    namespace = {}
-    exec(table_path.read_text(), namespace)
-    order = {key[4]: TileConfig.parse(config, TileConfig(BV=128)).state_first for key, config in namespace["TABLE"].items()}
-    assert order == {1: 1, 16: 0, 64: 0, 256: 1}
-    assert "state order by sweeps: 3.10 us first, 3.70 us as tabled" in table_path.read_text()
-    assert "1 entries load the state first, 1 after the small inputs" in capsys.readouterr().out
-
-
 def offline_sm90(configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
     """scripts/triton_registers.py's line per config (bf16 state, B = 256, T tokens), split into fields:
     state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, MUFU.LG2, state load
@@ -582,7 +495,7 @@ def test_state_load_spread_counts_from_the_first_state_load_to_the_last():
     """triton_registers.py's state load spread: the 4-row base-2 tile's two 16-byte state loads a
     thread go out together, the TMA form has no such load (None), and the 8-row base-2 tile's four
     spread through the gate unless a register cap keeps them together (262 against 11 under Triton
-    3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt; h200_run.sh b1-eight-rows timed the
+    3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt; results/h200/triton-tune-b1-eight-rows/ times the
     capped tile level with the table): fails if the column counts other loads or the wrong span."""
     fast = "num_warps=1,state_first=1,const_heads=1,fast_gate=1"
     rows = offline_sm90(f"BV=4,{fast};BV=8,{fast};BV=8,{fast},maxnreg=96;BV=16,num_warps=4,tma=1", 32, 128)
@@ -708,22 +621,17 @@ def test_config_override_reaches_the_compiled_kernel(monkeypatch):
 def test_register_script_specialises_arguments_as_the_launcher_does():
     """An integer argument equal to 1 is a constant in the launched kernel (Triton's launcher
     specialises it), a 16-divisible one is marked so, the rest are i32: the offline counts once
-    compiled a GVA group of 1 as a variable, and overstated the old kernel's prologue. In a
-    subprocess: the script turns Triton's interpreter off for the process that imports it."""
-    code = """
-import sys, torch
-sys.path.insert(0, "scripts")
-from triton_registers import signature
-class Kernel:
-    arg_names = ["x_ptr", "n", "one", "big", "scale", "BLOCK"]
-types, constexprs, attrs = signature(Kernel, (torch.empty(4), 7, 1, 64, 0.5), {"BLOCK": 16, "num_warps": 1})
-assert types == {"x_ptr": "*fp32", "n": "i32", "big": "i32", "scale": "fp32", "one": "constexpr",
-                 "BLOCK": "constexpr"}, types
-assert constexprs == {(2,): 1, (5,): 16}, constexprs
-assert attrs == {(0,): [["tt.divisibility", 16]], (3,): [["tt.divisibility", 16]]}, attrs
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    compiled a GVA group of 1 as a variable, and overstated the old kernel's prologue."""
+    from kda_impls.tools.triton_registers import signature
+
+    class Kernel:
+        arg_names = ["x_ptr", "n", "one", "big", "scale", "BLOCK"]
+
+    types, constexprs, attrs = signature(Kernel, (torch.empty(4), 7, 1, 64, 0.5), {"BLOCK": 16, "num_warps": 1})
+    assert types == {"x_ptr": "*fp32", "n": "i32", "big": "i32", "scale": "fp32", "one": "constexpr",
+                     "BLOCK": "constexpr"}, types
+    assert constexprs == {(2,): 1, (5,): 16}, constexprs
+    assert attrs == {(0,): [["tt.divisibility", 16]], (3,): [["tt.divisibility", 16]]}, attrs
 
 
 def test_register_script_compiles_for_sm90_without_a_gpu():
@@ -746,42 +654,6 @@ def test_register_script_compiles_for_sm90_without_a_gpu():
         assert int(rows[1][6]) <= 40 and int(rows[1][6]) < int(rows[2][6]), done.stdout
 
 
-def test_tune_over_table_times_the_tabled_config_and_its_variants():
-    triton_tune = load_script("triton_tune")
-    tabled = choose_config(torch.bfloat16, 32, 128, 128, 64).fitted(32, 128)
-    configs = triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 1, ("rewiden=1", "rewiden=1,BV=256"))
-    assert configs == {replace(tabled, rewiden=1): "candidate", replace(tabled, BV=128, rewiden=1): "candidate",
-                       tabled: "table"}
-    full = triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 1)
-    assert any(c.rewiden for c in full) and tabled in full  # the full set has the form too
-    assert any(c.tma and c.programs_per_sm for c in full) and any(c.tma and not c.programs_per_sm for c in full)
-    # multi-token steps have no re-widened form
-    assert not any(c.rewiden for c in triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 4, ("rewiden=1",)))
-
-
-def test_over_table_report_sets_each_shapes_fastest_variant_against_the_tabled_config(tmp_path):
-    """Per shape: the tabled config's time, the fastest variant's (never the padded-pool row nor a
-    failed one), their ratio and the fields it changes; per dtype and head dims the ratios' range
-    and how many beat the table by more than the margin."""
-    triton_tune = load_script("triton_tune")
-    tabled = "BV=16,heads=1,num_warps=1,num_stages=1,programs_per_sm=0,subtiles=1,const_heads=0,state_first=1"
-
-    def row(B, config, source, us, status="ok"):
-        return dict(state_dtype="bfloat16", HV=32, K=128, V=128, B=B, T=1, slot_pad=0, config=config, source=source,
-                    status=status, us=us, pct_copy=80.0)
-
-    rows = [row(64, tabled, "table", 10.0), row(64, tabled + ",tma=1", "candidate", 9.7),
-            row(64, tabled + ",lookahead=0,programs_per_sm=8", "candidate", 11.0),
-            row(64, tabled, triton_tune.PADDED_SOURCE, 1.0), row(64, tabled + ",BV=8", "candidate", "", "error: x"),
-            row(256, tabled, "table+candidate", 40.0), row(256, tabled + ",rewiden=1", "candidate", 39.4)]
-    path = tmp_path / "triton_tune.csv"
-    pd.DataFrame(rows).to_csv(path, index=False)
-    text = " ".join(triton_tune.write_over_table_report(path).read_text().split())
-    assert "| bfloat16 | 128 | 128 | 2 | 0.970 | 0.985 | 2 |" in text, text  # the range; past 2%, and 1% at B = 256
-    assert "| 64 | 1 | 10.000 | 9.700 | 0.970 | 80.000 | tma=1 |" in text, text  # not the padded row's 1.0
-    assert "| 256 | 1 | 40.000 | 39.400 | 0.985 | 80.000 | rewiden=1 |" in text, text
-
-
 def test_rewiden_and_register_cap_reach_the_launch():
     inputs = make_inputs(3, 2, 4, 32, 32, state_dtype=torch.bfloat16, seed=1)
     out = torch.empty(3, 4, 32, dtype=inputs.v.dtype)
@@ -794,37 +666,3 @@ def test_rewiden_and_register_cap_reach_the_launch():
     assert TileConfig(BV=8, rewiden=1).fitted(4, 32, T=2).rewiden == 0
 
 
-def test_over_table_runs_replace_an_entry_only_past_the_margin_and_skip_the_state_order(tmp_path):
-    """--over-table-runs: a run that timed the tabled config against variants replaces the entry only
-    where its best is faster by more than 2%, 1% from B = 256 (where same-box runs move by 0.24%); its
-    entries keep the order they were timed in (the state-order sweeps measured the kernel before the run)."""
-    triton_tune = load_script("triton_tune")
-    tabled = "BV=32,heads=1,num_warps=4,num_stages=1"
-    base = [dict(state_dtype="bfloat16", HV=32, K=128, V=128, B=B, slot_pad=0, config=tabled, source="candidate",
-                 status="ok", us=10.0, pct_copy=90.0, best="True") for B in (1, 64, 128, 256)]
-    over = [dict(state_dtype="bfloat16", HV=32, K=128, V=128, B=B, slot_pad=0, config=config, source=source,
-                 status="ok", us=us, pct_copy=90.0, best=str(best))
-            for B, config, source, us, best in [
-                (1, tabled, "table", 3.0, False), (1, "BV=8,num_warps=1,rewiden=1", "candidate", 2.9, True),  # 3.3%
-                (64, tabled, "table", 30.0, False), (64, "BV=8,num_warps=1,rewiden=1", "candidate", 29.7, True),  # 1%
-                (256, tabled, "table", 100.0, False), (256, "BV=16,num_warps=1", "candidate", 98.5, True),  # 1.5%
-                (128, tabled, "table", 100.0, False), (128, "BV=16,num_warps=1", "candidate", 98.5, True)]]
-    paths = [tmp_path / "base.csv", tmp_path / "over.csv"]
-    for rows, path in zip((base, over), paths):
-        pd.DataFrame(rows).to_csv(path, index=False)
-    # the state-order sweeps say state-first is faster at every B: only the base run's entries follow them
-    sweeps = []
-    for name, us in (("tabled", 10.0), ("first", 5.0)):
-        cfgs = {Config("triton", B, 32, 32, 128, 128): [us] * 3 for B in (1, 64, 128, 256)}
-        sweeps.append(write_sweep_dir(tmp_path / name, cfgs, {}))
-    table_path = tmp_path / "triton_tuning.py"
-    assert triton_tune.write_table([paths[0]], table_path, tuple(sweeps), over_table_runs=[paths[1]]) == 0
-    namespace = {}
-    exec(table_path.read_text(), namespace)
-    table = {key[4]: TileConfig.parse(text, TileConfig(BV=128)) for key, text in namespace["TABLE"].items()}
-    assert table[1] == TileConfig(BV=8, num_warps=1, rewiden=1)  # faster by 3.3%: replaced, timed order kept
-    assert table[64] == table[128] == TileConfig(BV=32, num_warps=4)  # 1% and 1.5% are noise below B = 256
-    assert table[256] == TileConfig(BV=16, num_warps=1)  # 1.5% at B = 256 is not
-    assert triton_tune.write_table([paths[0]], table_path, tuple(sweeps)) == 0  # without the run: the sweeps' order
-    exec(table_path.read_text(), namespace)
-    assert all(TileConfig.parse(text, TileConfig(BV=128)).state_first for text in namespace["TABLE"].values())

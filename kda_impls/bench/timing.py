@@ -86,7 +86,7 @@ SPACER_PAGES = 64  # a placement's spacer is 1..SPACER_PAGES pages of 2 MiB (the
 PAGE_BYTES = 2 << 20
 # On the H200 the first placement of a large row ran 10% slow (fp32 HV=64 K=V=128 B=256: 599 against
 # 545 us) when the memory of an earlier kernel time (six held placements) or of a correctness check
-# had just been handed back to the driver (results/h200/timing-evidence/settle.md, scripts/first_placement.py):
+# had just been handed back to the driver (results/h200/timing-evidence/settle.md):
 # whatever the driver does with freed memory slows what runs meanwhile. 10 ms of idling after such a
 # hand-back ended it at both state dtypes, and the 0.5 GiB of a bf16 check's inputs slowed the next
 # placement by 8% in one process of two (the same file). ``settle_s``
