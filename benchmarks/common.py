@@ -28,7 +28,9 @@ combinations they have in common (asv and kda-regress compare those).
 from __future__ import annotations
 
 import os
+import pickle
 import re
+from pathlib import Path
 
 import torch
 
@@ -99,14 +101,31 @@ def config(impl: str, B: int, heads: str, slot_pad: int = 0, state_dtype: str = 
                   layout=PoolLayout(slot_pad=slot_pad, placements=PLACEMENTS))
 
 
-def measure(cfg: Config) -> dict:
-    """The harness's row for ``cfg`` on :data:`DEVICE` (correctness check, kernel and call time).
+def shared_rows(benchmark) -> str:
+    """Every benchmark's ``setup_cache`` (asv calls it bound to a benchmark instance): asv runs it
+    once per run, in a new directory, and hands what it returns (that directory) to every
+    benchmark sharing it (one function: one key). :func:`measure` keeps its rows there, so that
+    kernel time, bandwidth and call time of one combination come from one measurement."""
+    return os.getcwd()
+
+
+def measure(cfg: Config, rows_dir: str) -> dict:
+    """The harness's row for ``cfg`` on :data:`DEVICE` (correctness check, kernel and call time),
+    measured by the first benchmark process of the run that asks for it and read back from
+    ``rows_dir`` (:func:`shared_rows`) by the others.
 
     A combination the implementation cannot run here raises NotImplementedError, asv's skip, with
     the implementation's reason (asv prints it under --show-stderr), as a sweep marks it
     "unsupported". A wrong result or a failure fails the benchmark.
     """
-    row = run_case(cfg, DEVICE, METHOD)
+    kept = Path(rows_dir) / f"{cfg.key()}.row.pickle"
+    if kept.exists():
+        row = pickle.loads(kept.read_bytes())
+    else:
+        row = run_case(cfg, DEVICE, METHOD)
+        partial = kept.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps(row))
+        partial.replace(kept)  # a process killed mid-write leaves no half row behind
     if row["status"] == "unsupported":
         raise NotImplementedError(f"{cfg.impl}: {row['reason']}")
     if row["status"] != "ok":
@@ -114,7 +133,18 @@ def measure(cfg: Config) -> dict:
     return row
 
 
-def asv_samples(seconds: list[float]) -> dict:
+def asv_samples(values: list[float]) -> dict:
     """What an asv track benchmark returns to have its samples kept: asv stores their median as
     the result, its 99% CI and quartiles, and (with --record-samples) the samples themselves."""
-    return {"samples": seconds, "number": 1}
+    return {"samples": values, "number": 1}
+
+
+def placement_seconds(row: dict) -> list[float]:
+    """A row's per-placement medians of the kernel time, in seconds."""
+    return [us / 1e6 for us in row["kernel_placement_us"]]
+
+
+def placement_gbps(row: dict) -> list[float]:
+    """The bandwidth of each placement: the row's bytes (``DecodeInputs.nbytes()``, the sweeps' byte
+    model) over its median kernel time, in GB/s."""
+    return [row["bytes"] / seconds / 1e9 for seconds in placement_seconds(row)]
