@@ -18,11 +18,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import EXISTING, MACHINE, REPO, asv_env, register_machine, run_asv, write_sweep_dir
+import torch
+from helpers import EXISTING, MACHINE, REPO, asv_env, cpu_asv_run, register_machine, run_asv, write_sweep_dir
 from scipy.stats import mannwhitneyu
 
 from kda_impls import regress
 from kda_impls.bench.config import Config
+
+regress_cpu_skip = torch.cuda.is_available()  # the shared suite run is the CPU profile's
 
 BENCH = "decode.KernelTime.track_kernel"
 COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
@@ -201,21 +204,38 @@ SUITE = '''
 import os
 import random
 
+PARAMS = [["fast", "slow"], [1, 64]]
 
-class Decode:
-    params = [["fast", "slow"], [1, 64]]
+
+def samples(value):
+    rng = random.Random()  # fresh noise every run, as a real timer has
+    return {"samples": [value * (1 + 0.01 * rng.random()) for _ in range(40)], "number": 1}
+
+
+class Toy:
+    params = PARAMS
     param_names = ["impl", "B"]
-    unit = "seconds"
     version = "1"
 
     def setup(self, impl, B):
         if impl == "slow" and B == 64:
             raise NotImplementedError("slow: B=64 not supported")
+        if os.environ.get("BREAK") == f"{impl}-{B}":
+            raise RuntimeError(f"{impl}: wrong")
+
+
+class Decode(Toy):
+    unit = "seconds"
 
     def track_kernel(self, impl, B):
-        scale = float(os.environ.get("SCALE_" + impl.upper(), "1"))
-        rng = random.Random()  # fresh noise every run, as a real timer has
-        return {"samples": [scale * 1e-5 * (1 + 0.01 * rng.random()) for _ in range(40)], "number": 1}
+        return samples(float(os.environ.get("SCALE_" + impl.upper(), "1")) * 1e-5)
+
+
+class Bandwidth(Toy):
+    def track_gbps(self, impl, B):
+        return samples(float(os.environ.get("GBPS_" + impl.upper(), "1")) * 900.0)
+
+    track_gbps.unit = "GB/s"
 '''
 
 
@@ -238,37 +258,86 @@ def asv_project(tmp_path_factory):
     return root, env
 
 
-def asv_results(project, label: str, **env_extra: str) -> Path:
-    """Run the toy suite into results-<label>/ and return its result file."""
+def asv_results(project, label: str, check: bool = True, **env_extra: str) -> Path:
+    """Run the toy suite into results-<label>/ and return its result file (``check``: asv exited 0)."""
     root, env = project
     conf = json.loads((root / "asv.conf.json").read_text())
     conf["results_dir"] = f"results-{label}"
     (root / f"{label}.conf.json").write_text(json.dumps(conf))
     done = run_asv(["run", "--config", f"{label}.conf.json", "-E", EXISTING, "--machine", MACHINE,
                     "--set-commit-hash", "HEAD", "--record-samples"], {**env, **env_extra}, cwd=root)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0 or not check, done.stdout + done.stderr
     (path,) = (root / f"results-{label}" / MACHINE).glob("*-existing-*.json")
     return path
 
 
 def test_real_asv_files(tmp_path, asv_project):
+    """Files asv itself wrote: an A/A pair is clean; a 7% slower kernel time, a 10% bandwidth drop
+    (the benchmark's own direction: higher is better) and a 20% rise, with a combination whose
+    setup raised, get same (B = 1 is gated at 10%), slower, faster and broken."""
     a, again = asv_results(asv_project, "a"), asv_results(asv_project, "again")
-    slower = asv_results(asv_project, "slower", SCALE_FAST="1.07")
+    changed = asv_results(asv_project, "changed", SCALE_FAST="1.07", GBPS_FAST="0.9", GBPS_SLOW="1.2",
+                          BREAK="fast-64", check=False)
 
     loaded = regress.load(a)
-    toy = "decode.Decode.track_kernel"
-    assert loaded.kind == "asv" and loaded.machine == MACHINE
-    assert set(loaded.measurements) == {f"{toy}('fast', 1)", f"{toy}('fast', 64)", f"{toy}('slow', 1)"}
+    kernel, gbps = "decode.Decode.track_kernel", "decode.Bandwidth.track_gbps"
+    ran = [f"{bench}({impl}, {B})" for bench in (kernel, gbps) for impl, B in (("'fast'", 1), ("'fast'", 64),
+                                                                                 ("'slow'", 1))]
+    assert loaded.kind == "asv" and loaded.machine == MACHINE and set(loaded.measurements) == set(ran)
     assert all(len(m.samples) == 40 and m.version == "1" for m in loaded.measurements.values())
+    assert [m.rate for m in loaded.measurements.values()] == [name.startswith(gbps) for name in loaded.measurements]
+    assert {name: f.status for name, f in loaded.failures.items()} == {f"{kernel}('slow', 64)": "unsupported",
+                                                                      f"{gbps}('slow', 64)": "unsupported"}
 
     code, report, out = gate(tmp_path, a, again)
-    assert code == 0 and report["counts"]["same"] == 3, out
-    code, report, out = gate(tmp_path, a, slower)
+    assert code == 0 and report["counts"]["same"] == 6 and report["counts"]["skipped"] == 2, out
+    code, report, out = gate(tmp_path, a, changed)
     assert code == 1, out
-    # 6-8% slower at both batch sizes: B = 1 is gated at 10% (DEFAULT_THRESHOLDS), B = 64 at 5%
-    assert report["slower"] == [f"{toy}('fast', 64)"]
-    one_row = next(row for row in report["rows"] if row["benchmark"] == f"{toy}('fast', 1)")
-    assert one_row["threshold"] == 0.10 and one_row["status"] == "same"
+    got = statuses(report)
+    # 7% slower at B = 1, gated at 10% (DEFAULT_THRESHOLDS); the 10% bandwidth drop is 1.11x in time terms
+    assert got[f"{kernel}('fast', 1)"] == "same" and got[f"{gbps}('fast', 1)"] == "slower"
+    assert got[f"{gbps}('slow', 1)"] == "faster" and got[f"{kernel}('slow', 1)"] == "same"
+    assert got[f"{kernel}('fast', 64)"] == got[f"{gbps}('fast', 64)"] == "broken"  # setup raised: null
+    rows = {row["benchmark"]: row for row in report["rows"]}
+    assert rows[f"{gbps}('fast', 1)"]["ratio"] == pytest.approx(1 / 0.9, abs=0.005)
+    assert rows[f"{gbps}('slow', 1)"]["ratio"] == pytest.approx(1 / 1.2, abs=0.005)
+    assert rows[f"{kernel}('fast', 64)"]["test"].startswith("failed: asv recorded no result")
+
+
+@pytest.mark.skipif(regress_cpu_skip, reason="expects the CPU profile")
+def test_the_suites_own_cpu_file_read_with_each_benchmarks_direction(tmp_path):
+    """The real suite's CPU result file (tests/helpers.cpu_asv_run): every bandwidth benchmark reads
+    as a rate, every time as a time; the file against itself is clean, and against a copy whose
+    one bandwidth benchmark is 10% lower (each sample, its median and interval) that benchmark is
+    slower and nothing else moves; the same benchmark skipped in the copy is broken."""
+    run = cpu_asv_run()
+    loaded = regress.load(run.result)
+    assert any(m.rate for m in loaded.measurements.values())
+    assert all(m.rate == (".track_gbps(" in n or ".track_roofline_frac(" in n) for n, m in loaded.measurements.items())
+    code, report, out = gate(tmp_path, run.result, run.result)
+    assert code == 0 and report["counts"]["same"] + report["counts"]["unsure"] + report["counts"]["informational"] \
+        == len(loaded.measurements), out
+    data = json.loads(run.result.read_text())
+    bench = "decode.Bandwidth.track_gbps"
+    row = dict(zip(data["result_columns"], data["results"][bench], strict=False))
+    planted = next(i for i, value in enumerate(row["result"]) if value is not None and math.isfinite(value))
+    for column in ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75"):
+        if row.get(column) and row[column][planted] is not None:
+            row[column][planted] /= 1.1
+    row["samples"][planted] = [x / 1.1 for x in row["samples"][planted]]
+    data["results"][bench] = [row.get(column) for column in data["result_columns"]]
+    dropped = tmp_path / "dropped.json"
+    dropped.write_text(json.dumps(data))
+    code, report, out = gate(tmp_path, run.result, dropped)
+    moved = [r["benchmark"] for r in report["rows"] if r["status"] not in ("same", "skipped", "informational")]
+    (name,) = [r["benchmark"] for r in report["rows"] if r["ratio"] is not None and r["ratio"] > 1.01]
+    assert name.startswith(bench) and moved in ([], [name]), out
+    assert statuses(report)[name] in ("slower", "unsure"), out  # two CPU placements: too few for the test
+    row["result"][planted] = math.nan
+    data["results"][bench] = [row.get(column) for column in data["result_columns"]]
+    dropped.write_text(json.dumps(data))
+    code, report, out = gate(tmp_path, run.result, dropped)
+    assert code == 1 and report["broken"] == [name], out
 
 
 # ---- sweep directories -----------------------------------------------------------------------------
