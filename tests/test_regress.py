@@ -825,3 +825,34 @@ def test_unreadable_and_older_result_files(tmp_path):
     assert loaded[FLA.key()].samples is None
     nan_spread = write_sweep_dir(tmp_path / "nan", {TRITON: microseconds(0)}, {"gpu": "g"})  # NaN placement columns
     assert regress.load(nan_spread).measurements[TRITON.key()].spread is None
+
+
+def test_asv_bandwidth_sets_the_suites_gbps_beside_a_sweeps(tmp_path):
+    """kda_impls.asv_bandwidth's comparison: per point the asv median GB/s beside the sweep's, which
+    agree where they differ by no more than the wider placement range (bf16 here, 0.5% apart) and
+    not beyond it (fp32, 20% apart); the command refuses a box without a GPU in one line."""
+    from kda_impls import asv_bandwidth
+
+    configs = {dtype: Config("triton", 256, 32, 32, 128, 128, state_dtype=dtype) for dtype in ("bfloat16", "float32")}
+    sweep = write_sweep_dir(tmp_path / "sweep", {cfg: microseconds(i) for i, cfg in enumerate(configs.values())},
+                            {"gpu": "NVIDIA H200"})
+    table = pd.read_csv(sweep / "results.csv")
+    table = table.assign(bytes=2e8, gbps=2e8 / table.kernel_us_mean / 1e3, kernel_us_placement_min=table.kernel_us_mean
+                         * 0.99, kernel_us_placement_max=table.kernel_us_mean * 1.01)
+    table.to_csv(sweep / "results.csv", index=False)
+    gbps = dict(zip(table.state_dtype, table.gbps, strict=True))
+    params = [["'triton'"], ["256"], ["'HV32-K128-V128'"], ["0"], ["'bfloat16'", "'float32'"], ["1"]]
+    result = asv_file(tmp_path / "asv.json", {
+        ("'triton'", "256", "'HV32-K128-V128'", "0", "'bfloat16'", "1"): [gbps["bfloat16"] * x for x in
+                                                                           (1.0, 1.005, 1.01, 0.995)],
+        ("'triton'", "256", "'HV32-K128-V128'", "0", "'float32'", "1"): [gbps["float32"] * 1.2 * x for x in
+                                                                          (1.0, 1.005, 1.01, 0.995)]},
+        params=params, bench="decode.Bandwidth.track_gbps")
+    compared = asv_bandwidth.compare(result, sweep, "triton").set_index("state_dtype")
+    assert list(compared.agrees) == [True, False]
+    assert compared.difference.to_numpy() == pytest.approx([0.0025, 0.2030], abs=2e-3)
+    assert compared.loc["float32", "spread"] == pytest.approx(1.01 / 0.99 - 1)
+    done = subprocess.run([sys.executable, "-m", "kda_impls.asv_bandwidth", str(tmp_path / "out")], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "needs a CUDA GPU" in done.stderr
+    assert not (tmp_path / "out").exists()
