@@ -617,7 +617,7 @@ def test_two_cpu_sweeps_of_one_commit_pass_the_gate_on_the_rows_both_have(tmp_pa
     code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["again"], cli=True)
     assert code == 1 and out.splitlines()[-1].startswith("FAIL: 1 missing: naive_B4_"), out
     assert report["counts"]["unsure"] == 1 and report["counts"]["slower"] == 0
-    code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["again"], "--allow-missing", cli=True)
+    code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["again"], "--allow-missing")
     assert code == 0 and report["counts"]["slower"] == 0 and report["counts"]["unsure"] == 1, out
     assert out.splitlines()[-1].startswith("pass, with 1 missing and 1 unsure"), out
 
@@ -627,8 +627,8 @@ def test_a_sweep_with_wrong_rows_is_broken_whatever_is_allowed(tmp_path, cpu_swe
     broken with the check's reason, and the gate fails, --allow-missing or not."""
     table = pd.read_csv(cpu_sweeps["buggy"] / "results.csv")
     assert set(table.status) == {"wrong"}, table
-    for extra in ((), ("--allow-missing",)):
-        code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["buggy"], *extra, cli=True)
+    for extra, cli in (((), True), (("--allow-missing",), False)):  # one process: the command as users run it
+        code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["buggy"], *extra, cli=cli)
         assert code == 1 and out.splitlines()[-1].startswith("FAIL: 2 broken"), out
         assert report["broken"] == sorted(table.key)
         rows = {row["benchmark"]: row for row in report["rows"]}
