@@ -5,22 +5,29 @@ Timing is the harness's (kda_impls.bench.run_case), the code path of the sweeps:
 check, then kernel time over placements from CUDA-graph replays in the default L2 entry state, and
 call time from single eager calls. A kernel-time benchmark's samples are its per-placement medians:
 asv's result is their median (asv keeps its own statistic; the sweeps report their mean) and their
-range the placement spread the gate (kda_impls.regress) reads. asv spawns one process per benchmark and parameter combination, so
+range the placement spread the gate (kda_impls.regress) reads; a bandwidth benchmark's samples are
+the same medians turned into GB/s (the row's bytes over each) or into the fraction of the copy
+bandwidth the same process measured. asv spawns one process per benchmark and parameter
+combination, and the first to need a combination measures it for the others (:func:`measure`), so
 the run time of the suite is mostly process and CUDA start-up, and the grid is what sets it.
 
 ``KDA_ASV_PROFILE`` picks the grid (default ``full`` with a CUDA GPU, ``cpu`` without):
 
-- ``full``: the perf-CI run on main: every registered implementation x 24 (B, heads, state dtype,
-  tokens per row T = 1 and a 4-token speculative verify) kernel times + one call latency each. A process costs 9-12 s on the H200
-  (results/h200/asv-validation/*.log), so the run grows with each implementation or grid value.
+- ``full``: the perf-CI run on main: every tracked implementation x 32 (B, heads, state dtype,
+  tokens per row T = 1 and a 4-token speculative verify) kernel times, as many of each bandwidth
+  benchmark, + one call latency each. A measuring process costs 9-12 s on the H200
+  (results/h200/asv-validation/*.log); a bandwidth process reads its row and pays only its start-up,
+  so the run grows with each implementation or grid value.
   Slot padding is left to the sweeps: it changes a runtime stride, not the compiled kernel.
 - ``quick``: the gate on pull requests: B 1 and 512, bf16 state.
 - ``gate``: what scripts/validate_gate.py runs to prove the gate: the B >= 64 points of Kimi-Linear's
   layer, bf16 and fp32 state, where a 5% slowdown of a kernel must be caught.
+- ``bandwidth``: Kimi-Linear's layer at B = 256, bf16 and fp32 state, one token: what
+  scripts/asv_bandwidth.py sets beside a sweep of the same points.
 - ``cpu``: tiny shapes for a box without a GPU, where CI checks the suite: naive and the Triton
   kernels (interpreted) run, the GPU-only ones skip with their reason.
 
-``quick`` and ``gate`` are subsets of ``full``, and results of different profiles share benchmark
+``quick``, ``gate`` and ``bandwidth`` are subsets of ``full``, and results of different profiles share benchmark
 names and versions: a pull request's quick run is gated against main's full run, on the
 combinations they have in common (asv and kda-regress compare those).
 """
@@ -28,7 +35,9 @@ combinations they have in common (asv and kda-regress compare those).
 from __future__ import annotations
 
 import os
+import pickle
 import re
+from pathlib import Path
 
 import torch
 
@@ -49,10 +58,11 @@ GVA = "H16-HV32-K128-V128"
 TINY = "H2-HV4-K16-V16"
 
 PROFILES = {
-    "full": dict(B=[1, 64, 512], heads=[KIMI, GVA], slot_pad=[0], state_dtype=["bfloat16", "float32"], T=[1, 4],
+    "full": dict(B=[1, 64, 256, 512], heads=[KIMI, GVA], slot_pad=[0], state_dtype=["bfloat16", "float32"], T=[1, 4],
                  call_B=[1]),
     "quick": dict(B=[1, 512], heads=[KIMI, GVA], slot_pad=[0], state_dtype=["bfloat16"], T=[1, 4], call_B=[1]),
     "gate": dict(B=[64, 512], heads=[KIMI], slot_pad=[0], state_dtype=["bfloat16", "float32"], T=[1], call_B=[1]),
+    "bandwidth": dict(B=[256], heads=[KIMI], slot_pad=[0], state_dtype=["bfloat16", "float32"], T=[1], call_B=[1]),
     "cpu": dict(B=[2], heads=[TINY], slot_pad=[0], state_dtype=["bfloat16"], T=[1, 2], call_B=[2]),
 }
 PROFILE_NAME = os.environ.get("KDA_ASV_PROFILE") or ("full" if DEVICE == "cuda" else "cpu")
@@ -99,14 +109,31 @@ def config(impl: str, B: int, heads: str, slot_pad: int = 0, state_dtype: str = 
                   layout=PoolLayout(slot_pad=slot_pad, placements=PLACEMENTS))
 
 
-def measure(cfg: Config) -> dict:
-    """The harness's row for ``cfg`` on :data:`DEVICE` (correctness check, kernel and call time).
+def shared_rows(benchmark) -> str:
+    """Every benchmark's ``setup_cache`` (asv calls it bound to a benchmark instance): asv runs it
+    once per run, in a new directory, and hands what it returns (that directory) to every
+    benchmark sharing it (one function: one key). :func:`measure` keeps its rows there, so that
+    kernel time, bandwidth and call time of one combination come from one measurement."""
+    return os.getcwd()
+
+
+def measure(cfg: Config, rows_dir: str) -> dict:
+    """The harness's row for ``cfg`` on :data:`DEVICE` (correctness check, kernel and call time),
+    measured by the first benchmark process of the run that asks for it and read back from
+    ``rows_dir`` (:func:`shared_rows`) by the others.
 
     A combination the implementation cannot run here raises NotImplementedError, asv's skip, with
     the implementation's reason (asv prints it under --show-stderr), as a sweep marks it
     "unsupported". A wrong result or a failure fails the benchmark.
     """
-    row = run_case(cfg, DEVICE, METHOD)
+    kept = Path(rows_dir) / f"{cfg.key()}.row.pickle"
+    if kept.exists():
+        row = pickle.loads(kept.read_bytes())
+    else:
+        row = run_case(cfg, DEVICE, METHOD)
+        partial = kept.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps(row))
+        partial.replace(kept)  # a process killed mid-write leaves no half row behind
     if row["status"] == "unsupported":
         raise NotImplementedError(f"{cfg.impl}: {row['reason']}")
     if row["status"] != "ok":
@@ -114,7 +141,18 @@ def measure(cfg: Config) -> dict:
     return row
 
 
-def asv_samples(seconds: list[float]) -> dict:
+def asv_samples(values: list[float]) -> dict:
     """What an asv track benchmark returns to have its samples kept: asv stores their median as
     the result, its 99% CI and quartiles, and (with --record-samples) the samples themselves."""
-    return {"samples": seconds, "number": 1}
+    return {"samples": values, "number": 1}
+
+
+def placement_seconds(row: dict) -> list[float]:
+    """A row's per-placement medians of the kernel time, in seconds."""
+    return [us / 1e6 for us in row["kernel_placement_us"]]
+
+
+def placement_gbps(row: dict) -> list[float]:
+    """The bandwidth of each placement: the row's bytes (``DecodeInputs.nbytes()``, the sweeps' byte
+    model) over its median kernel time, in GB/s."""
+    return [row["bytes"] / seconds / 1e9 for seconds in placement_seconds(row)]

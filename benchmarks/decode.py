@@ -1,46 +1,79 @@
-"""One KDA decode step of every registered implementation: GPU kernel time over the profile's grid,
-and the latency of one eager call over its batch sizes.
+"""One KDA decode step of every registered implementation: GPU kernel time and the bandwidth it
+reaches over the profile's grid, and the latency of one eager call over its batch sizes.
 
-The implementation is the first parameter of every benchmark (scripts/asv_validate.py relies on
-it). No ``setup_cache``: its result reaches the benchmark process pickled, and CUDA tensors do not
-survive that; drawing the inputs on the device costs less than the process start-up anyway.
+The implementation is the first parameter of every benchmark (kda_impls.validate_gate relies on
+it). Every benchmark shares one ``setup_cache`` (common.shared_rows): the first process of a run
+that needs a combination measures it, the others read its row, so each combination is measured
+once per run, in a process of its own (CUDA tensors do not survive setup_cache's pickling, so the
+measurement is not made there). ``cache``, asv's argument for it, is the directory of the run's rows.
 """
 
 from __future__ import annotations
 
 from . import common
 
+GRID = [common.IMPLS, common.PROFILE["B"], common.PROFILE["heads"], common.PROFILE["slot_pad"],
+        common.PROFILE["state_dtype"], common.PROFILE["T"]]
+GRID_NAMES = ["impl", "B", "heads", "slot_pad", "state_dtype", "T"]
+
 
 class KernelTime:
     """GPU time of one decode step (T tokens per row) in the default L2 entry state
     (kda_impls.bench.timing), median over placements; the samples are the per-placement medians."""
 
-    params = [common.IMPLS, common.PROFILE["B"], common.PROFILE["heads"], common.PROFILE["slot_pad"],
-              common.PROFILE["state_dtype"], common.PROFILE["T"]]
-    param_names = ["impl", "B", "heads", "slot_pad", "state_dtype", "T"]
+    params = GRID
+    param_names = GRID_NAMES
     unit = "seconds"
     version = common.VERSION
+    setup_cache = common.shared_rows
 
-    def setup(self, impl, B, heads, slot_pad, state_dtype, T):
-        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T))
+    def setup(self, cache, impl, B, heads, slot_pad, state_dtype, T):
+        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T), cache)
 
-    def track_kernel(self, impl, B, heads, slot_pad, state_dtype, T):
-        return common.asv_samples([us / 1e6 for us in self.row["kernel_placement_us"]])
+    def track_kernel(self, cache, impl, B, heads, slot_pad, state_dtype, T):
+        return common.asv_samples(common.placement_seconds(self.row))
+
+
+class Bandwidth:
+    """What the kernel time's measurement reaches: the bytes one step moves (the sweeps' byte model,
+    ``DecodeInputs.nbytes()``) over each placement's median, and that as a fraction of the
+    bandwidth of a large device-to-device copy measured in the same process (the sweeps'
+    ``gbps`` and ``roofline_frac``). No second timing: the samples are the kernel time's placements
+    turned into rates, so a bandwidth drop is the kernel-time rise of the same run."""
+
+    params = GRID
+    param_names = GRID_NAMES
+    version = common.VERSION
+    setup_cache = common.shared_rows
+
+    def setup(self, cache, impl, B, heads, slot_pad, state_dtype, T):
+        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T), cache)
+
+    def track_gbps(self, cache, impl, B, heads, slot_pad, state_dtype, T):
+        return common.asv_samples(common.placement_gbps(self.row))
+
+    track_gbps.unit = "GB/s"
+
+    def track_roofline_frac(self, cache, impl, B, heads, slot_pad, state_dtype, T):
+        return common.asv_samples([gbps / self.row["copy_gbps"] for gbps in common.placement_gbps(self.row)])
+
+    track_roofline_frac.unit = "fraction of copy bandwidth"
 
 
 class CallTime:
     """Latency of one eager call as a serving engine makes it, from an idle GPU in the default L2
     entry state: Python, argument handling, launch and kernel (kda_impls.bench.timing.call_time).
     Layouts barely move host overhead, so this runs on the first head layout with a compact bf16
-    pool only."""
+    pool only (the kernel-time row of that combination, where the grid has it)."""
 
     params = [common.IMPLS, common.PROFILE["call_B"]]
     param_names = ["impl", "B"]
     unit = "seconds"
     version = common.VERSION
+    setup_cache = common.shared_rows
 
-    def setup(self, impl, B):
-        self.row = common.measure(common.config(impl, B, common.PROFILE["heads"][0]))
+    def setup(self, cache, impl, B):
+        self.row = common.measure(common.config(impl, B, common.PROFILE["heads"][0]), cache)
 
-    def track_call(self, impl, B):
+    def track_call(self, cache, impl, B):
         return common.asv_samples([us / 1e6 for us in self.row["call_samples_us"]])

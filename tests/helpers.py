@@ -7,21 +7,24 @@ the eager call's step."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import torch
 
-from kda_impls.bench.config import Config
-from kda_impls.bench.case import COLUMNS
-from kda_impls.bench.results import assemble, write_meta, write_row
 from kda_impls import DecodeInputs, get
+from kda_impls.bench.case import COLUMNS
+from kda_impls.bench.config import Config
+from kda_impls.bench.results import assemble, write_meta, write_row
 
 REPO = Path(__file__).resolve().parents[1]
 MACHINE = "cpu-ci"
@@ -59,6 +62,40 @@ def repo_conf(directory: Path) -> Path:
     return path
 
 
+# What the shared CPU run of the suite selects (asv --bench, searched in "name(params)"): every
+# naive benchmark (one and two tokens per row), our interpreted Triton kernel's kernel time and
+# bandwidth at one token, and one combination that must skip on a CPU (FlashInfer's).
+CPU_RUN_IMPLS = "naive,triton,flashinfer-sigmoid"
+CPU_RUN_BENCH = [r"\('naive',", r"^decode\.(KernelTime\.track_kernel|Bandwidth\.track_gbps)\('triton', .*, 1\)$",
+                 r"^decode\.KernelTime\.track_kernel\('flashinfer-sigmoid', .*, 1\)$"]
+
+
+@dataclass(frozen=True)
+class AsvRun:
+    result: Path  # the result file
+    benchmarks: Path  # the run's benchmarks.json (names, params, units)
+    output: str  # what asv printed (--show-stderr)
+    returncode: int
+
+
+@functools.cache
+def cpu_asv_run() -> AsvRun:
+    """One real ``asv run --record-samples`` of the repository's suite on the CPU profile
+    (:data:`CPU_RUN_BENCH` of it), made once per test session and shared by the modules that read
+    its output and result file (its directory is the session's to keep)."""
+    root = Path(tempfile.mkdtemp(prefix="kda-asv-cpu-"))
+    env = asv_env(root, KDA_ASV_PROFILE="cpu", KDA_ASV_IMPLS=CPU_RUN_IMPLS)
+    register_machine(env)
+    conf = repo_conf(root)
+    bench = [arg for regex in CPU_RUN_BENCH for arg in ("--bench", regex)]
+    done = run_asv(["run", "--config", str(conf), "-E", EXISTING, "--machine", MACHINE, "--set-commit-hash", "HEAD",
+                    "--record-samples", "--show-stderr", *bench], env, timeout=400)
+    results = root / "results"
+    found = list((results / MACHINE).glob("*-existing-*.json"))
+    assert len(found) == 1, done.stdout + done.stderr
+    return AsvRun(found[0], results / "benchmarks.json", done.stdout + done.stderr, done.returncode)
+
+
 def load_script(name: str) -> ModuleType:
     """``scripts/<name>.py`` as a module (scripts/ is no package)."""
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
@@ -73,8 +110,9 @@ def write_sweep_dir(path: Path, rows: dict[Config, list[float] | str], meta: dic
     of a row without measurements ("unsupported", "wrong", ...); ``placements`` a config to its
     per-placement medians."""
     for cfg, measured in rows.items():
-        row = dict.fromkeys(COLUMNS) | cfg.columns() | {"key": cfg.key(), "kernel_samples_us": [], "call_samples_us": [],
-                                                        "kernel_placement_us": (placements or {}).get(cfg, [])}
+        row = dict.fromkeys(COLUMNS) | cfg.columns() | {
+            "key": cfg.key(), "kernel_samples_us": [], "call_samples_us": [],
+            "kernel_placement_us": (placements or {}).get(cfg, [])}
         if isinstance(measured, str):
             row |= {"status": measured, "reason": "a test's row"}
         else:

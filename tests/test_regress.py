@@ -9,6 +9,7 @@ import io
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,11 +18,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+from helpers import EXISTING, MACHINE, REPO, asv_env, cpu_asv_run, register_machine, run_asv, write_sweep_dir
 from scipy.stats import mannwhitneyu
 
-from helpers import EXISTING, MACHINE, REPO, asv_env, register_machine, run_asv, write_sweep_dir
 from kda_impls import regress
 from kda_impls.bench.config import Config
+
+regress_cpu_skip = torch.cuda.is_available()  # the shared suite run is the CPU profile's
 
 BENCH = "decode.KernelTime.track_kernel"
 COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
@@ -63,12 +67,12 @@ def name(impl: str, B: int) -> str:
 
 
 def gate(tmp_path: Path, a: Path, b: Path, *extra: str, cli: bool = False) -> tuple[int, dict, str]:
-    """(exit status, JSON report, printed text) of the gate; ``cli``: through scripts/regress.py."""
+    """(exit status, JSON report, printed text) of the gate; ``cli``: in its own process."""
     out = tmp_path / "gate.json"
     args = [str(a), str(b), "--json", str(out), *extra]
-    if cli:
-        done = subprocess.run([sys.executable, str(REPO / "scripts" / "regress.py"), *args],
-                              capture_output=True, text=True)
+    if cli:  # as kda-regress runs it, this checkout's code
+        done = subprocess.run([sys.executable, "-m", "kda_impls.regress", *args], cwd=REPO, capture_output=True,
+                              text=True)
         code, printed = done.returncode, done.stdout + done.stderr
     else:
         printed = io.StringIO()
@@ -138,16 +142,33 @@ def test_a_significant_shift_regresses_only_beyond_the_threshold(tmp_path, thres
     assert row["status"] == ("slower" if regressed else "same")
 
 
-def test_new_missing_skipped_and_failed(tmp_path):
-    params = [["'fla'", "'naive'", "'triton'"], ["1"]]
-    a = asv_file(tmp_path / "a.json", {("'naive'", "1"): timings(0), ("'fla'", "1"): timings(1)}, params=params)
-    # triton ran only in B (new); fla failed in B (missing); naive is the same
-    b = asv_file(tmp_path / "b.json", {("'naive'", "1"): timings(2), ("'fla'", "1"): None,
-                                       ("'triton'", "1"): timings(3)}, params=params)
+def test_broken_missing_new_and_skipped(tmp_path):
+    """fla failed in B (null): broken; naive unsupported in B (NaN) where A ran it: broken; triton
+    ran only in B: new; flashinfer skipped on both sides: skipped; B = 64 is absent from B: missing.
+    broken fails whatever is allowed, missing fails unless --allow-missing."""
+    impls = ["'fla'", "'flashinfer'", "'naive'", "'triton'"]
+    a = asv_file(tmp_path / "a.json", {("'naive'", "1"): timings(0), ("'fla'", "1"): timings(1),
+                                       ("'naive'", "64"): timings(4)}, params=[impls, ["1", "64"]])
+    b = asv_file(tmp_path / "b.json", {("'fla'", "1"): None, ("'triton'", "1"): timings(3)}, params=[impls, ["1"]])
     code, report, out = gate(tmp_path, a, b)
-    assert code == 0, out
-    assert statuses(report) == {name("naive", 1): "same", name("fla", 1): "missing",
-                                name("triton", 1): "new"}
+    assert code == 1, out
+    assert statuses(report) == {name("fla", 1): "broken", name("naive", 1): "broken", name("triton", 1): "new",
+                                name("flashinfer", 1): "skipped", name("naive", 64): "missing",
+                                name("fla", 64): "missing", name("flashinfer", 64): "missing",
+                                name("triton", 64): "missing"}
+    reasons = {row["benchmark"]: row["test"] for row in report["rows"]}
+    assert reasons[name("fla", 1)].startswith("failed: asv recorded no result")
+    assert reasons[name("naive", 1)].startswith("unsupported: ") and reasons[name("naive", 1)].endswith("(A ran it)")
+    assert report["broken"] == [name("fla", 1), name("naive", 1)]
+    assert "FAIL: 2 broken, 4 missing: " in out
+    code, report, out = gate(tmp_path, a, b, "--allow-missing")
+    assert code == 1 and "FAIL: 2 broken: " in out and "missing" not in out.splitlines()[-1]
+    c = asv_file(tmp_path / "c.json", {("'naive'", "1"): timings(5), ("'fla'", "1"): timings(6)},
+                 params=[impls, ["1"]])
+    code, report, out = gate(tmp_path, a, c)
+    assert code == 1 and report["missing"] == [name(i.strip("'"), 64) for i in impls], out
+    code, report, out = gate(tmp_path, a, c, "--allow-missing")
+    assert code == 0 and "pass, with 4 missing" in out, out
 
 
 def test_without_samples_uses_confidence_intervals(tmp_path):
@@ -183,21 +204,38 @@ SUITE = '''
 import os
 import random
 
+PARAMS = [["fast", "slow"], [1, 64]]
 
-class Decode:
-    params = [["fast", "slow"], [1, 64]]
+
+def samples(value):
+    rng = random.Random()  # fresh noise every run, as a real timer has
+    return {"samples": [value * (1 + 0.01 * rng.random()) for _ in range(40)], "number": 1}
+
+
+class Toy:
+    params = PARAMS
     param_names = ["impl", "B"]
-    unit = "seconds"
     version = "1"
 
     def setup(self, impl, B):
         if impl == "slow" and B == 64:
             raise NotImplementedError("slow: B=64 not supported")
+        if os.environ.get("BREAK") == f"{impl}-{B}":
+            raise RuntimeError(f"{impl}: wrong")
+
+
+class Decode(Toy):
+    unit = "seconds"
 
     def track_kernel(self, impl, B):
-        scale = float(os.environ.get("SCALE_" + impl.upper(), "1"))
-        rng = random.Random()  # fresh noise every run, as a real timer has
-        return {"samples": [scale * 1e-5 * (1 + 0.01 * rng.random()) for _ in range(40)], "number": 1}
+        return samples(float(os.environ.get("SCALE_" + impl.upper(), "1")) * 1e-5)
+
+
+class Bandwidth(Toy):
+    def track_gbps(self, impl, B):
+        return samples(float(os.environ.get("GBPS_" + impl.upper(), "1")) * 900.0)
+
+    track_gbps.unit = "GB/s"
 '''
 
 
@@ -220,37 +258,86 @@ def asv_project(tmp_path_factory):
     return root, env
 
 
-def asv_results(project, label: str, **env_extra: str) -> Path:
-    """Run the toy suite into results-<label>/ and return its result file."""
+def asv_results(project, label: str, check: bool = True, **env_extra: str) -> Path:
+    """Run the toy suite into results-<label>/ and return its result file (``check``: asv exited 0)."""
     root, env = project
     conf = json.loads((root / "asv.conf.json").read_text())
     conf["results_dir"] = f"results-{label}"
     (root / f"{label}.conf.json").write_text(json.dumps(conf))
     done = run_asv(["run", "--config", f"{label}.conf.json", "-E", EXISTING, "--machine", MACHINE,
                     "--set-commit-hash", "HEAD", "--record-samples"], {**env, **env_extra}, cwd=root)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0 or not check, done.stdout + done.stderr
     (path,) = (root / f"results-{label}" / MACHINE).glob("*-existing-*.json")
     return path
 
 
 def test_real_asv_files(tmp_path, asv_project):
+    """Files asv itself wrote: an A/A pair is clean; a 7% slower kernel time, a 10% bandwidth drop
+    (the benchmark's own direction: higher is better) and a 20% rise, with a combination whose
+    setup raised, get same (B = 1 is gated at 10%), slower, faster and broken."""
     a, again = asv_results(asv_project, "a"), asv_results(asv_project, "again")
-    slower = asv_results(asv_project, "slower", SCALE_FAST="1.07")
+    changed = asv_results(asv_project, "changed", SCALE_FAST="1.07", GBPS_FAST="0.9", GBPS_SLOW="1.2",
+                          BREAK="fast-64", check=False)
 
     loaded = regress.load(a)
-    toy = "decode.Decode.track_kernel"
-    assert loaded.kind == "asv" and loaded.machine == MACHINE
-    assert set(loaded.measurements) == {f"{toy}('fast', 1)", f"{toy}('fast', 64)", f"{toy}('slow', 1)"}
+    kernel, gbps = "decode.Decode.track_kernel", "decode.Bandwidth.track_gbps"
+    ran = [f"{bench}({impl}, {B})" for bench in (kernel, gbps) for impl, B in (("'fast'", 1), ("'fast'", 64),
+                                                                                 ("'slow'", 1))]
+    assert loaded.kind == "asv" and loaded.machine == MACHINE and set(loaded.measurements) == set(ran)
     assert all(len(m.samples) == 40 and m.version == "1" for m in loaded.measurements.values())
+    assert [m.rate for m in loaded.measurements.values()] == [name.startswith(gbps) for name in loaded.measurements]
+    assert {name: f.status for name, f in loaded.failures.items()} == {f"{kernel}('slow', 64)": "unsupported",
+                                                                      f"{gbps}('slow', 64)": "unsupported"}
 
     code, report, out = gate(tmp_path, a, again)
-    assert code == 0 and report["counts"]["same"] == 3, out
-    code, report, out = gate(tmp_path, a, slower)
+    assert code == 0 and report["counts"]["same"] == 6 and report["counts"]["skipped"] == 2, out
+    code, report, out = gate(tmp_path, a, changed)
     assert code == 1, out
-    # 6-8% slower at both batch sizes: B = 1 is gated at 10% (DEFAULT_THRESHOLDS), B = 64 at 5%
-    assert report["slower"] == [f"{toy}('fast', 64)"]
-    one_row = next(row for row in report["rows"] if row["benchmark"] == f"{toy}('fast', 1)")
-    assert one_row["threshold"] == 0.10 and one_row["status"] == "same"
+    got = statuses(report)
+    # 7% slower at B = 1, gated at 10% (DEFAULT_THRESHOLDS); the 10% bandwidth drop is 1.11x in time terms
+    assert got[f"{kernel}('fast', 1)"] == "same" and got[f"{gbps}('fast', 1)"] == "slower"
+    assert got[f"{gbps}('slow', 1)"] == "faster" and got[f"{kernel}('slow', 1)"] == "same"
+    assert got[f"{kernel}('fast', 64)"] == got[f"{gbps}('fast', 64)"] == "broken"  # setup raised: null
+    rows = {row["benchmark"]: row for row in report["rows"]}
+    assert rows[f"{gbps}('fast', 1)"]["ratio"] == pytest.approx(1 / 0.9, abs=0.005)
+    assert rows[f"{gbps}('slow', 1)"]["ratio"] == pytest.approx(1 / 1.2, abs=0.005)
+    assert rows[f"{kernel}('fast', 64)"]["test"].startswith("failed: asv recorded no result")
+
+
+@pytest.mark.skipif(regress_cpu_skip, reason="expects the CPU profile")
+def test_the_suites_own_cpu_file_read_with_each_benchmarks_direction(tmp_path):
+    """The real suite's CPU result file (tests/helpers.cpu_asv_run): every bandwidth benchmark reads
+    as a rate, every time as a time; the file against itself is clean, and against a copy whose
+    one bandwidth benchmark is 10% lower (each sample, its median and interval) that benchmark is
+    slower and nothing else moves; the same benchmark skipped in the copy is broken."""
+    run = cpu_asv_run()
+    loaded = regress.load(run.result)
+    assert any(m.rate for m in loaded.measurements.values())
+    assert all(m.rate == (".track_gbps(" in n or ".track_roofline_frac(" in n) for n, m in loaded.measurements.items())
+    code, report, out = gate(tmp_path, run.result, run.result)
+    assert code == 0 and report["counts"]["same"] + report["counts"]["unsure"] + report["counts"]["informational"] \
+        == len(loaded.measurements), out
+    data = json.loads(run.result.read_text())
+    bench = "decode.Bandwidth.track_gbps"
+    row = dict(zip(data["result_columns"], data["results"][bench], strict=False))
+    planted = next(i for i, value in enumerate(row["result"]) if value is not None and math.isfinite(value))
+    for column in ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75"):
+        if row.get(column) and row[column][planted] is not None:
+            row[column][planted] /= 1.1
+    row["samples"][planted] = [x / 1.1 for x in row["samples"][planted]]
+    data["results"][bench] = [row.get(column) for column in data["result_columns"]]
+    dropped = tmp_path / "dropped.json"
+    dropped.write_text(json.dumps(data))
+    code, report, out = gate(tmp_path, run.result, dropped)
+    moved = [r["benchmark"] for r in report["rows"] if r["status"] not in ("same", "skipped", "informational")]
+    (name,) = [r["benchmark"] for r in report["rows"] if r["ratio"] is not None and r["ratio"] > 1.01]
+    assert name.startswith(bench) and moved in ([], [name]), out
+    assert statuses(report)[name] in ("slower", "unsure"), out  # two CPU placements: too few for the test
+    row["result"][planted] = math.nan
+    data["results"][bench] = [row.get(column) for column in data["result_columns"]]
+    dropped.write_text(json.dumps(data))
+    code, report, out = gate(tmp_path, run.result, dropped)
+    assert code == 1 and report["broken"] == [name], out
 
 
 # ---- sweep directories -----------------------------------------------------------------------------
@@ -272,7 +359,7 @@ def microseconds(seed: int, scale: float = 1.0) -> list[float]:
 def test_sweep_directories(tmp_path):
     a = sweep_dir(tmp_path / "a", {TRITON: microseconds(0), FLA: microseconds(1)})
     same = sweep_dir(tmp_path / "same", {TRITON: microseconds(2), FLA: microseconds(3)})
-    slower = sweep_dir(tmp_path / "slower", {TRITON: microseconds(4, 1.10), FLA: None})
+    slower = sweep_dir(tmp_path / "slower", {TRITON: microseconds(4, 1.10)})
     code, report, out = gate(tmp_path, a, same)
     assert code == 0 and report["counts"]["same"] == 2, out
     code, report, out = gate(tmp_path, a, slower, cli=True)
@@ -382,7 +469,8 @@ def test_overlapping_placement_spreads_make_a_significant_move_unsure():
 
 def test_rows_timed_on_the_cpu_are_never_judged():
     for timer_a, timer_b in (("perf_counter", "perf_counter"), ("cuda-graph", "perf_counter")):
-        status, _, test = regress.verdict(measurement(10.0, timer=timer_a), measurement(30.0, timer=timer_b), 0.05, 0.01)
+        a, b = measurement(10.0, timer=timer_a), measurement(30.0, timer=timer_b)
+        status, _, test = regress.verdict(a, b, 0.05, 0.01)
         assert (status, test) == ("unsure", "timed on the CPU, which the harness smoke-tests, not ranks")
 
 
@@ -456,7 +544,8 @@ def test_refuses_sweeps_timed_from_different_l2_entry_states(tmp_path):
 def test_refuses_sweeps_whose_placements_were_made_differently(tmp_path, field, a, b):
     """A directory from before the field existed reads as its default: against the default it
     compares, against another value it is refused."""
-    old = sweep_dir_with_placements(tmp_path / "old", {TRITON: microseconds(0)}, settings={"method": {"entry": "clean"}})
+    clean = {"method": {"entry": "clean"}}
+    old = sweep_dir_with_placements(tmp_path / "old", {TRITON: microseconds(0)}, settings=clean)
     new = sweep_dir_with_placements(tmp_path / "new", {TRITON: microseconds(1)},
                                     settings={"method": {"entry": "clean", field: b}})
     same = sweep_dir_with_placements(tmp_path / "same", {TRITON: microseconds(1)},
@@ -489,17 +578,62 @@ def test_refuses_sweeps_timed_by_different_timing_methods(tmp_path):
     assert gate(tmp_path, b, c)[0] in (0, 1)
 
 
-def test_two_cpu_sweeps_of_one_commit_pass_the_gate(tmp_path):
-    """The A/A pair on a CPU: interpreted Triton rows have one or two samples, naive ones move with
-    the machine's load; none of them may be called slower."""
-    args = ["--devices", "cpu", "--impls", "naive,triton", "--B", "1,4", "--H", "1", "--HV", "2", "--K", "16",
-            "--V", "16", "--no-charts"]
-    for label in ("a", "b"):
-        done = subprocess.run([sys.executable, "scripts/sweep.py", *args, "--out", str(tmp_path / label)],
-                              cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr
-    code, report, out = gate(tmp_path, tmp_path / "a", tmp_path / "b", cli=True)
-    assert code == 0 and report["counts"]["slower"] == 0 and report["counts"]["unsure"] == 4, out
+BUGGY_NAIVE = """
+from kda_impls.impls.naive import NaiveTorch
+
+
+class BuggyNaive(NaiveTorch):
+    def _launcher(self, inputs, out):
+        launch = super()._launcher(inputs, out)
+        return lambda: launch().mul_(1.05)  # every output 5% too large
+"""
+
+
+@pytest.fixture(scope="module")
+def cpu_sweeps(tmp_path_factory) -> dict[str, Path]:
+    """Real CPU sweeps of tiny shapes (naive only: every CPU row is unsure by its timer, whatever
+    the kernel): ``a`` (B 1 and 4), ``again`` (B = 1 only: an A/A pair on the row both have) and
+    ``buggy`` (B 1 and 4, an implementation under naive's name whose every output is 5% too large,
+    joined through KDA_EXTRA_IMPLS as a user's own would be)."""
+    root = tmp_path_factory.mktemp("cpu-sweeps")
+    (root / "buggy_naive.py").write_text(BUGGY_NAIVE)
+    runs = {"a": ("naive", "1,4", {}), "again": ("naive", "1", {}),
+            "buggy": ("naive", "1,4", {"KDA_EXTRA_IMPLS": "naive=buggy_naive:BuggyNaive",
+                                       "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get(
+                                           "PYTHONPATH")]))})}
+    for label, (impls, batches, env) in runs.items():
+        done = subprocess.run([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", impls, "--B", batches,
+                               "--H", "1", "--HV", "2", "--K", "16", "--V", "16", "--no-charts", "--out",
+                               str(root / label)], cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=600)
+        assert (root / label / "results.csv").exists(), done.stdout + done.stderr
+    return {label: root / label for label in runs}
+
+
+def test_two_cpu_sweeps_of_one_commit_pass_the_gate_on_the_rows_both_have(tmp_path, cpu_sweeps):
+    """The A/A pair on a CPU, whose times move with the machine's load: nothing may be called
+    slower. The B = 4 row the second sweep left out is missing: the gate fails, unless
+    --allow-missing says the smaller grid is meant."""
+    code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["again"], cli=True)
+    assert code == 1 and out.splitlines()[-1].startswith("FAIL: 1 missing: naive_B4_"), out
+    assert report["counts"]["unsure"] == 1 and report["counts"]["slower"] == 0
+    code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["again"], "--allow-missing")
+    assert code == 0 and report["counts"]["slower"] == 0 and report["counts"]["unsure"] == 1, out
+    assert out.splitlines()[-1].startswith("pass, with 1 missing and 1 unsure"), out
+
+
+def test_a_sweep_with_wrong_rows_is_broken_whatever_is_allowed(tmp_path, cpu_sweeps):
+    """Every row of the buggy kernel is WRONG: none of them may drop out of the comparison. Each is
+    broken with the check's reason, and the gate fails, --allow-missing or not."""
+    table = pd.read_csv(cpu_sweeps["buggy"] / "results.csv")
+    assert set(table.status) == {"wrong"}, table
+    for extra, cli in (((), True), (("--allow-missing",), False)):  # one process: the command as users run it
+        code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["buggy"], *extra, cli=cli)
+        assert code == 1 and out.splitlines()[-1].startswith("FAIL: 2 broken"), out
+        assert report["broken"] == sorted(table.key)
+        rows = {row["benchmark"]: row for row in report["rows"]}
+        assert all(rows[key]["test"].startswith("wrong: ") for key in table.key)
+        assert report["missing"] == [] and report["counts"]["same"] == 0
 
 
 def test_five_samples_a_side_can_decide_and_four_cannot():
@@ -536,7 +670,7 @@ def test_confidence_intervals_stand_in_for_missing_samples(ci_a, ci_b, significa
 
 def test_the_comparison_table_row_by_row():
     """Every column of every row, and the order (what needs attention first: by status, then the
-    largest ratio), for one benchmark of each status."""
+    largest ratio), for one benchmark of each status (new, skipped, informational: in other tests)."""
     fixed = tuple(np.linspace(9.9, 10.1, 10))
     a = regress.ResultSet("a", "asv", "m", {
         "same": regress.Measurement(10.0, fixed, (9.9, 10.1), version="1"),
@@ -545,6 +679,7 @@ def test_the_comparison_table_row_by_row():
         "faster": regress.Measurement(10.0, fixed, (9.9, 10.1), version="1"),
         "missing": regress.Measurement(10.0, fixed, version="1"),
         "incomparable": regress.Measurement(10.0, fixed, version="1"),
+        "broken": regress.Measurement(10.0, fixed, version="1"),
     })
     b = regress.ResultSet("b", "asv", "m", {
         "same": regress.Measurement(10.0, fixed, (9.9, 10.1), version="1"),
@@ -553,27 +688,30 @@ def test_the_comparison_table_row_by_row():
         "faster": regress.Measurement(8.0, tuple(0.8 * x for x in fixed), (7.9, 8.1), version="1"),
         "new": regress.Measurement(10.0, fixed[:3], version="1"),
         "incomparable": regress.Measurement(10.0, fixed, version="2"),
-    })
+    }, failures={"broken": regress.Failure("wrong", "err_out 0.3 > 0.01")})
     table = regress.compare(a, b)
     p = float(mannwhitneyu(fixed, [1.2 * x for x in fixed], alternative="two-sided").pvalue)
     same_p = float(mannwhitneyu(fixed, fixed, alternative="two-sided").pvalue)
     rows = table.astype({"status": str}).to_dict("records")
     base = dict(threshold=0.05, time_a=10.0, n_a=10, n_b=10)
     expected = [
+        dict(base, benchmark="broken", status="broken", ratio=None, p=None, time_b=None, n_b=0,
+             test="wrong: err_out 0.3 > 0.01"),
         dict(base, benchmark="slowest", status="slower", ratio=1.5, p=p, time_b=15.0, test="mann-whitney"),
         dict(base, benchmark="slower", status="slower", ratio=1.2, p=p, time_b=12.0, test="mann-whitney"),
+        dict(base, benchmark="missing", status="missing", ratio=None, p=None, time_b=None, n_b=0,
+             test="absent from B"),
         dict(base, benchmark="faster", status="faster", ratio=0.8, p=p, time_b=8.0, test="mann-whitney"),
         dict(base, benchmark="incomparable", status="incomparable", ratio=None, p=None, time_b=10.0,
              test="version 1 != 2"),
         dict(base, benchmark="new", status="new", ratio=None, p=None, time_a=None, n_a=0, time_b=10.0, n_b=3,
              test=None),
-        dict(base, benchmark="missing", status="missing", ratio=None, p=None, time_b=None, n_b=0, test=None),
         dict(base, benchmark="same", status="same", ratio=1.0, p=same_p, time_b=10.0, test="mann-whitney"),
     ]
     assert list(table.columns) == ["benchmark", "status", "ratio", "threshold", "p", "time_a", "time_b", "n_a",
                                    "n_b", "test"]
     assert len(rows) == len(expected)
-    for got, want in zip(rows, expected):
+    for got, want in zip(rows, expected, strict=True):
         got = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in got.items()}
         assert got.keys() == want.keys() and got["benchmark"] == want["benchmark"], (got, want)
         for key, value in want.items():
@@ -687,3 +825,34 @@ def test_unreadable_and_older_result_files(tmp_path):
     assert loaded[FLA.key()].samples is None
     nan_spread = write_sweep_dir(tmp_path / "nan", {TRITON: microseconds(0)}, {"gpu": "g"})  # NaN placement columns
     assert regress.load(nan_spread).measurements[TRITON.key()].spread is None
+
+
+def test_asv_bandwidth_sets_the_suites_gbps_beside_a_sweeps(tmp_path):
+    """kda_impls.asv_bandwidth's comparison: per point the asv median GB/s beside the sweep's, which
+    agree where they differ by no more than the wider placement range (bf16 here, 0.5% apart) and
+    not beyond it (fp32, 20% apart); the command refuses a box without a GPU in one line."""
+    from kda_impls import asv_bandwidth
+
+    configs = {dtype: Config("triton", 256, 32, 32, 128, 128, state_dtype=dtype) for dtype in ("bfloat16", "float32")}
+    sweep = write_sweep_dir(tmp_path / "sweep", {cfg: microseconds(i) for i, cfg in enumerate(configs.values())},
+                            {"gpu": "NVIDIA H200"})
+    table = pd.read_csv(sweep / "results.csv")
+    table = table.assign(bytes=2e8, gbps=2e8 / table.kernel_us_mean / 1e3, kernel_us_placement_min=table.kernel_us_mean
+                         * 0.99, kernel_us_placement_max=table.kernel_us_mean * 1.01)
+    table.to_csv(sweep / "results.csv", index=False)
+    gbps = dict(zip(table.state_dtype, table.gbps, strict=True))
+    params = [["'triton'"], ["256"], ["'HV32-K128-V128'"], ["0"], ["'bfloat16'", "'float32'"], ["1"]]
+    result = asv_file(tmp_path / "asv.json", {
+        ("'triton'", "256", "'HV32-K128-V128'", "0", "'bfloat16'", "1"): [gbps["bfloat16"] * x for x in
+                                                                           (1.0, 1.005, 1.01, 0.995)],
+        ("'triton'", "256", "'HV32-K128-V128'", "0", "'float32'", "1"): [gbps["float32"] * 1.2 * x for x in
+                                                                          (1.0, 1.005, 1.01, 0.995)]},
+        params=params, bench="decode.Bandwidth.track_gbps")
+    compared = asv_bandwidth.compare(result, sweep, "triton").set_index("state_dtype")
+    assert list(compared.agrees) == [True, False]
+    assert compared.difference.to_numpy() == pytest.approx([0.0025, 0.2030], abs=2e-3)
+    assert compared.loc["float32", "spread"] == pytest.approx(1.01 / 0.99 - 1)
+    done = subprocess.run([sys.executable, "-m", "kda_impls.asv_bandwidth", str(tmp_path / "out")], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "needs a CUDA GPU" in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -4,18 +4,19 @@ form's --max-runs stops before a run it may not start."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 
 import numpy as np
 import pandas as pd
+from helpers import REPO, asv_env, write_sweep_dir
 
-from helpers import REPO, asv_env, load_script, write_sweep_dir
+from kda_impls import validate_gate
 from kda_impls.bench.config import Config
 
 SCRIPT = REPO / "scripts" / "validate_gate.py"
-validate_gate = load_script("validate_gate")
 
 TRITON = [Config("triton", B, 32, 32, 128, 128) for B in (64, 256)]
 FLA = Config("fla", 64, 32, 32, 128, 128)
@@ -34,14 +35,15 @@ def test_planted_and_sweep_forms_run_without_asv(monkeypatch):
     """A bare GPU box has no asv (nor its json5): the planted config must still print there, or the
     planted run silently times the table (it did once: logs-2026-12-01-s15/aa-settled-unplanted-a4.log)."""
     monkeypatch.setitem(sys.modules, "json5", None)  # any import of it fails
-    bare = load_script("validate_gate")
+    monkeypatch.delitem(sys.modules, "kda_impls.validate_gate")
+    bare = importlib.import_module("kda_impls.validate_gate")
     assert bare.planted_config()[0] == validate_gate.planted_config()[0]
 
 
 def run_dir(path, seed: int, triton_scale=(1.0, 1.0)):
     rng = np.random.default_rng(seed)
     rows = {}
-    for cfg, scale in zip(TRITON, triton_scale):
+    for cfg, scale in zip(TRITON, triton_scale, strict=True):
         rows[cfg] = list(scale * 40.0 * rng.lognormal(0, 0.005, 60))
     rows[FLA] = list(60.0 * rng.lognormal(0, 0.005, 60))
     out = write_sweep_dir(path, rows, {"gpu": "NVIDIA H200"})
