@@ -22,7 +22,7 @@ from helpers import (REPO, assert_graph_replay_takes_eager_step, assert_launch_a
                      write_sweep_dir)
 
 from kda_impls import get, make_inputs, reference, rel_err, verify
-from kda_impls.bench.config import Config, PoolLayout
+from kda_impls.bench.config import Config
 from kda_impls.impls.triton_kda import (CONFIG_ENV, TileConfig, TritonKDA, _kda_decode_persistent_kernel,
                                        _kda_decode_tma_kernel, choose_config, heuristic_config, kernel_arguments,
                                        multiprocessors, table_key, tma_addressable)
@@ -478,7 +478,7 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
     sweeps = []
     for name, side in (("tabled", 0), ("first", 1)):
         cfgs = {Config("triton", B, 32, 32, 128, 128): [us[side]] * 3 for B, us in times.items()}
-        cfgs[Config("triton", 1, 32, 32, 128, 128, layout=PoolLayout(slot_pad=64))] = [1.0] * 3  # padded: not read
+        cfgs[Config("triton", 1, 32, 32, 128, 128, slot_pad=64)] = [1.0] * 3  # padded: not read
         sweeps.append(write_sweep_dir(tmp_path / name, cfgs, {}))
     assert triton_tune.write_table([csv_path], table_path, tuple(sweeps)) == 0
     namespace = {}
