@@ -410,3 +410,13 @@ if __name__ == "__main__":
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 kept, 0 to measure" in done.stdout
     assert "refused: argument --B: 0 must be a whole number >= 1" in done.stdout
+
+
+def test_a_cpu_run_of_a_gpu_sized_grid_warns_with_its_estimate(tmp_path):
+    """Interpreted on a CPU, one Kimi-Linear-sized Triton row takes hours: the run says so before it
+    starts (here the row is then cut short by its timeout)."""
+    done = run("sweep", "--devices", "cpu", "--impls", "triton", "--B", "256", "--placements", "1", "--row-timeout",
+               "0.5", "--no-charts", "--out", str(tmp_path / "s"))
+    warning = [line for line in done.stderr.splitlines() if line.startswith("kda-sweep: warning:")]
+    assert len(warning) == 1 and "1 rows to measure: about" in warning[0] and " h on the CPU" in warning[0], done.stderr
+    assert done.returncode == 1 and "1 crashed" in done.stderr.splitlines()[-1]

@@ -43,7 +43,16 @@ from ..cli import UsageError
 from ..contract import package_version
 from .case import Method, empty_row, merge_rows
 from .config import Config
-from .results import assemble, environment, read_meta, read_rows, remove_stale_temporaries, write_meta, write_row
+from .results import (
+    assemble,
+    device_info,
+    environment,
+    read_meta,
+    read_rows,
+    remove_stale_temporaries,
+    write_meta,
+    write_row,
+)
 from .roofline import copy_bandwidth
 from .schedule import GroupScheduler, compile_groups
 from .timing import METHOD_VERSION
@@ -215,6 +224,10 @@ class Sweep:
             changes = differences({"gpu": meta.get("gpu"), **meta.get("settings", {})}, {"gpu": gpu_name, **settings})
             raise UsageError(f"{self.out_dir} holds rows measured otherwise ({'; '.join(changes)}): "
                              f"pass another --out, or the same settings to resume")
+
+    def check_resumable(self) -> None:
+        """:meth:`check_directory` on what is in ``out_dir`` now (a dry run's check); writes nothing."""
+        self.check_directory(read_meta(self.out_dir), device_info(torch.device(self.devices[0]))["name"])
 
     def plan(self) -> Plan:
         """What :meth:`run` would measure; reads the directory, writes nothing."""

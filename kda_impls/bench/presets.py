@@ -32,8 +32,8 @@ FAST = (Budget(min_samples=12, max_samples=600, max_seconds=0.04),
         Budget(min_samples=10, max_samples=300, max_seconds=0.015), 1)
 THOROUGH = (Budget(min_samples=30, max_samples=3000, max_seconds=0.25),
             Budget(min_samples=20, max_samples=1000, max_seconds=0.1), 3)
-CPU_SIZED = (Budget(min_samples=3, max_samples=30, max_seconds=0.02),
-             Budget(min_samples=3, max_samples=30, max_seconds=0.01), 1)
+CPU_SIZED = (Budget(min_samples=2, max_samples=30, max_seconds=0.02),
+             Budget(min_samples=2, max_samples=30, max_seconds=0.01), 1)
 
 
 @dataclass(frozen=True)

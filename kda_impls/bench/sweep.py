@@ -107,8 +107,8 @@ def parser() -> Parser:
                         help="timed pools hold N*B slots, the rows' drawn among them (default %(default)s)")
     layout.add_argument("--slot-order", choices=SLOT_ORDERS, default=PoolLayout.slot_order,
                         help="order the rows name their slots in (default %(default)s)")
-    layout.add_argument("--placements", type=positive_int, default=PoolLayout.placements, metavar="N",
-                        help="independent allocations each row is timed on (default %(default)s)")
+    layout.add_argument("--placements", type=positive_int, metavar="N", help="independent allocations each row "
+                        f"is timed on (default {PoolLayout.placements} on a GPU, 1 on the CPU)")
     layout.add_argument("--extra-placements", type=non_negative_int, default=Method.extra_placements, metavar="N",
                         help="placements added on a GPU to a row whose step moves more bytes than the L2 "
                              f"holds, or whose first placements spread by more than {PLACEMENT_SPREAD_LIMIT * 100:g}%% "
@@ -157,7 +157,9 @@ def parser() -> Parser:
 
 def configs_from_args(args, device_type: str) -> tuple[str, list[Config]]:
     """(the run's name, its configurations) from parsed arguments."""
-    layout = PoolLayout(slots_per_row=args.slots_per_row, slot_order=args.slot_order, placements=args.placements)
+    # a CPU's timings model no placement (they smoke-test the harness): one there unless asked for more
+    placements = args.placements or (1 if device_type == "cpu" else PoolLayout.placements)
+    layout = PoolLayout(slots_per_row=args.slots_per_row, slot_order=args.slot_order, placements=placements)
     given = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis) is not None}
     impls = list(args.impls or registry.names())
     if args.preset is None and given:
@@ -180,7 +182,8 @@ def default_out(args, name: str, configs: list[Config], settings: dict) -> Path:
 
 
 def _check_impls(impls) -> None:
-    """Refuse unknown names and, of $KDA_EXTRA_IMPLS, an entry that is malformed or does not import."""
+    """Refuse unknown names and, of $KDA_EXTRA_IMPLS, an entry that is malformed or, of those named
+    (every one where ``impls`` is None: the default, every registered one), one that does not import."""
     try:
         extra = registry.extra_impls()
     except ValueError as exc:
@@ -188,7 +191,7 @@ def _check_impls(impls) -> None:
     unknown = [name for name in impls or () if name not in registry.names()]
     if unknown:
         raise UsageError(f"unknown implementations {', '.join(unknown)}; registered: {', '.join(registry.names())}")
-    for name in [n for n in impls or registry.names() if n in extra]:
+    for name in [n for n in impls if n in extra] if impls is not None else extra:
         try:
             registry.get(name)
         except Exception as exc:
@@ -253,12 +256,14 @@ def _report(run: Prepared, table: pd.DataFrame, started: float) -> pd.DataFrame:
 def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     try:
-        registry.extra_impls()
+        _check_impls(())  # a malformed $KDA_EXTRA_IMPLS before the parser lists the registered names
         args = parser().parse_args(argv)
         run = prepare(args, shlex.join(sys.argv if argv is None else argv), exits_on_interrupt=True)
+        if args.dry_run:
+            run.sweep.check_resumable()
         plan = run.sweep.plan()
-    except (UsageError, ValueError) as exc:
-        fail(PROG, str(exc) if isinstance(exc, UsageError) else f"{exc}; set it to name=module:Class or unset it")
+    except UsageError as exc:
+        fail(PROG, str(exc))
     if args.dry_run:
         print(f"{len(run.sweep.configs)} rows in {run.sweep.out_dir}: {plan.describe()}")
         if plan.pending:
