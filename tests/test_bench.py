@@ -19,11 +19,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from helpers import REPO
+
 from kda_impls import make_inputs
-from kda_impls.bench import case, clocks, timing
-from kda_impls.bench import driver
+from kda_impls.bench import case, clocks, driver, timing
 from kda_impls.bench import sweep as sweep_module
 from kda_impls.bench.case import COLUMNS, Method, run_case
 from kda_impls.bench.config import Config, PoolLayout
@@ -157,7 +156,8 @@ def test_rerun_keeps_ok_rows_of_this_code_and_measures_the_rest(swept):
     kept = {p.name: p.stat().st_mtime_ns for p in (out / "rows").glob("naive_*.json") if p.stem != stale}
 
     dry = sweep(out, "--dry-run", "--fresh")  # measures nothing, writes nothing
-    assert dry.returncode == 0 and f"0 kept, {len(before)} to measure (1 new, {len(before) - 1} fresh)" in dry.stdout, dry.stdout + dry.stderr
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"0 kept, {len(before)} to measure (1 new, {len(before) - 1} fresh)" in dry.stdout, dry.stdout
     assert "about" in dry.stdout and len(list((out / "rows").glob("*.json"))) == len(before) - 1
     done = sweep(out)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -277,7 +277,8 @@ def test_budget_share_and_validation():
 
 def test_timers_stop_at_max_seconds():
     start = time.perf_counter()
-    t = call_time(lambda: time.sleep(0.002), "cpu", Budget(min_samples=3, max_samples=10_000, max_seconds=0.1, rel_ci=0.0))
+    t = call_time(lambda: time.sleep(0.002), "cpu",
+                  Budget(min_samples=3, max_samples=10_000, max_seconds=0.1, rel_ci=0.0))
     assert time.perf_counter() - start < 1.0 and 3 <= t.n < 100 and t.method == "perf_counter"
 
 
@@ -410,7 +411,8 @@ def test_timed_pools_follow_the_layout_and_the_check_gets_spare_slots():
     dense = replace(cfg, layout=PoolLayout(slot_order="sorted")).make_inputs("cpu")
     assert dense.N == 5 and dense.slots.tolist() == list(range(5))
     sparse = replace(cfg, layout=PoolLayout(slots_per_row=3, slot_order="sorted")).make_inputs("cpu")
-    assert sparse.N == 15 and sparse.slots.tolist() == sorted(sparse.slots.tolist()) and sparse.slots.unique().numel() == 5
+    assert sparse.N == 15 and sparse.slots.tolist() == sorted(sparse.slots.tolist())
+    assert sparse.slots.unique().numel() == 5
     shuffled = cfg.make_inputs("cpu").slots.tolist()
     assert sorted(shuffled) == list(range(5)) and shuffled != list(range(5))
     assert cfg.make_inputs("cpu", timed=False).N == 10  # untouched slots for verify to check
@@ -458,7 +460,8 @@ def test_the_stated_commit_wins_over_a_stale_checkout(monkeypatch, tmp_path):
         assert git_state(tmp_path)["sha"] == head.stdout.strip()
     monkeypatch.setenv("KDA_GIT_SHA", "f" * 40)
     monkeypatch.setenv("KDA_GIT_DIRTY", "0")
-    assert git_state(tmp_path) == {"sha": "f" * 40, "dirty": False, "source": "environment (KDA_GIT_SHA, KDA_GIT_DIRTY)"}
+    assert git_state(tmp_path) == {"sha": "f" * 40, "dirty": False,
+                                   "source": "environment (KDA_GIT_SHA, KDA_GIT_DIRTY)"}
 
 
 # ---- on a GPU ---------------------------------------------------------------------------------------
@@ -487,7 +490,8 @@ def test_gpu_previous_step_rotates_over_sets_adding_up_to_three_l2s():
     row = run_case(cfg, "cuda", Method(entry="previous-step", kernel=Budget(5, 100, 0.1), call=None))
     assert row["status"] == "ok" and row["l2_entry"] == "previous-step"
     per_set = cfg.make_inputs("cuda").pool_span().nbytes
-    assert 2 <= row["input_sets"] <= timing.MAX_INPUT_SETS and row["input_sets"] * per_set >= 2.5 * timing.l2_bytes("cuda")
+    assert 2 <= row["input_sets"] <= timing.MAX_INPUT_SETS
+    assert row["input_sets"] * per_set >= 2.5 * timing.l2_bytes("cuda")
 
 
 @pytest.mark.gpu
@@ -611,7 +615,7 @@ def test_cupti_replay_splits_the_pass_into_calls(monkeypatch):
 
     trace, start = [], 1.7e9
     for replay in range(2):
-        for call in range(3):
+        for _ in range(3):
             trace += [(start, 5.0, "flush"), (start + 6.0, 10.0 + replay, "main")]
             start += 18.0
         start += 1000.0
@@ -741,7 +745,8 @@ def _timed_row(placements_us: list[float], sm_min: int, throttled: bool, err: fl
                     input_sets=2)
     clock = {"sm_mhz_min": sm_min, "sm_mhz_median": 1980.0, "mem_mhz_median": 3201.0, "power_w_max": 400.0 + sm_min,
              "temp_c_max": 45, "throttle_reasons": "sw-power-cap" if throttled else "", "throttled": throttled}
-    return (case.empty_row(Config("naive", 4, 2, 2, 16, 16)) | clock | {"status": "ok", "err_out": err, "err_state": err,
+    return (case.empty_row(Config("naive", 4, 2, 2, 16, 16)) | clock
+            | {"status": "ok", "err_out": err, "err_state": err,
             "first_call_ms": first_call_ms, "call_us_median": 5 * first_call_ms, "retimed": throttled}
             | case._kernel_columns(kernel, 10_000, 4e12))
 
@@ -750,10 +755,12 @@ def test_rows_of_several_processes_pool_their_placements():
     """Two processes of three placements: the kernel time is the mean of all six, min/max and the
     sample count over both; the worst error, the lowest clock and any slowdown carry over; the
     first call and the call time are the first process's."""
-    rows = [_timed_row([10.0, 10.2, 10.4], 1980, False, 1e-6, 12.0), _timed_row([10.6, 10.8, 11.0], 1900, True, 3e-6, 2.0)]
+    rows = [_timed_row([10.0, 10.2, 10.4], 1980, False, 1e-6, 12.0),
+            _timed_row([10.6, 10.8, 11.0], 1900, True, 3e-6, 2.0)]
     merged = case.merge_rows(rows)
     assert merged["kernel_us_mean"] == pytest.approx(10.5) and merged["placements_timed"] == 6
-    assert merged["kernel_us_placement_min"] == pytest.approx(10.0) and merged["kernel_us_placement_max"] == pytest.approx(11.0)
+    assert merged["kernel_us_placement_min"] == pytest.approx(10.0)
+    assert merged["kernel_us_placement_max"] == pytest.approx(11.0)
     assert merged["n_samples"] == 18 and merged["gbps"] == pytest.approx(10_000 / 10.5e-6 / 1e9)
     assert merged["err_out"] == 3e-6 and merged["sm_mhz_min"] == 1900 and merged["throttled"] and merged["retimed"]
     assert merged["throttle_reasons"] == "sw-power-cap" and merged["power_w_max"] == 2380.0
@@ -889,7 +896,8 @@ def test_sweep_starts_every_worker_before_it_times_a_row_and_warms_only_the_extr
     configs = [Config("naive", 4, 2, 2, 16, 16)]  # a group without a row at B = 1 warms at B = 1
     events.clear()
     driver.Sweep(configs, tmp_path / "b4", ["cpu"], Method(placement_processes=2), command="", preset="smoke").run()
-    assert [warm for kind, impl, process, *warm in events if kind == "start"] == [[()], [(Config("naive", 1, 2, 2, 16, 16).key(),)]]
+    warmed = [warm for kind, impl, process, *warm in events if kind == "start"]
+    assert warmed == [[()], [(Config("naive", 1, 2, 2, 16, 16).key(),)]]
 
 
 def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
@@ -925,7 +933,8 @@ def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
         worker.serve("naive", "cpu", Method(), Connection())
         assert calls == ["preload", "hello"]
     calls.clear()  # an extra placement process makes its warm-up calls before its hello
-    worker.serve("naive", "cpu", Method(), Connection(), warm=(Config("naive", 1, 2, 2, 16, 16), Config("naive", 4, 2, 2, 16, 16)))
+    worker.serve("naive", "cpu", Method(), Connection(),
+                 warm=(Config("naive", 1, 2, 2, 16, 16), Config("naive", 4, 2, 2, 16, 16)))
     assert calls == ["preload", "warm B=1", "warm B=4", "hello"]
 
 
@@ -960,7 +969,8 @@ def test_worker_hands_its_cache_back_after_each_row_with_the_methods_settle(monk
     statuses = iter(["ok", "error"])
     monkeypatch.setattr(worker, "describe", lambda name: {"status": "hello"})
     monkeypatch.setattr(worker.torch, "set_num_threads", lambda n: None)
-    monkeypatch.setattr(worker, "run_case", lambda cfg, device, method=None, copy_bw=None: {"status": next(statuses), "reason": "x"})
+    monkeypatch.setattr(worker, "run_case",
+                        lambda cfg, device, method=None, copy_bw=None: {"status": next(statuses), "reason": "x"})
     monkeypatch.setattr(worker, "release_cache", lambda device, settle_s=0.0: events.append(("release", settle_s)))
     monkeypatch.setattr(worker, "_cuda_context_lost", lambda device: True)
     worker.serve("naive", "cpu", Method(settle_s=0.5), Connection())
