@@ -23,14 +23,40 @@ TINY = ["--devices", "cpu", "--impls", "naive", "--B", "2", "--H", "1", "--HV", 
         "--placements", "1", "--no-charts"]
 
 
+MAINS = {"sweep": "kda_impls.bench.sweep:main", "merge": "kda_impls.bench.merge:main",
+         "plot": "kda_impls.bench.plots:main", "regress": "kda_impls.regress:main", "survey": "kda_impls.__main__:main"}
+# Runs each (tool, argv) of argv[1] (JSON) in turn in one process, as its command line would, and prints
+# each one's exit status, stdout and stderr (JSON): one process for many flags of one behaviour.
+EACH = """
+import contextlib, importlib, io, json, sys
+results = []
+for tool, argv in json.loads(sys.argv[1]):
+    path, func = json.loads(sys.argv[2])[tool].split(":")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = getattr(importlib.import_module(path), func)(argv) or 0
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
 def run(tool: str, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    module = {"sweep": "kda_impls.bench.sweep:main", "merge": "kda_impls.bench.merge:main",
-              "plot": "kda_impls.bench.plots:main", "regress": "kda_impls.regress:main",
-              "survey": "kda_impls.__main__:main"}[tool]
-    path, func = module.split(":")
+    path, func = MAINS[tool].split(":")
     code = f"import sys; from {path} import {func} as main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env=None if env is None else os.environ | env)
+
+
+def run_each(cases: list[tuple[str, list[str]]], timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Each (tool, argv) through the tool's main in one process (:data:`EACH`), in turn."""
+    done = subprocess.run([sys.executable, "-c", EACH, json.dumps(cases), json.dumps(MAINS)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return [subprocess.CompletedProcess(argv, code, out, err)
+            for (_, argv), (code, out, err) in zip(cases, json.loads(done.stdout.splitlines()[-1]), strict=True)]
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +91,10 @@ def one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
         assert fragment in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("tool", ["sweep", "merge", "plot", "regress", "survey"])
-def test_every_command_prints_its_help(tool):
+def test_every_command_prints_its_help():
     """argparse formats help strings with %: a literal one (a "2%" in a help text) broke kda-sweep --help."""
-    done = run(tool, "--help")
-    assert done.returncode == 0 and "usage:" in done.stdout and not done.stderr, done.stderr
+    for done in run_each([(tool, ["--help"]) for tool in MAINS]):
+        assert done.returncode == 0 and "usage:" in done.stdout and not done.stderr, (done.args, done.stderr)
 
 
 def test_every_script_prints_its_help():
@@ -86,7 +111,7 @@ def test_every_script_prints_its_help():
     assert len(scripts) >= 15 and not failed, failed
 
 
-@pytest.mark.parametrize("args, fragments", [
+BAD_SWEEP_ARGUMENTS = [
     (["--row-timeout", "0"], ["--row-timeout", "must be a number > 0"]),
     (["--row-timeout", "-5"], ["--row-timeout"]),
     (["--impls", ""], ["--impls", "not a comma-separated list"]),
@@ -99,15 +124,17 @@ def test_every_script_prints_its_help():
     (["--devices", "cuda:7"], ["--devices"]),
     (["--preset", "kimi-linear-48b", "--HV", "7"], ["leave no configuration of preset kimi-linear-48b"]),
     (["--baseline", "triton"], ["--baseline triton is not among this run's implementations (naive)"]),
-])
-def test_sweep_refuses_bad_arguments_in_one_line(args, fragments):
-    one_line_error(run("sweep", *TINY, *args), *fragments)
+]
 
 
-def test_sweep_refuses_an_out_that_is_a_file(tmp_path):
+def test_sweep_refuses_bad_arguments_in_one_line(tmp_path):
     target = tmp_path / "results.csv"
     target.write_text("")
-    one_line_error(run("sweep", *TINY, "--out", str(target)), f"--out {target} is a file")
+    cases = [*BAD_SWEEP_ARGUMENTS, (["--out", str(target)], [f"--out {target} is a file"])]
+    default_dirs = set((REPO / "sweeps").glob("*"))
+    for done, (_, fragments) in zip(run_each([("sweep", [*TINY, *args]) for args, _ in cases]), cases, strict=True):
+        one_line_error(done, *fragments)
+    assert target.read_text() == "" and set((REPO / "sweeps").glob("*")) == default_dirs  # nothing written
 
 
 def test_a_sweep_in_which_no_row_succeeded_fails(tmp_path):
@@ -247,13 +274,13 @@ def test_plot_refuses_a_baseline_not_in_the_run(tiny):
     one_line_error(run("plot", str(tiny), "--baseline", "flashinfer"), "--baseline flashinfer is not in")
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["--threshold-for", "bad"], ["'bad' is not REGEX=VALUE"]),
-    (["--threshold-for", "(unclosed=0.1"], ["not a valid regular expression"]),
-    (["--threshold-for", "x=-1"], ["must be a number >= 0 or 'none'"]),
-])
-def test_regress_refuses_bad_thresholds_in_one_line(tmp_path, args, fragments):
-    one_line_error(run("regress", str(tmp_path), str(tmp_path), *args), *fragments)
+def test_regress_refuses_bad_thresholds_in_one_line(tmp_path):
+    cases = [(["--threshold-for", "bad"], ["'bad' is not REGEX=VALUE"]),
+             (["--threshold-for", "(unclosed=0.1"], ["not a valid regular expression"]),
+             (["--threshold-for", "x=-1"], ["must be a number >= 0 or 'none'"])]
+    runs = run_each([("regress", [str(tmp_path), str(tmp_path), *args]) for args, _ in cases])
+    for done, (_, fragments) in zip(runs, cases, strict=True):
+        one_line_error(done, *fragments)
 
 
 def test_regress_names_an_unreadable_result_file(tmp_path):
