@@ -106,7 +106,7 @@ def config(impl: str, B: int, heads: str, slot_pad: int = 0, state_dtype: str = 
     """T > 1: a speculative verify of T tokens per row, the state stored after every token."""
     dims = {name: int(value) for name, value in re.findall(r"([A-Z]+)(\d+)", heads)}
     return Config(impl, B, dims.get("H", dims["HV"]), dims["HV"], dims["K"], dims["V"], state_dtype=state_dtype, T=T,
-                  layout=PoolLayout(slot_pad=slot_pad, placements=PLACEMENTS))
+                  slot_pad=slot_pad, layout=PoolLayout(placements=PLACEMENTS))
 
 
 def shared_rows(benchmark) -> str:

@@ -1,5 +1,6 @@
 """Interchangeable KDA (Kimi Delta Attention) decode implementations behind one checked contract."""
 
+from .bench.sweep import sweep
 from .contract import Capabilities, ContractError, Implementation, Unsupported
 from .engine import from_engine
 from .inputs import DecodeInputs, make_inputs
@@ -9,5 +10,5 @@ from .verify import Verdict, rel_err, verify
 
 __all__ = [
     "Capabilities", "ContractError", "DecodeInputs", "Implementation", "Unsupported", "Verdict",
-    "from_engine", "get", "make_inputs", "names", "reference", "rel_err", "verify",
+    "from_engine", "get", "make_inputs", "names", "reference", "rel_err", "sweep", "verify",
 ]

@@ -5,12 +5,11 @@ statuses of a sweep)."""
 from __future__ import annotations
 
 import pandas as pd
-import torch
 
 from .bench.case import run_case
-from .bench.config import Config, PoolLayout
-from .cli import Parser
-from .registry import get, interpret_triton_on, names
+from .bench.config import Config
+from .cli import Parser, devices
+from .registry import extra_impls, get, interpret_triton_on, names
 
 SHAPE = dict(B=4, H=2, HV=4, K=64, V=64, pad_rows=1)
 SLOT_PAD = 16
@@ -19,7 +18,7 @@ SLOT_PAD = 16
 def survey(device: str, state_dtype: str) -> pd.DataFrame:
     rows = []
     for name in names():
-        cfg = Config(name, **SHAPE, state_dtype=state_dtype, layout=PoolLayout(slot_pad=SLOT_PAD))
+        cfg = Config(name, **SHAPE, state_dtype=state_dtype, slot_pad=SLOT_PAD)
         row = run_case(cfg, device)
         try:
             supports = get(name).capabilities.describe()
@@ -32,12 +31,15 @@ def survey(device: str, state_dtype: str) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(prog="kda-survey", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="default: cuda when a GPU is available, else cpu")
+    parser.add_argument("--device", type=devices, default="all", help="cpu, cuda or cuda:N (default: the first "
+                        "GPU when one is visible, else cpu)")
     parser.add_argument("--state-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = parser.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA GPU is available here")
+    args.device = args.device[0]  # "all": the first of them
+    try:
+        extra_impls()
+    except ValueError as exc:
+        parser.error(f"{exc}; set it to name=module:Class[,name=module:Class] or unset it")
     interpret_triton_on(args.device)
     table = survey(args.device, args.state_dtype)
     print(f"KDA decode implementations on {args.device} (B={SHAPE['B']}, H={SHAPE['H']}, HV={SHAPE['HV']}, "

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kda_impls import get, names  # noqa: E402
 from kda_impls.bench.case import run_case  # noqa: E402
-from kda_impls.bench.config import Config, PoolLayout  # noqa: E402
+from kda_impls.bench.config import Config  # noqa: E402
 from kda_impls.bench.results import environment, write_meta  # noqa: E402
 
 BATCHES = (1, 8, 64, 512)
@@ -55,9 +55,7 @@ def grid():
 def check_case(impl: str, case: dict, device: str) -> dict:
     """One case through the harness's case runner (correctness only): fresh inputs, a pool of 2B
     slots, B // 8 rows with slot -1."""
-    case = dict(case)
-    layout = PoolLayout(slot_pad=case.pop("slot_pad"))  # before **case is spread: it is not a Config field
-    cfg = Config(impl, **case, pad_rows=case["B"] // 8, layout=layout)
+    cfg = Config(impl, **case, pad_rows=case["B"] // 8)
     row = run_case(cfg, device)
     return {"impl": impl, **cfg.columns(), "status": row["status"], "err_out": row["err_out"],
             "err_state": row["err_state"], "detail": row["reason"]}

@@ -19,15 +19,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from helpers import REPO
+
 from kda_impls import make_inputs
-from kda_impls.bench import case, clocks, timing
+from kda_impls.bench import case, clocks, driver, timing
 from kda_impls.bench import sweep as sweep_module
 from kda_impls.bench.case import COLUMNS, Method, run_case
 from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.bench.presets import PRESETS, adhoc_configs
-from kda_impls.bench.results import atomic_write
+from kda_impls.bench.results import PROVENANCE, atomic_write
 from kda_impls.bench.timing import Budget, Timing, call_time, kernel_time, rotation_plan, working_set_bytes
 
 TESTS = Path(__file__).resolve().parent
@@ -50,21 +50,24 @@ def sweep(out: Path, *extra: str) -> subprocess.CompletedProcess:
 def swept(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "smoke"
     done = sweep(out)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 1, done.stdout + done.stderr  # misbehaves' wrong and crashed rows fail it
     return out, done
 
 
 def test_sweep_writes_results_meta_samples_and_charts(swept):
     out, done = swept
     table = pd.read_csv(out / "results.csv")
-    assert list(table.columns) == COLUMNS
+    assert list(table.columns) == [*COLUMNS, *PROVENANCE]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert (table.commit == head).all() and table.dirty.isin([True, False]).all()
+    assert table.groupby("impl").fingerprint.nunique().eq(1).all() and table.fingerprint.nunique() == 2
     assert len(table) == 2 * SMOKE_CONFIGS and table.key.is_unique
     naive = table[table.impl == "naive"]
     assert (naive.status == "ok").all(), naive[["key", "status", "reason"]]
     assert (naive.kernel_us_mean > 0).all() and (naive.n_samples >= 1).all()
     assert (naive.kernel_us_placement_min <= naive.kernel_us_mean).all()
     assert (naive.kernel_us_mean <= naive.kernel_us_placement_max).all()
-    assert (naive.placements == PoolLayout().placements).all() and (naive.l2_entry == "none").all()
+    assert (naive.placements == 1).all() and (naive.l2_entry == "none").all()
     assert (naive.device == "cpu").all() and naive.host.notna().all()
     assert (naive.row_s > 0).all() and pd.to_datetime(naive.started_utc).notna().all()
     assert (naive.err_out < 1e-2).all() and naive.first_call_ms.notna().all() and naive.call_us_median.notna().all()
@@ -99,6 +102,10 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
         for fmt in ("png", "svg"):
             assert (out / f"{chart}.{fmt}").stat().st_size > 1000, chart
     assert "wall time" in done.stdout and "naive" in done.stdout
+    assert max(len(line) for line in done.stdout.splitlines() if str(out) not in line) <= 120
+    summary = done.stderr.strip().splitlines()[-1]  # the verdict: one line of counts
+    assert summary == (f"kda-sweep: 3 of {2 * SMOKE_CONFIGS} rows failed ({SMOKE_CONFIGS} ok, 2 wrong, "
+                       "3 unsupported, 1 crashed); their reasons are above"), summary
 
 
 def test_result_files_get_the_permissions_of_plain_files(swept):
@@ -136,20 +143,30 @@ def test_statuses_crashed_wrong_unsupported(swept):
     assert (table[table.impl == "naive"].status == "ok").all()
 
 
-def test_rerun_skips_finished_rows_and_measures_missing_ones(swept):
+def test_rerun_keeps_ok_rows_of_this_code_and_measures_the_rest(swept):
+    """A resumed run keeps the ok rows whose fingerprint is the code's now, and measures again the
+    missing ones, those that were not ok and those another version of the code measured."""
     out, _ = swept
     before = pd.read_csv(out / "results.csv")
-    dropped = before[before.impl == "naive"].key.iloc[0]
+    naive = before[before.impl == "naive"].key
+    dropped, stale = naive.iloc[0], naive.iloc[1]
     (out / "rows" / f"{dropped}.json").unlink()
-    kept = {p.name: p.stat().st_mtime_ns for p in (out / "rows").glob("*.json")}
+    row = json.loads((out / "rows" / f"{stale}.json").read_text())
+    (out / "rows" / f"{stale}.json").write_text(json.dumps(row | {"fingerprint": "other"}))
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / "rows").glob("naive_*.json") if p.stem != stale}
 
+    dry = sweep(out, "--dry-run", "--fresh")  # measures nothing, writes nothing
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"0 kept, {len(before)} to measure (1 new, {len(before) - 1} fresh)" in dry.stdout, dry.stdout
+    assert "about" in dry.stdout and len(list((out / "rows").glob("*.json"))) == len(before) - 1
     done = sweep(out)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"{len(before) - 1} already in" in done.stdout and "1 to measure" in done.stdout
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (f"{len(before) - SMOKE_CONFIGS - 2} kept, {SMOKE_CONFIGS + 2} to measure (1 new, {SMOKE_CONFIGS} "
+            "not ok, 1 other code)") in done.stdout, done.stdout
     assert {p.name: p.stat().st_mtime_ns for p in (out / "rows").glob("*.json") if p.name in kept} == kept
-    after = pd.read_csv(out / "results.csv")
-    assert set(after.key) == set(before.key)
-    assert after.set_index("key").loc[dropped, "status"] == "ok"
+    after = pd.read_csv(out / "results.csv").set_index("key")
+    assert set(after.index) == set(before.key) and after.loc[[dropped, stale], "status"].eq("ok").all()
+    assert after.loc[stale, "fingerprint"] == after.loc[naive.iloc[2], "fingerprint"]
     assert len(json.loads((out / "meta.json").read_text())["runs"]) == 2
 
 
@@ -260,12 +277,13 @@ def test_budget_share_and_validation():
 
 def test_timers_stop_at_max_seconds():
     start = time.perf_counter()
-    t = call_time(lambda: time.sleep(0.002), "cpu", Budget(min_samples=3, max_samples=10_000, max_seconds=0.1, rel_ci=0.0))
+    t = call_time(lambda: time.sleep(0.002), "cpu",
+                  Budget(min_samples=3, max_samples=10_000, max_seconds=0.1, rel_ci=0.0))
     assert time.perf_counter() - start < 1.0 and 3 <= t.n < 100 and t.method == "perf_counter"
 
 
 def test_rotation_plan_by_entry_state(monkeypatch):
-    x = Config("naive", B=2, H=1, HV=2, K=16, V=16, layout=PoolLayout(slot_pad=4)).make_inputs("cpu")
+    x = Config("naive", B=2, H=1, HV=2, K=16, V=16, slot_pad=4).make_inputs("cpu")
     per_set = working_set_bytes(x)
     assert per_set == x.pool_span().nbytes + sum(t.nbytes for n, t in x.tensors().items() if n != "state")
     assert rotation_plan("previous-step", x, "cpu") == ("none", 1)  # the CPU's caches: not modelled
@@ -370,8 +388,9 @@ def test_clock_summary_flags_slowdown_reasons_only():
 
 
 def test_config_key_layout_and_inputs():
-    layout = PoolLayout(slot_pad=16, slots_per_row=2, slot_order="sorted", placements=5)
-    cfg = Config("triton", B=64, H=16, HV=32, K=128, V=128, state_dtype="float32", pad_rows=8, layout=layout)
+    layout = PoolLayout(slots_per_row=2, slot_order="sorted", placements=5)
+    cfg = Config("triton", B=64, H=16, HV=32, K=128, V=128, state_dtype="float32", pad_rows=8, slot_pad=16,
+                 layout=layout)
     assert cfg.key() == "triton_B64_H16_HV32_K128_V128_T1_float32_padrows8_slotpad16_spr2_sorted_pl5"
     assert replace(cfg, T=4, checkpoints="last").key().startswith("triton_B64_H16_HV32_K128_V128_T4last_float32")
     assert replace(cfg, checkpoints="last").checkpoints == "all"  # one token: one spelling
@@ -379,10 +398,12 @@ def test_config_key_layout_and_inputs():
     x = replace(cfg, B=4, pad_rows=1).make_inputs("cpu")
     assert x.state.dtype == torch.float32 and x.slot_stride == 32 * 128 * 128 + 16 and int((x.slots < 0).sum()) == 1
     assert x.N == 8 and x.slots[x.slots >= 0].tolist() == sorted(x.slots[x.slots >= 0].tolist())
-    for bad, match in ((dict(slot_pad=-1), "slot_pad"), (dict(slots_per_row=0), "slots_per_row"),
-                       (dict(slot_order="shuffled"), "slot_order"), (dict(placements=0), "placements")):
+    for bad, match in ((dict(slots_per_row=0), "slots_per_row"), (dict(slot_order="shuffled"), "slot_order"),
+                       (dict(placements=0), "placements")):
         with pytest.raises(ValueError, match=match):
             PoolLayout(**bad)
+    with pytest.raises(ValueError, match="slot_pad"):
+        replace(cfg, slot_pad=-1)
 
 
 def test_timed_pools_follow_the_layout_and_the_check_gets_spare_slots():
@@ -390,7 +411,8 @@ def test_timed_pools_follow_the_layout_and_the_check_gets_spare_slots():
     dense = replace(cfg, layout=PoolLayout(slot_order="sorted")).make_inputs("cpu")
     assert dense.N == 5 and dense.slots.tolist() == list(range(5))
     sparse = replace(cfg, layout=PoolLayout(slots_per_row=3, slot_order="sorted")).make_inputs("cpu")
-    assert sparse.N == 15 and sparse.slots.tolist() == sorted(sparse.slots.tolist()) and sparse.slots.unique().numel() == 5
+    assert sparse.N == 15 and sparse.slots.tolist() == sorted(sparse.slots.tolist())
+    assert sparse.slots.unique().numel() == 5
     shuffled = cfg.make_inputs("cpu").slots.tolist()
     assert sorted(shuffled) == list(range(5)) and shuffled != list(range(5))
     assert cfg.make_inputs("cpu", timed=False).N == 10  # untouched slots for verify to check
@@ -405,7 +427,7 @@ def test_presets():
     kimi = PRESETS["kimi-linear-48b"].configs(["naive"])
     assert len(kimi) == 10 * 3 * 2 and {c.B for c in kimi} == {2**i for i in range(10)}
     assert {(c.H, c.HV, c.K, c.V) for c in kimi} == {(32, 32, 128, 128)}
-    assert {c.layout.slot_pad for c in kimi} == {0, 16, 64}
+    assert {c.slot_pad for c in kimi} == {0, 16, 64}
     assert all(c.H < c.HV for c in PRESETS["gva"].configs(["naive"]))
     assert {c.HV for c in PRESETS["shapes"].configs(["naive"])} == {16, 32, 64}
     assert len(PRESETS["full"].configs(["naive"])) > len(kimi)
@@ -414,9 +436,9 @@ def test_presets():
 def test_presets_take_the_layout_and_narrow_to_given_axes():
     layout = PoolLayout(slots_per_row=2, slot_order="sorted", placements=4)
     narrowed = PRESETS["kimi-linear-48b"].configs(["naive"], layout, only={"B": (1, 64), "slot_pad": (16,)})
-    assert {(c.B, c.layout.slot_pad) for c in narrowed} == {(1, 16), (64, 16)}
+    assert {(c.B, c.slot_pad) for c in narrowed} == {(1, 16), (64, 16)}
     assert len(narrowed) == 4 and {c.state_dtype for c in narrowed} == {"bfloat16", "float32"}
-    assert all(replace(c.layout, slot_pad=0) == layout for c in narrowed)
+    assert all(c.layout == layout for c in narrowed)
     assert PRESETS["kimi-linear-48b"].configs(["naive"], only={"HV": (64,)}) == []
 
 
@@ -438,7 +460,8 @@ def test_the_stated_commit_wins_over_a_stale_checkout(monkeypatch, tmp_path):
         assert git_state(tmp_path)["sha"] == head.stdout.strip()
     monkeypatch.setenv("KDA_GIT_SHA", "f" * 40)
     monkeypatch.setenv("KDA_GIT_DIRTY", "0")
-    assert git_state(tmp_path) == {"sha": "f" * 40, "dirty": False, "source": "environment (KDA_GIT_SHA, KDA_GIT_DIRTY)"}
+    assert git_state(tmp_path) == {"sha": "f" * 40, "dirty": False,
+                                   "source": "environment (KDA_GIT_SHA, KDA_GIT_DIRTY)"}
 
 
 # ---- on a GPU ---------------------------------------------------------------------------------------
@@ -467,7 +490,8 @@ def test_gpu_previous_step_rotates_over_sets_adding_up_to_three_l2s():
     row = run_case(cfg, "cuda", Method(entry="previous-step", kernel=Budget(5, 100, 0.1), call=None))
     assert row["status"] == "ok" and row["l2_entry"] == "previous-step"
     per_set = cfg.make_inputs("cuda").pool_span().nbytes
-    assert 2 <= row["input_sets"] <= timing.MAX_INPUT_SETS and row["input_sets"] * per_set >= 2.5 * timing.l2_bytes("cuda")
+    assert 2 <= row["input_sets"] <= timing.MAX_INPUT_SETS
+    assert row["input_sets"] * per_set >= 2.5 * timing.l2_bytes("cuda")
 
 
 @pytest.mark.gpu
@@ -591,7 +615,7 @@ def test_cupti_replay_splits_the_pass_into_calls(monkeypatch):
 
     trace, start = [], 1.7e9
     for replay in range(2):
-        for call in range(3):
+        for _ in range(3):
             trace += [(start, 5.0, "flush"), (start + 6.0, 10.0 + replay, "main")]
             start += 18.0
         start += 1000.0
@@ -705,9 +729,9 @@ def test_each_placement_process_worker_is_started_with_its_share(monkeypatch, tm
         def __init__(self, impl, device, method, warm=()):
             started.append(method)
 
-    monkeypatch.setattr(sweep_module, "Worker", Recorded)
+    monkeypatch.setattr(driver, "Worker", Recorded)
     method = Method(placement_processes=2, extra_placements=24)
-    runner = sweep_module.Sweep([], tmp_path, ["cpu"], method, command="", preset="smoke")
+    runner = driver.Sweep([], tmp_path, ["cpu"], method, command="", preset="smoke")
     for process in range(2):
         runner._worker("naive", "cpu", process)
     runner._worker("naive", "cpu", 1)  # kept, not started again
@@ -721,7 +745,8 @@ def _timed_row(placements_us: list[float], sm_min: int, throttled: bool, err: fl
                     input_sets=2)
     clock = {"sm_mhz_min": sm_min, "sm_mhz_median": 1980.0, "mem_mhz_median": 3201.0, "power_w_max": 400.0 + sm_min,
              "temp_c_max": 45, "throttle_reasons": "sw-power-cap" if throttled else "", "throttled": throttled}
-    return (case.empty_row(Config("naive", 4, 2, 2, 16, 16)) | clock | {"status": "ok", "err_out": err, "err_state": err,
+    return (case.empty_row(Config("naive", 4, 2, 2, 16, 16)) | clock
+            | {"status": "ok", "err_out": err, "err_state": err,
             "first_call_ms": first_call_ms, "call_us_median": 5 * first_call_ms, "retimed": throttled}
             | case._kernel_columns(kernel, 10_000, 4e12))
 
@@ -730,10 +755,12 @@ def test_rows_of_several_processes_pool_their_placements():
     """Two processes of three placements: the kernel time is the mean of all six, min/max and the
     sample count over both; the worst error, the lowest clock and any slowdown carry over; the
     first call and the call time are the first process's."""
-    rows = [_timed_row([10.0, 10.2, 10.4], 1980, False, 1e-6, 12.0), _timed_row([10.6, 10.8, 11.0], 1900, True, 3e-6, 2.0)]
+    rows = [_timed_row([10.0, 10.2, 10.4], 1980, False, 1e-6, 12.0),
+            _timed_row([10.6, 10.8, 11.0], 1900, True, 3e-6, 2.0)]
     merged = case.merge_rows(rows)
     assert merged["kernel_us_mean"] == pytest.approx(10.5) and merged["placements_timed"] == 6
-    assert merged["kernel_us_placement_min"] == pytest.approx(10.0) and merged["kernel_us_placement_max"] == pytest.approx(11.0)
+    assert merged["kernel_us_placement_min"] == pytest.approx(10.0)
+    assert merged["kernel_us_placement_max"] == pytest.approx(11.0)
     assert merged["n_samples"] == 18 and merged["gbps"] == pytest.approx(10_000 / 10.5e-6 / 1e9)
     assert merged["err_out"] == 3e-6 and merged["sm_mhz_min"] == 1900 and merged["throttled"] and merged["retimed"]
     assert merged["throttle_reasons"] == "sw-power-cap" and merged["power_w_max"] == 2380.0
@@ -773,10 +800,9 @@ def test_the_command_line_keeps_the_interrupts_ignored_through_its_exit(monkeypa
     SIGTERM killed the exit under load (tests/test_sweep_cli.py's burst)."""
     made = {}
 
-    class Interrupted:
-        measured = 0
-
+    class Interrupted(driver.Sweep):
         def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
             made.update(kwargs)
 
         def run(self):
@@ -817,12 +843,12 @@ def test_an_interrupt_during_the_cleanup_does_not_cut_it_short(monkeypatch, tmp_
             os.kill(os.getpid(), signal.SIGINT)  # the second, during the cleanup
             time.sleep(0.2)
 
-    monkeypatch.setattr(sweep_module, "Worker", Interrupting)
-    monkeypatch.setattr(sweep_module, "copy_bandwidth", lambda device: 1e9)
+    monkeypatch.setattr(driver, "Worker", Interrupting)
+    monkeypatch.setattr(driver, "copy_bandwidth", lambda device: 1e9)
     handlers = {interrupt: signal.getsignal(interrupt) for interrupt in (signal.SIGINT, signal.SIGTERM)}
     try:
         with pytest.raises(KeyboardInterrupt):
-            sweep_module.Sweep([Config("naive", 1, 2, 2, 16, 16)], tmp_path, ["cpu"], Method(), command="",
+            driver.Sweep([Config("naive", 1, 2, 2, 16, 16)], tmp_path, ["cpu"], Method(), command="",
                                preset="smoke", exits_on_interrupt=exits).run()
         after = {interrupt: signal.getsignal(interrupt) for interrupt in handlers}
     finally:
@@ -857,10 +883,10 @@ def test_sweep_starts_every_worker_before_it_times_a_row_and_warms_only_the_extr
         def stop(self, now=False):
             pass
 
-    monkeypatch.setattr(sweep_module, "Worker", Recorded)
-    monkeypatch.setattr(sweep_module, "copy_bandwidth", lambda device: 1e9)
+    monkeypatch.setattr(driver, "Worker", Recorded)
+    monkeypatch.setattr(driver, "copy_bandwidth", lambda device: 1e9)
     configs = [Config(impl, B, 2, 2, K, K) for impl in ("naive", "triton") for K in (16, 32) for B in (4, 1)]
-    sweep_module.Sweep(configs, tmp_path, ["cpu"], Method(placement_processes=2), command="", preset="smoke").run()
+    driver.Sweep(configs, tmp_path, ["cpu"], Method(placement_processes=2), command="", preset="smoke").run()
     kinds = [event[0] for event in events]
     assert kinds.index("measure") > max(i for i, kind in enumerate(kinds) if kind == "ready")
     assert sum(kind == "ready" for kind in kinds) == 4  # two implementations x two processes
@@ -869,8 +895,9 @@ def test_sweep_starts_every_worker_before_it_times_a_row_and_warms_only_the_extr
     assert warmed[("triton", 1)] == [tuple(Config("triton", 1, 2, 2, K, K).key() for K in (16, 32))]
     configs = [Config("naive", 4, 2, 2, 16, 16)]  # a group without a row at B = 1 warms at B = 1
     events.clear()
-    sweep_module.Sweep(configs, tmp_path / "b4", ["cpu"], Method(placement_processes=2), command="", preset="smoke").run()
-    assert [warm for kind, impl, process, *warm in events if kind == "start"] == [[()], [(Config("naive", 1, 2, 2, 16, 16).key(),)]]
+    driver.Sweep(configs, tmp_path / "b4", ["cpu"], Method(placement_processes=2), command="", preset="smoke").run()
+    warmed = [warm for kind, impl, process, *warm in events if kind == "start"]
+    assert warmed == [[()], [(Config("naive", 1, 2, 2, 16, 16).key(),)]]
 
 
 def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
@@ -906,7 +933,8 @@ def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
         worker.serve("naive", "cpu", Method(), Connection())
         assert calls == ["preload", "hello"]
     calls.clear()  # an extra placement process makes its warm-up calls before its hello
-    worker.serve("naive", "cpu", Method(), Connection(), warm=(Config("naive", 1, 2, 2, 16, 16), Config("naive", 4, 2, 2, 16, 16)))
+    worker.serve("naive", "cpu", Method(), Connection(),
+                 warm=(Config("naive", 1, 2, 2, 16, 16), Config("naive", 4, 2, 2, 16, 16)))
     assert calls == ["preload", "warm B=1", "warm B=4", "hello"]
 
 
@@ -941,7 +969,8 @@ def test_worker_hands_its_cache_back_after_each_row_with_the_methods_settle(monk
     statuses = iter(["ok", "error"])
     monkeypatch.setattr(worker, "describe", lambda name: {"status": "hello"})
     monkeypatch.setattr(worker.torch, "set_num_threads", lambda n: None)
-    monkeypatch.setattr(worker, "run_case", lambda cfg, device, method=None, copy_bw=None: {"status": next(statuses), "reason": "x"})
+    monkeypatch.setattr(worker, "run_case",
+                        lambda cfg, device, method=None, copy_bw=None: {"status": next(statuses), "reason": "x"})
     monkeypatch.setattr(worker, "release_cache", lambda device, settle_s=0.0: events.append(("release", settle_s)))
     monkeypatch.setattr(worker, "_cuda_context_lost", lambda device: True)
     worker.serve("naive", "cpu", Method(settle_s=0.5), Connection())

@@ -1,34 +1,84 @@
-"""The command-line tools as a user meets them: bad arguments get one line saying what is wrong and
-what to do (exit 2, no traceback), Ctrl-C saves what is done, a sweep that measured nothing fails,
-a directory of other settings names the fields that differ, and shards merge into one result."""
+"""The command-line tools as a user meets them, one process per behaviour on tiny grids: bad input gets
+one line saying what is wrong and what to do (exit 2, no traceback, nothing written), Ctrl-C saves what
+is done, a sweep that measured nothing fails, a directory of other settings names the fields that
+differ, shards merge into one result and a merge never relabels a target measured otherwise."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from helpers import REPO
 
 TINY = ["--devices", "cpu", "--impls", "naive", "--B", "2", "--H", "1", "--HV", "2", "--K", "16", "--V", "16",
         "--placements", "1", "--no-charts"]
 
 
-def run(tool: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    module = {"sweep": "kda_impls.bench.sweep:main", "merge": "kda_impls.bench.sweep:merge_main",
-              "plot": "kda_impls.bench.plots:main", "regress": "kda_impls.regress:main",
-              "survey": "kda_impls.__main__:main"}[tool]
-    path, func = module.split(":")
+MAINS = {"sweep": "kda_impls.bench.sweep:main", "merge": "kda_impls.bench.merge:main",
+         "plot": "kda_impls.bench.plots:main", "regress": "kda_impls.regress:main", "survey": "kda_impls.__main__:main"}
+# Runs each (tool, argv) of argv[1] (JSON) in turn in one process, as its command line would, and prints
+# each one's exit status, stdout and stderr (JSON): one process for many flags of one behaviour.
+EACH = """
+import contextlib, importlib, io, json, sys
+results = []
+for tool, argv in json.loads(sys.argv[1]):
+    path, func = json.loads(sys.argv[2])[tool].split(":")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = getattr(importlib.import_module(path), func)(argv) or 0
+        except SystemExit as exc:
+            code = exc.code
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps(results))
+"""
+
+
+def run(tool: str, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    path, func = MAINS[tool].split(":")
     code = f"import sys; from {path} import {func} as main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=None if env is None else os.environ | env)
+
+
+def run_each(cases: list[tuple[str, list[str]]], timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Each (tool, argv) through the tool's main in one process (:data:`EACH`), in turn."""
+    done = subprocess.run([sys.executable, "-c", EACH, json.dumps(cases), json.dumps(MAINS)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return [subprocess.CompletedProcess(argv, code, out, err)
+            for (_, argv), (code, out, err) in zip(cases, json.loads(done.stdout.splitlines()[-1]), strict=True)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """One tiny sweep directory (two rows) that tests copy rather than measure again."""
+    out = tmp_path_factory.mktemp("tiny") / "s"
+    done = run("sweep", *TINY[:-1], "--B", "1,2", "--no-charts", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def copy_of(directory: Path, to: Path, **settings) -> Path:
+    """A copy of a sweep directory, its meta.json's method settings changed as given."""
+    shutil.copytree(directory, to)
+    meta = json.loads((to / "meta.json").read_text())
+    meta["settings"]["method"] |= settings
+    (to / "meta.json").write_text(json.dumps(meta))
+    return to
+
+
+def files_of(directory: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -41,50 +91,111 @@ def one_line_error(done: subprocess.CompletedProcess, *fragments: str) -> None:
         assert fragment in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("tool", ["sweep", "merge", "plot", "regress", "survey"])
-def test_every_command_prints_its_help(tool):
+def test_every_command_prints_its_help():
     """argparse formats help strings with %: a literal one (a "2%" in a help text) broke kda-sweep --help."""
-    done = run(tool, "--help")
-    assert done.returncode == 0 and "usage:" in done.stdout and not done.stderr, done.stderr
+    for done in run_each([(tool, ["--help"]) for tool in MAINS]):
+        assert done.returncode == 0 and "usage:" in done.stdout and not done.stderr, (done.args, done.stderr)
 
 
-@pytest.mark.parametrize("args, fragments", [
+BAD_SWEEP_ARGUMENTS = [
     (["--row-timeout", "0"], ["--row-timeout", "must be a number > 0"]),
     (["--row-timeout", "-5"], ["--row-timeout"]),
     (["--impls", ""], ["--impls", "not a comma-separated list"]),
     (["--impls", "nope"], ["unknown implementations nope", "registered:"]),
+    (["--B", "0"], ["--B", "must be a whole number >= 1"]),
+    (["--out", "/proc/kda-sweep-test"], ["--out /proc/kda-sweep-test: cannot write there"]),
     (["--B", "1,x"], ["--B", "'x' is not a whole number"]),
     (["--state-dtype", "fp8"], ["unknown dtype 'fp8'"]),
     (["--shard", "2/2"], ["--shard", "0 <= i < n"]),
     (["--devices", "cuda:7"], ["--devices"]),
     (["--preset", "kimi-linear-48b", "--HV", "7"], ["leave no configuration of preset kimi-linear-48b"]),
     (["--baseline", "triton"], ["--baseline triton is not among this run's implementations (naive)"]),
-])
-def test_sweep_refuses_bad_arguments_in_one_line(args, fragments):
-    one_line_error(run("sweep", *TINY, *args), *fragments)
+]
 
 
-def test_sweep_refuses_an_out_that_is_a_file(tmp_path):
+def test_sweep_refuses_bad_arguments_in_one_line(tmp_path):
     target = tmp_path / "results.csv"
     target.write_text("")
-    one_line_error(run("sweep", *TINY, "--out", str(target)), f"--out {target} is a file")
+    cases = [*BAD_SWEEP_ARGUMENTS, (["--out", str(target)], [f"--out {target} is a file"])]
+    default_dirs = set((REPO / "sweeps").glob("*"))
+    for done, (_, fragments) in zip(run_each([("sweep", [*TINY, *args]) for args, _ in cases]), cases, strict=True):
+        one_line_error(done, *fragments)
+    assert target.read_text() == "" and set((REPO / "sweeps").glob("*")) == default_dirs  # nothing written
 
 
 def test_a_sweep_in_which_no_row_succeeded_fails(tmp_path):
     done = run("sweep", "--devices", "cpu", "--impls", "flashinfer", "--B", "2", "--HV", "2", "--K", "64",
                "--placements", "1", "--no-charts", "--out", str(tmp_path / "none"))
-    assert done.returncode == 2 and "no row succeeded" in done.stderr and "unsupported" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "kda-sweep: no row ran (1 unsupported); their reasons are above"
 
 
-def test_reusing_out_with_other_settings_names_the_fields_that_differ(tmp_path):
-    out = tmp_path / "s"
-    assert run("sweep", *TINY, "--out", str(out)).returncode == 0
+def test_a_read_only_out_is_refused_before_anything_runs(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a read-only directory")
+    (tmp_path / "ro").mkdir(mode=0o555)
+    one_line_error(run("sweep", *TINY, "--out", str(tmp_path / "ro")), "cannot write there")
+    assert not list((tmp_path / "ro").iterdir())
+
+
+@pytest.mark.parametrize("extra, fragments", [
+    ("bad", ["KDA_EXTRA_IMPLS: 'bad' is not name=module:Class", "unset it"]),
+    ("mine=no_such_module:Mine", ["mine=no_such_module:Mine does not import here", "leave mine out"]),
+])
+def test_a_mistyped_extra_implementation_is_one_line_and_writes_nothing(tmp_path, extra, fragments):
+    impls = "naive,mine" if "mine" in extra else "naive"
+    one_line_error(run("sweep", *TINY, "--impls", impls, "--out", str(tmp_path / "s"),
+                       env={"KDA_EXTRA_IMPLS": extra}), *fragments)
+    assert not (tmp_path / "s").exists()
+
+
+def test_survey_refuses_a_device_it_cannot_measure_on():
+    one_line_error(run("survey", "--device", "tpu"), "--device", "'tpu' is not a device")
+
+
+def test_reusing_out_with_other_settings_names_the_fields_that_differ(tiny, tmp_path):
+    out = copy_of(tiny, tmp_path / "s")
+    before = files_of(out)
     done = run("sweep", *TINY, "--out", str(out), "--l2-entry", "dirty", "--max-seconds", "0.5")
-    assert done.returncode != 0 and "Traceback" not in done.stderr
-    message = done.stderr.strip()
-    assert "method.entry: 'previous-step' -> 'dirty'" in message and "method.kernel.max_seconds" in message
-    assert "device_type" not in message and "{" not in message  # the differences, not two whole dicts
+    one_line_error(done, "method.entry: 'previous-step' -> 'dirty'", "method.kernel.max_seconds")
+    assert "device_type" not in done.stderr and "{" not in done.stderr  # the differences, not two whole dicts
+    assert files_of(out) == before
+
+
+def test_dry_run_lists_the_rows_and_warns_of_a_cpu_days_long_grid(tmp_path):
+    done = run("sweep", "--devices", "cpu", "--preset", "kimi-linear-48b", "--impls", "naive,triton", "--dry-run",
+               "--out", str(tmp_path / "s"))
+    assert done.returncode == 0, done.stderr
+    assert "120 rows in" in done.stdout and "0 kept, 120 to measure (120 new)" in done.stdout
+    assert "1,2,4,8,16,32,64,128,256,512" in done.stdout and "on the CPU, kernels interpreted" in done.stdout
+    assert " days " in done.stdout.splitlines()[-1] and not (tmp_path / "s").exists()
+
+
+def test_a_failing_chart_writer_says_where_the_rows_are(tmp_path):
+    out = tmp_path / "s"
+    for chart in ("latency.png", "latency.svg"):  # a directory where a chart goes: the write fails
+        (out / chart).mkdir(parents=True)
+    done = run("sweep", *TINY[:-1], "--B", "1,2", "--out", str(out))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("kda-sweep: error: writing ") and f"the 2 rows measured are saved in {out}/rows" in last
+    assert len(list((out / "rows").glob("*.json"))) == 2
+
+
+def test_default_out_is_named_by_the_grid_and_settings(tmp_path):
+    from kda_impls.bench import sweep
+
+    def out_of(*argv):
+        args = sweep.parser().parse_args(["--devices", "cpu", *argv])
+        name, configs = sweep.configs_from_args(args, "cpu")
+        method = sweep.method_from_args(args, sweep.PRESETS.get(name, sweep.PRESETS["published"]), "cpu")
+        return sweep.default_out(args, name, configs, sweep.settings_of(["cpu"], method)).relative_to(Path.cwd())
+
+    assert out_of() == out_of("--preset", "smoke") == Path("sweeps/smoke-cpu")
+    grids = {out_of("--B", "1"), out_of("--B", "2"), out_of("--B", "1", "--l2-entry", "dirty"),
+             out_of("--preset", "smoke", "--impls", "naive"), out_of("--preset", "smoke", "--no-charts")}
+    assert len(grids) == 5 and all(p.name.startswith(("adhoc-cpu-", "smoke-cpu")) for p in grids)
+    assert out_of("--B", "1") == out_of("--B", "1", "--fresh", "--no-charts")  # the same rows, the same directory
 
 
 def test_ctrl_c_saves_the_rows_done_and_says_how_to_resume(tmp_path):
@@ -108,29 +219,34 @@ def test_ctrl_c_saves_the_rows_done_and_says_how_to_resume(tmp_path):
 
 
 def test_shards_merge_into_the_whole_sweep(tmp_path):
+    from kda_impls.bench.config import PoolLayout
+    from kda_impls.bench.presets import adhoc_configs
+
     grid = [*TINY[:-1], "--B", "1,2,3", "--state-dtype", "bf16,fp32", "--no-charts"]
-    whole = run("sweep", *grid, "--out", str(tmp_path / "whole"))
-    assert whole.returncode == 0, whole.stderr
     for i in (0, 1):
         done = run("sweep", *grid, "--shard", f"{i}/2", "--out", str(tmp_path / f"shard{i}"))
         assert done.returncode == 0, done.stderr
     keys = [set(pd.read_csv(tmp_path / f"shard{i}" / "results.csv").key) for i in (0, 1)]
-    assert keys[0] and keys[1] and not keys[0] & keys[1]
+    axes = {"B": (1, 2, 3), "H": (1,), "HV": (2,), "K": (16,), "V": (16,), "state_dtype": ("bfloat16", "float32")}
+    whole = {c.key() for c in adhoc_configs(["naive"], axes, PoolLayout(placements=1))}
+    assert keys[0] and keys[1] and not keys[0] & keys[1] and keys[0] | keys[1] == whole
     merged = run("merge", str(tmp_path / "merged"), str(tmp_path / "shard0"), str(tmp_path / "shard1"))
     assert merged.returncode == 0, merged.stderr
-    table = pd.read_csv(tmp_path / "merged" / "results.csv")
-    assert set(table.key) == set(pd.read_csv(tmp_path / "whole" / "results.csv").key) == keys[0] | keys[1]
+    assert set(pd.read_csv(tmp_path / "merged" / "results.csv").key) == keys[0] | keys[1]
     meta = json.loads((tmp_path / "merged" / "meta.json").read_text())
     assert len(meta["runs"]) == 2 and len(meta["merged_from"]) == 2
     again = run("merge", str(tmp_path / "twice"), str(tmp_path / "shard0"), str(tmp_path / "shard0"))
     one_line_error(again, "is in two of the directories")
 
 
-def test_merge_refuses_directories_measured_otherwise(tmp_path):
-    assert run("sweep", *TINY, "--out", str(tmp_path / "default")).returncode == 0
-    assert run("sweep", *TINY, "--out", str(tmp_path / "dirty"), "--l2-entry", "dirty").returncode == 0
-    one_line_error(run("merge", str(tmp_path / "m"), str(tmp_path / "default"), str(tmp_path / "dirty")),
+def test_merge_refuses_directories_measured_otherwise(tiny, tmp_path):
+    default, dirty = copy_of(tiny, tmp_path / "default"), copy_of(tiny, tmp_path / "dirty", entry="dirty")
+    one_line_error(run("merge", str(tmp_path / "m"), str(default), str(dirty)),
                    "method.entry: 'previous-step' -> 'dirty'")
+    assert not (tmp_path / "m").exists()
+    before = files_of(dirty)  # a target of other settings is neither relabelled nor joined
+    one_line_error(run("merge", str(dirty), str(default)), f"{dirty} was measured otherwise", "nothing was changed")
+    assert files_of(dirty) == before
 
 
 def test_plot_errors_are_one_line(tmp_path):
@@ -140,19 +256,17 @@ def test_plot_errors_are_one_line(tmp_path):
     one_line_error(run("plot", str(tmp_path / "empty")), "results.csv: empty or cut short")
 
 
-def test_plot_refuses_a_baseline_not_in_the_run(tmp_path):
-    out = tmp_path / "s"
-    assert run("sweep", *TINY, "--out", str(out)).returncode == 0
-    one_line_error(run("plot", str(out), "--baseline", "flashinfer"), "--baseline flashinfer is not in")
+def test_plot_refuses_a_baseline_not_in_the_run(tiny):
+    one_line_error(run("plot", str(tiny), "--baseline", "flashinfer"), "--baseline flashinfer is not in")
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["--threshold-for", "bad"], ["'bad' is not REGEX=VALUE"]),
-    (["--threshold-for", "(unclosed=0.1"], ["not a valid regular expression"]),
-    (["--threshold-for", "x=-1"], ["must be a number >= 0 or 'none'"]),
-])
-def test_regress_refuses_bad_thresholds_in_one_line(tmp_path, args, fragments):
-    one_line_error(run("regress", str(tmp_path), str(tmp_path), *args), *fragments)
+def test_regress_refuses_bad_thresholds_in_one_line(tmp_path):
+    cases = [(["--threshold-for", "bad"], ["'bad' is not REGEX=VALUE"]),
+             (["--threshold-for", "(unclosed=0.1"], ["not a valid regular expression"]),
+             (["--threshold-for", "x=-1"], ["must be a number >= 0 or 'none'"])]
+    runs = run_each([("regress", [str(tmp_path), str(tmp_path), *args]) for args, _ in cases])
+    for done, (_, fragments) in zip(runs, cases, strict=True):
+        one_line_error(done, *fragments)
 
 
 def test_regress_names_an_unreadable_result_file(tmp_path):
@@ -223,10 +337,10 @@ def test_a_burst_of_sigterms_to_the_process_group_still_saves_everything(tmp_pat
 
 
 def test_compile_groups_keep_an_implementations_shape_on_one_lane_in_order():
-    from kda_impls.bench.config import Config, PoolLayout
-    from kda_impls.bench.sweep import compile_groups
+    from kda_impls.bench.config import Config
+    from kda_impls.bench.schedule import compile_groups
 
-    configs = [Config(impl, B, 32, 32, 128, 128, state_dtype=dtype, layout=PoolLayout(slot_pad=pad))
+    configs = [Config(impl, B, 32, 32, 128, 128, state_dtype=dtype, slot_pad=pad)
                for dtype in ("bfloat16", "float32") for impl in ("triton", "fla") for B in (1, 64) for pad in (0, 64)]
     configs.append(Config("triton", 8, 32, 32, 128, 128, T=2))
     groups = compile_groups(configs)
@@ -241,7 +355,7 @@ def test_a_lane_keeps_to_the_implementations_it_started():
     """Two lanes: each takes a whole implementation, the one with most rows first, and takes groups
     of the other lane's implementation only when no implementation is left unstarted, from its end."""
     from kda_impls.bench.config import Config
-    from kda_impls.bench.sweep import GroupScheduler, compile_groups
+    from kda_impls.bench.schedule import GroupScheduler, compile_groups
 
     configs = [Config(impl, B, HV, HV, 64, 64) for impl, heads in (("naive", (16,)), ("triton", (16, 32, 64)),
                                                                     ("fla", (16, 32))) for HV in heads for B in (1, 64)]
@@ -265,7 +379,7 @@ def test_a_worker_is_stopped_once():
     """On Ctrl-C the driver and a lane may both stop one worker: the second stop does nothing
     (closing its pipe twice from two threads raced into EBADF and a traceback)."""
     from kda_impls.bench.case import Method
-    from kda_impls.bench.sweep import Worker
+    from kda_impls.bench.driver import Worker
 
     worker = Worker("naive", "cpu", Method())
     worker.stop(now=True)
@@ -281,8 +395,41 @@ def test_a_worker_is_stopped_once():
 
 def test_lane_summary_adds_up_each_devices_rows():
     """The line a sweep over several GPUs prints: rows, seconds busy and first-call seconds per lane."""
-    from kda_impls.bench.sweep import lane_summary
+    from kda_impls.bench.report import lane_summary
 
     table = pd.DataFrame({"key": list("abcde"), "device": ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:1"],
                           "row_s": [1.0, 2.0, 3.5, 0.25, 0.25], "first_call_ms": [500.0, 0.0, 250.0, 1000.0, None]})
     assert lane_summary(table) == "cuda:0 2, 4.5 s, 0.8 s; cuda:1 3, 2.5 s, 1.0 s"
+
+
+def test_a_python_script_runs_a_sweep_and_gets_its_table(tmp_path):
+    """kda_impls.sweep: the command's rows, resume and checks from Python; a refused argument raises."""
+    code = f"""
+import kda_impls
+from kda_impls.cli import UsageError
+if __name__ == "__main__":
+    grid = dict(impls=["naive"], devices="cpu", B=[1, 2], H=1, HV=2, K=16, V=16, placements=1,
+                out={str(tmp_path / "s")!r})
+    table = kda_impls.sweep(**grid)
+    assert list(table.status) == ["ok", "ok"] and list(table.B) == [1, 2] and (table.kernel_us_mean > 0).all()
+    again = kda_impls.sweep(**grid)
+    assert again.started_utc.tolist() == table.started_utc.tolist()  # resumed: nothing measured again
+    try:
+        kda_impls.sweep(**grid | dict(B=0))
+    except UsageError as exc:
+        print("refused:", exc)
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 kept, 0 to measure" in done.stdout
+    assert "refused: argument --B: 0 must be a whole number >= 1" in done.stdout
+
+
+def test_a_cpu_run_of_a_gpu_sized_grid_warns_with_its_estimate(tmp_path):
+    """Interpreted on a CPU, one Kimi-Linear-sized Triton row takes hours: the run says so before it
+    starts (here the row is then cut short by its timeout)."""
+    done = run("sweep", "--devices", "cpu", "--impls", "triton", "--B", "256", "--placements", "1", "--row-timeout",
+               "0.5", "--no-charts", "--out", str(tmp_path / "s"))
+    warning = [line for line in done.stderr.splitlines() if line.startswith("kda-sweep: warning:")]
+    assert len(warning) == 1 and "1 rows to measure: about" in warning[0] and " h on the CPU" in warning[0], done.stderr
+    assert done.returncode == 1 and "1 crashed" in done.stderr.splitlines()[-1]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import REPO, write_sweep_dir
 
-from kda_impls.bench.config import Config, PoolLayout
+from kda_impls.bench.config import Config
 from kda_impls.impls import triton_kda, triton_tuning
 from kda_impls.impls.triton_kda import TileConfig, choose_config
 from kda_impls.impls.triton_tuning import TABLE
@@ -99,7 +99,7 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
     sweeps = []
     for name, side in (("tabled", 0), ("first", 1)):
         cfgs = {Config("triton", B, 32, 32, 128, 128): [us[side]] * 3 for B, us in times.items()}
-        cfgs[Config("triton", 1, 32, 32, 128, 128, layout=PoolLayout(slot_pad=64))] = [1.0] * 3  # padded: not read
+        cfgs[Config("triton", 1, 32, 32, 128, 128, slot_pad=64)] = [1.0] * 3  # padded: not read
         sweeps.append(write_sweep_dir(tmp_path / name, cfgs, {}))
     assert tuning_table.write_table([csv_path], table_path, tuple(sweeps)) == 0
     provenance, table = triton_tuning.parse(table_path.read_text())

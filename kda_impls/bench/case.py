@@ -15,7 +15,7 @@ from ..inputs import DecodeInputs
 from ..registry import get
 from ..verify import verify
 from . import clocks
-from .config import Config
+from .config import CONFIG_COLUMNS, Config
 from .roofline import copy_bandwidth
 from .timing import (DEFAULT_ENTRY, ENTRY_STATES, EXTRA_PLACEMENTS, Budget, Timing, as_device, call_time, kernel_time,
                      synced_call)
@@ -24,8 +24,6 @@ from .timing import (DEFAULT_ENTRY, ENTRY_STATES, EXTRA_PLACEMENTS, Budget, Timi
 # error: ContractError or a runtime failure (message); crashed: the worker process died (sweeps only).
 STATUSES = ("ok", "wrong", "unsupported", "error", "crashed")
 
-CONFIG_COLUMNS = ["impl", "B", "H", "HV", "K", "V", "state_dtype", "pad_rows", "T", "checkpoints",
-                  "slot_pad", "slots_per_row", "slot_order", "placements"]
 IMPL_COLUMNS = ["library", "variant", "engine_call"]  # what the implementation says of itself
 COLUMNS = [
     # started_utc, row_s: when a sweep began the row and how long it took there, first call and

@@ -1,5 +1,6 @@
-"""One benchmark configuration: an implementation, the shape of its inputs, and how its state pools
-lie in memory (:class:`PoolLayout`)."""
+"""One benchmark configuration: an implementation, the shape of its inputs (every field an axis of a
+sweep, slot padding included), and how its state pools lie in memory (:class:`PoolLayout`, one for a
+whole run). The axes, the result columns and the sort order are derived from these dataclasses."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ CHECKPOINTS = ("all", "last")
 class PoolLayout:
     """Where a row's state lives: part of its configuration, recorded in every row and its key.
 
-    ``slot_pad``: elements of padding after each slot (slot stride ``HV*V*K + slot_pad``).
     ``slots_per_row``: timed pools hold ``slots_per_row`` times the slots the rows store (B, or B*T
     with a checkpoint per token), the rows' drawn among them (1: every slot live, the least memory
     for the same bytes moved; a serving pool holds more).
@@ -29,14 +29,11 @@ class PoolLayout:
     spread a column of its own. Where a pool lands moved one kernel by up to 6% on the H200.
     """
 
-    slot_pad: int = 0
     slots_per_row: int = 1
     slot_order: str = "random"
     placements: int = 3
 
     def __post_init__(self):
-        if self.slot_pad < 0:
-            raise ValueError(f"slot_pad must be >= 0; got {self.slot_pad}")
         if self.slots_per_row < 1:
             raise ValueError(f"slots_per_row must be >= 1; got {self.slots_per_row}")
         if self.slot_order not in SLOT_ORDERS:
@@ -45,7 +42,7 @@ class PoolLayout:
             raise ValueError(f"placements must be >= 1; got {self.placements}")
 
     def key(self) -> str:
-        return f"slotpad{self.slot_pad}_spr{self.slots_per_row}_{self.slot_order}_pl{self.placements}"
+        return f"spr{self.slots_per_row}_{self.slot_order}_pl{self.placements}"
 
 
 @dataclass(frozen=True)
@@ -60,9 +57,12 @@ class Config:
     pad_rows: int = 0  # batch rows with slot -1
     T: int = 1  # tokens per row (speculative verify: T > 1)
     checkpoints: str = "all"  # T > 1: the state stored after every token, or after the last only
+    slot_pad: int = 0  # elements of padding after each state slot (slot stride HV*V*K + slot_pad)
     layout: PoolLayout = field(default_factory=PoolLayout)
 
     def __post_init__(self):
+        if self.slot_pad < 0:
+            raise ValueError(f"slot_pad must be >= 0; got {self.slot_pad}")
         if self.checkpoints not in CHECKPOINTS:
             raise ValueError(f"checkpoints must be one of {', '.join(CHECKPOINTS)}; got {self.checkpoints!r}")
         if self.T == 1 and self.checkpoints != "all":  # one token: both store it; one spelling, one key
@@ -72,7 +72,7 @@ class Config:
         """Stable id of this row (resume, samples.json, regression comparisons); safe as a file name."""
         tokens = "T1" if self.T == 1 else f"T{self.T}{self.checkpoints}"
         return (f"{self.impl}_B{self.B}_H{self.H}_HV{self.HV}_K{self.K}_V{self.V}_{tokens}_{self.state_dtype}"
-                f"_padrows{self.pad_rows}_{self.layout.key()}")
+                f"_padrows{self.pad_rows}_slotpad{self.slot_pad}_{self.layout.key()}")
 
     def columns(self) -> dict:
         """The configuration as flat result columns (the layout's fields beside the shape's)."""
@@ -96,7 +96,7 @@ class Config:
         stored = self.B * (self.T if self.checkpoints == "all" else 1)
         n_slots = self.layout.slots_per_row * stored if timed else None
         return make_inputs(self.B, self.H, self.HV, self.K, self.V, T=self.T, checkpoints=self.checkpoints,
-                           state_dtype=self.torch_state_dtype, slot_pad=self.layout.slot_pad, n_slots=n_slots,
+                           state_dtype=self.torch_state_dtype, slot_pad=self.slot_pad, n_slots=n_slots,
                            pad_rows=self.pad_rows, sorted_slots=self.layout.slot_order == "sorted", device=device,
                            seed=seed)
 
@@ -104,3 +104,10 @@ class Config:
 def _plain(value):
     """A value read back from a CSV or JSON row as the plain Python type a Config holds."""
     return value.item() if hasattr(value, "item") else value
+
+
+# The sweep's axes (every field of a Config but the implementation and the run-wide layout), the result
+# columns that name a configuration, and the order rows are sorted in: by shape, batch size last.
+AXES = tuple(f.name for f in fields(Config) if f.name not in ("impl", "layout"))
+CONFIG_COLUMNS = ["impl", *AXES, *(f.name for f in fields(PoolLayout))]
+SORT_COLUMNS = [c for c in CONFIG_COLUMNS if c != "B"] + ["B"]

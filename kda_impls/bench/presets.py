@@ -10,14 +10,14 @@ the command line narrow a preset to the values they list, or, without a preset, 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from .config import Config, PoolLayout
+from .config import AXES, SORT_COLUMNS, Config, PoolLayout
 from .timing import Budget
 
-AXES = ("B", "H", "HV", "K", "V", "state_dtype", "slot_pad", "pad_rows", "T", "checkpoints")
 POW2_TO_512 = tuple(1 << i for i in range(10))
 BF16_FP32 = ("bfloat16", "float32")
+DEFAULT_LAYOUT = PoolLayout()
 
 # A preset's budgets: kernel sampling, call sampling, and in how many worker processes a GPU sweep
 # times each row (Method.placement_processes; the CPU's rows, not ranked, always in one).
@@ -32,8 +32,8 @@ FAST = (Budget(min_samples=12, max_samples=600, max_seconds=0.04),
         Budget(min_samples=10, max_samples=300, max_seconds=0.015), 1)
 THOROUGH = (Budget(min_samples=30, max_samples=3000, max_seconds=0.25),
             Budget(min_samples=20, max_samples=1000, max_seconds=0.1), 3)
-CPU_SIZED = (Budget(min_samples=3, max_samples=30, max_seconds=0.02),
-             Budget(min_samples=3, max_samples=30, max_seconds=0.01), 1)
+CPU_SIZED = (Budget(min_samples=2, max_samples=30, max_seconds=0.02),
+             Budget(min_samples=2, max_samples=30, max_seconds=0.01), 1)
 
 
 @dataclass(frozen=True)
@@ -45,28 +45,25 @@ class Preset:
     call: Budget
     placement_processes: int  # on a GPU
 
-    def configs(self, impls: list[str], layout: PoolLayout = PoolLayout(), only: dict | None = None
+    def configs(self, impls: list[str], layout: PoolLayout = DEFAULT_LAYOUT, only: dict | None = None
                 ) -> list[Config]:
         """Every configuration of every grid for each implementation, without duplicates, skipping
-        combinations with more padding rows than rows, each with ``layout`` (its slot padding from
-        the grid where the grid has that axis). ``only`` ({axis: values}) keeps the configurations
-        whose axes take one of the listed values. Grouped by implementation, shape-major."""
+        combinations with more padding rows than rows, each with ``layout``. ``only`` ({axis: values})
+        keeps the configurations whose axes take one of the listed values. Grouped by implementation, shape-major."""
         configs = {}
         for grid in self.grids:
             unknown = set(grid) - set(AXES)
             if unknown:
                 raise ValueError(f"preset {self.name}: unknown axes {sorted(unknown)}")
             for values in itertools.product(*grid.values()):
-                axes = dict(zip(grid, values))
+                axes = dict(zip(grid, values, strict=True))
                 if axes.get("pad_rows", 0) > axes["B"] or (axes.get("T", 1) == 1 and axes.get("checkpoints") == "last"):
                     continue  # more padding rows than rows; one token stores its one checkpoint either way
-                slot_pad = axes.pop("slot_pad", layout.slot_pad)
                 for impl in impls:
-                    cfg = Config(impl=impl, **axes, layout=replace(layout, slot_pad=slot_pad))
+                    cfg = Config(impl=impl, **axes, layout=layout)
                     configs[cfg.key()] = cfg
         kept = [c for c in configs.values() if _matches(c, only or {})]
-        return sorted(kept, key=lambda c: (impls.index(c.impl), c.H, c.HV, c.K, c.V, c.state_dtype, c.T,
-                                           c.checkpoints, c.layout.slot_pad, c.pad_rows, c.B))
+        return sorted(kept, key=lambda c: (impls.index(c.impl), *(c.columns()[k] for k in SORT_COLUMNS[1:])))
 
 
 def _matches(cfg: Config, only: dict) -> bool:
@@ -74,16 +71,14 @@ def _matches(cfg: Config, only: dict) -> bool:
     return all(columns[axis] in values for axis, values in only.items())
 
 
-def adhoc_configs(impls: list[str], axes: dict, layout: PoolLayout = PoolLayout()) -> list[Config]:
+def adhoc_configs(impls: list[str], axes: dict, layout: PoolLayout = DEFAULT_LAYOUT) -> list[Config]:
     """The grid of the axes given on the command line alone (``{axis: values}``), in a preset's
     order: Kimi-Linear's layer for what is not given (B 1, 16, 64, 256; HV 32; K 128; bf16 state;
-    the layout's slot padding; no padding rows), with H = HV and V = K unless given."""
-    grid = {"B": (1, 16, 64, 256), "H": (None,), "HV": (32,), "K": (128,), "V": (None,),
-            "state_dtype": ("bfloat16",), "slot_pad": (layout.slot_pad,), "pad_rows": (0,), "T": (1,),
-            "checkpoints": ("all",)} | axes
+    no slot padding, no padding rows), with H = HV and V = K unless given."""
+    grid = {"B": (1, 16, 64, 256), "H": (None,), "HV": (32,), "K": (128,), "V": (None,)} | axes
     points = []
     for values in itertools.product(*grid.values()):
-        point = dict(zip(grid, values))
+        point = dict(zip(grid, values, strict=True))
         point["H"] = point["H"] or point["HV"]
         point["V"] = point["V"] or point["K"]
         points.append({axis: (value,) for axis, value in point.items()})
@@ -131,9 +126,12 @@ def _tiny(**axes):
 PRESETS = {
     p.name: p
     for p in (
+        # six rows an implementation: a batch axis, slot padding beside its unpadded row (the padding
+        # chart), grouped value heads with an fp32 state and a padding row, and both multi-token forms
         Preset("smoke", "CPU-sized: tiny shapes touching every axis; seconds, Triton under TRITON_INTERPRET=1",
-               (_tiny() | {"B": (1, 4)}, _tiny(H=1, HV=2, K=32, V=16), _tiny(slot_pad=8),
-                _tiny(state_dtype="float32"), _tiny(pad_rows=1), _tiny(T=2), _tiny(T=3, checkpoints="last")),
+               (_tiny() | {"B": (1, 4)}, _tiny(slot_pad=8), _tiny(H=1, HV=2, K=32, V=16, state_dtype="float32",
+                                                                 pad_rows=1),
+                _tiny(T=2), _tiny(T=3, checkpoints="last")),
                *CPU_SIZED),
         Preset("kimi-linear-48b", "Kimi-Linear-48B-A3B's KDA layer: H = HV = 32, K = V = 128, B 1..512, "
                "slot padding 0/16/64, bf16 and fp32 state", (_kimi_grid(),), *FAST),

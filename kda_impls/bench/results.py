@@ -22,7 +22,8 @@ import pandas as pd
 import torch
 
 from . import clocks
-from .case import COLUMNS, CONFIG_COLUMNS
+from .case import COLUMNS
+from .config import CONFIG_COLUMNS, SORT_COLUMNS
 
 SAMPLE_FILES = {"samples.json": "kernel_samples_us", "call_samples.json": "call_samples_us",
                 "placements.json": "kernel_placement_us"}
@@ -33,6 +34,9 @@ PLACEMENT_STATISTICS = {"median": np.median, "mean": np.mean, "min": np.min}
 # Sample files keep microseconds to this many decimals (0.1 ns, far below what CUDA events resolve):
 # full float digits made a two-GPU `targets` run's samples.json 2.4 MB, past what a repo should carry.
 SAMPLE_DECIMALS = 4
+# What measured a row: the commit (and whether the tree differed from it) and the implementation's
+# fingerprint (driver.fingerprint); results.csv carries them after the case runner's columns
+PROVENANCE = ["commit", "dirty", "fingerprint"]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -84,16 +88,15 @@ def rounded_samples(samples: dict[str, list]) -> dict[str, list]:
 
 
 def assemble(out_dir: Path) -> pd.DataFrame:
-    """Write results.csv (one row per implementation x configuration, :data:`COLUMNS`) from rows/,
+    """Write results.csv (one row per implementation x configuration, :data:`COLUMNS` and
+    :data:`PROVENANCE`) from rows/,
     and the raw samples in microseconds keyed by the row's key: samples.json (kernel time, what the
     regression gate tests), call_samples.json (one eager call) and placements.json (the kernel time's
     per-placement medians, what the gate's placement test reads; absent from rows of older runs)."""
     rows = read_rows(out_dir)
     for name, column in SAMPLE_FILES.items():
         atomic_write(out_dir / name, json.dumps(rounded_samples({row["key"]: row.get(column) or [] for row in rows})))
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    table = table.sort_values(["impl", "H", "HV", "K", "V", "state_dtype", "T", "checkpoints", "slot_pad",
-                               "slots_per_row", "slot_order", "placements", "pad_rows", "B"], ignore_index=True)
+    table = pd.DataFrame(rows, columns=[*COLUMNS, *PROVENANCE]).sort_values(SORT_COLUMNS, ignore_index=True)
     atomic_write(out_dir / "results.csv", table.to_csv(index=False))
     return table
 
@@ -229,7 +232,8 @@ def load(path: str | Path) -> Sweep:
     try:
         table = pd.read_csv(csv)
     except (pd.errors.EmptyDataError, pd.errors.ParserError) as exc:
-        raise SweepDirError(f"{csv}: empty or cut short ({exc}); run the sweep again to rebuild it from rows/") from None
+        raise SweepDirError(f"{csv}: empty or cut short ({exc}); run the sweep again to rebuild it from rows/"
+                            ) from None
     if "kernel_us_median" in table.columns:  # timing method <= 3: the median over placements
         table = table.rename(columns={"kernel_us_median": "kernel_us_mean"})
     missing = [c for c in ("impl", "key", "status", "kernel_us_mean") if c not in table.columns]

@@ -34,6 +34,7 @@ import torch
 from scipy import stats
 
 from ..inputs import DecodeInputs
+from .stats import spread
 
 Launcher = Callable[[], object]
 
@@ -387,7 +388,7 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
     release_cache(device, settle_s)
     for placement in range(placements + extra_placements):
         if (placement == placements and not beyond_l2
-                and _spread([t.placement_medians[0] for t in measured]) <= PLACEMENT_SPREAD_LIMIT):
+                and spread([t.placement_medians[0] for t in measured]) <= PLACEMENT_SPREAD_LIMIT):
             break
         before = _reserved(device)
         spacer = torch.empty(int(rng.integers(1, SPACER_PAGES + 1)) * PAGE_BYTES, dtype=torch.uint8, device=device)
@@ -421,11 +422,6 @@ def _room_for_another(device: torch.device, placement_bytes: int) -> bool:
         return False  # the CPU's timings model no placement
     free, total = torch.cuda.mem_get_info(device)
     return free - placement_bytes > HOLD_HEADROOM * total
-
-
-def _spread(medians: list[float]) -> float:
-    """max / min - 1 of the placements' medians."""
-    return max(medians) / min(medians) - 1 if min(medians) > 0 else float("inf")
 
 
 def call_time(launcher: Launcher, device, budget: Budget = Budget(max_seconds=0.2), *,

@@ -1,5 +1,5 @@
 """The process that measures one implementation's rows on one device for the sweep driver
-(kda_impls.bench.sweep).
+(kda_impls.bench.driver).
 
 Kept apart from the driver so that a worker imports only what measuring needs.
 """

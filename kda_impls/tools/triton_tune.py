@@ -231,8 +231,8 @@ def tune_batch(base: dict, configs: dict, device, copy_gbps: float) -> list[dict
 def case_columns(base: dict, config: TileConfig, device, copy_gbps: float) -> dict:
     """The case runner's row for ``config`` forced on the shape ``base``, as tune columns."""
     HV, K, V, B = base["HV"], base["K"], base["V"], base["B"]
-    cfg = Config("triton", B, HV, HV, K, V, state_dtype=base["state_dtype"], T=base["T"],
-                 layout=PoolLayout(slot_pad=base["slot_pad"], placements=PLACEMENTS))
+    cfg = Config("triton", B, HV, HV, K, V, state_dtype=base["state_dtype"], T=base["T"], slot_pad=base["slot_pad"],
+                 layout=PoolLayout(placements=PLACEMENTS))
     row = run_case(cfg, device, METHOD, impl=TritonKDA(config), copy_bw=copy_gbps * 1e9)
     columns = {"status": row["status"] if row["status"] != "wrong" else f"wrong: {row['reason']}"[:300]}
     if row["status"] == "ok":
