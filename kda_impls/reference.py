@@ -38,8 +38,8 @@ its source: it takes one start slot per row (``initial_state_indices`` ``[B]``),
 ``num_accepted_tokens``, and computes ``o_t = S_t q_t`` for up to 16 tokens from the read-only pool,
 either by the serial recurrence in registers (its grouped kernel, small ``B*HV``) or by the same
 recurrence in closed (WY) form on tensor cores; neither writes any state. Where it differs here: a
--1 slot there reads slot 0 (grouped kernel) or a zero state (the WY kernel's TMA load past the
-pool) and outputs what that gives, not zeros.
+-1 slot there is no padding row (the grouped kernel reads slot 0 for it, the WY kernel's TMA load
+is handed -1 as it is) and its row outputs what that state gives, not zeros.
 """
 
 from __future__ import annotations
