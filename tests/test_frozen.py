@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing
 
 from kda_impls import ContractError, get, make_inputs, names, reference, verify
 from kda_impls.contract import Capabilities, Implementation
@@ -206,3 +207,34 @@ def test_every_implementation_runs_frozen_verify_or_refuses_it_with_its_reason(n
         return
     verdict = verify(impl, x)
     assert verdict.ok, verdict
+
+
+# ---- on the GPU (the H200 grid) -------------------------------------------------------------------
+gpu = pytest.mark.gpu
+GPU_FROZEN = ["triton", "fla", "flashinfer", "flashinfer-loggate-sigmoid"]
+
+
+@gpu
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("T", [1, 4, 16])
+@pytest.mark.parametrize("name", GPU_FROZEN)
+def test_frozen_verify_on_gpu(name, T, state_dtype):
+    """Serving shapes (GVA, padded pool, -1 rows): verify, and the in-place step's outputs token by token."""
+    x = make_inputs(32, 16, 32, 128, 128, T=T, checkpoints="last", state_dtype=state_dtype, slot_pad=64,
+                    pad_rows=4, device="cuda", seed=31)
+    impl = get(name)
+    reason = impl.unsupported(x.as_frozen())
+    if reason is not None:
+        pytest.skip(reason)
+    verdict = verify(impl, x.as_frozen().clone())
+    assert verdict.ok, verdict
+    want = impl.decode(x.clone()).view(x.B, x.T, x.HV, x.V)
+    got = impl.decode(x.as_frozen().clone()).view(x.B, x.T, x.HV, x.V)
+    assert (got - want).abs().max() <= 2 ** -6 * want.abs().max()  # one computation, or two of the same math
+
+
+@gpu
+def test_triton_frozen_graph_replay_and_no_allocation():
+    x = make_inputs(64, 32, 32, 128, 128, T=4, update_state=False, slot_pad=16, pad_rows=8, device="cuda", seed=32)
+    assert_graph_replay_takes_eager_step("triton", x)
+    assert_launch_allocates_nothing("triton", x)
