@@ -363,7 +363,7 @@ class Implementation:
         """Check, confirm it can run, allocate; return a launcher that only launches.
 
         The launcher writes the output into ``out`` (allocated here if None) and the new state into
-        the pool, and returns ``out``. Slot values are validated here, once: the launcher assumes
+        the pool (frozen verify: no state), and returns ``out``. Slot values are validated here, once: the launcher assumes
         they do not change afterwards.
         """
         self.check(inputs)
