@@ -1,8 +1,9 @@
 """Plain torch ops in float32: the reference semantics, vectorised over batch and heads.
 
 Runs wherever torch does (CPU and CUDA), any legal pool, any number of tokens per step (one
-vectorised step per token), in place or frozen verify (the same steps, no store). It is a correctness baseline and the floor any kernel must beat, not a
-fast path: each op materialises a [B, HV, V, K] temporary.
+vectorised step per token), in place or frozen verify (the same steps, no store). It is a
+correctness baseline and the floor any kernel must beat, not a fast path: each op materialises a
+[B, HV, V, K] temporary.
 """
 
 from __future__ import annotations
