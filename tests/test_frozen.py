@@ -10,6 +10,10 @@ token from the start state without chaining (a misreading of "from the start sta
 """
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -239,3 +243,36 @@ def test_triton_frozen_graph_replay_and_no_allocation():
     x = make_inputs(64, 32, 32, 128, 128, T=4, update_state=False, slot_pad=16, pad_rows=8, device="cuda", seed=32)
     assert_graph_replay_takes_eager_step("triton", x)
     assert_launch_allocates_nothing("triton", x)
+
+
+COMPILE_FOR_SM90 = """
+import inspect, json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kda_impls.impls import triton_kda as tk
+fn = tk._kda_multitoken_kernel
+params = list(inspect.signature(fn.fn).parameters)
+pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accepted_ptr="*i32")
+runtime = dict(slot_stride="i32", scale="fp32", T="i32")
+meta = dict(HV=4, GROUP=2, K=64, V=64, BV=32, HEADS=1, NUM_STAGES=1, LOAD_HINT="evict_first", STORE_HINT="",
+            L2_EPS=1e-6, SOFTPLUS_LINEAR_ABOVE=20.0, FAST_GATE=0)
+stores = {}
+for flag in (1, 0):
+    sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
+    constants = {(params.index(n),): v for n, v in (meta | dict(STORES=flag)).items()}
+    compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32))
+    ptx = compiled.asm["ptx"]
+    stores[flag] = len(re.findall(r"st\\.global", ptx))
+print(json.dumps(stores))
+"""
+
+
+def test_the_frozen_kernel_compiled_for_sm90_stores_only_its_output():
+    """Compiled for the H200 (Triton's own ptxas, no GPU needed): with STORES=0 the multi-token
+    kernel's PTX keeps one global store (the output tile) of the in-place kernel's many."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    stores = json.loads(done.stdout.strip().splitlines()[-1])
+    assert stores["0"] == 1 and stores["1"] > 1, stores
