@@ -63,6 +63,8 @@ class Capabilities:
     # tokens per sequence in one step: 1 = one-token decode only (a T = 1 step in the per-token
     # spelling is handed over in the one-token spelling), None = any T (multi-token decode)
     max_tokens: int | None = 1
+    # frozen verify (update_state=False): every token's output from the row's start state, nothing stored
+    frozen: bool = False
 
     def describe(self) -> str:
         def dims(values):
@@ -77,6 +79,8 @@ class Capabilities:
             ("any T" if self.max_tokens is None else
              "T = 1 only" if self.max_tokens == 1 else f"T <= {self.max_tokens}"),
         ]
+        if self.frozen:
+            parts.append("frozen verify")
         if self.slot_stride_multiple > 1:
             parts.append(f"slot stride % {self.slot_stride_multiple}")
         if self.base_alignment > 1:
@@ -148,17 +152,34 @@ class Implementation:
         if not (math.isfinite(scale) and scale > 0):
             self._fail("scale", f"scale must be finite and > 0; got {scale} (pass scale=None for K**-0.5)")
 
+    def _check_mode(self, x: DecodeInputs) -> None:
+        if not isinstance(x.update_state, bool):
+            self._fail("update-state", f"update_state must be a bool (True: the pool is updated in place; False: "
+                                       f"frozen verify); got {x.update_state!r}")
+        if not x.update_state and x.num_accepted is not None:
+            self._fail("num-accepted", "num_accepted must be None when update_state=False (frozen verify starts row i "
+                                       f"from slots[i] and stores nothing); got a tensor of shape "
+                                       f"{tuple(x.num_accepted.shape)}")
+
     def _check_shapes(self, x: DecodeInputs) -> None:
+        self._check_mode(x)
         # The spelling (one token per row, or a token axis) is the one most of q, k, v, a, b and
         # slots use, and each dimension the value most of the tensors that carry it agree on: a
         # tensor that disagrees is then blamed itself, never a consistent one derived from it.
-        per_token = sum(getattr(x, n).dim() == r + 1 for n, r in _ONE_TOKEN_RANKS.items()) > \
-            sum(getattr(x, n).dim() == r for n, r in _ONE_TOKEN_RANKS.items())
+        # Frozen verify's slots are [B] in both spellings, so they cast no vote.
+        voters = {n: r for n, r in _ONE_TOKEN_RANKS.items() if x.update_state or n != "slots"}
+        per_token = sum(getattr(x, n).dim() == r + 1 for n, r in voters.items()) > \
+            sum(getattr(x, n).dim() == r for n, r in voters.items())
         layouts = _PER_TOKEN_LAYOUTS if per_token else _ONE_TOKEN_LAYOUTS
+        if not x.update_state:
+            layouts = {**layouts, "slots": ("B",)}
         for name, layout in {**layouts, "state": ("N", "HV", "V", "K")}.items():
             t = getattr(x, name)
             if t.dim() != len(layout):
-                self._fail("rank", f"{name} must be {len(layout)}-D {_spell(layout)}; got shape {tuple(t.shape)}")
+                frozen = " (update_state=False: row i reads slot slots[i], nothing is stored)" \
+                    if name == "slots" and not x.update_state else ""
+                self._fail("rank", f"{name} must be {len(layout)}-D {_spell(layout)}{frozen}; got shape "
+                                   f"{tuple(t.shape)}")
         carriers = {**layouts, "A_log": ("HV",), "state": ("N", "HV", "V", "K")}
         if x.dt_bias.dim() == 2:
             carriers["dt_bias"] = ("HV", "K")
@@ -248,6 +269,9 @@ class Implementation:
     def _capability_violations(self, x: DecodeInputs):
         """Yield ``(rule, contract message, short reason)`` for each declared capability broken."""
         caps = self.capabilities
+        if not x.update_state and not caps.frozen:
+            reason = f"update_state=False (frozen verify: outputs only, no state stored) not supported by {self.name}"
+            yield "update-state", reason, reason
         if x.state.dtype not in caps.state_dtypes:
             want = "/".join(dtype_name(d) for d in caps.state_dtypes)
             yield ("state-dtype", f"state dtype must be {want}; got {dtype_name(x.state.dtype)}",
@@ -286,7 +310,7 @@ class Implementation:
             self._fail("num-accepted", f"num_accepted values must be in [1, T={x.T}] (row i starts from slot "
                                        f"slots[i, num_accepted[i] - 1]); got min {accepted[0]}, max {accepted[1]}")
         named = x.slots[x.slots >= 0]
-        if named.unique().numel() != named.numel():
+        if x.update_state and named.unique().numel() != named.numel():  # frozen verify stores nothing: no race
             dup = named.unique(return_counts=True)
             repeated = dup[0][dup[1] > 1][:4].tolist()
             self._fail("slot-duplicate",
@@ -339,7 +363,7 @@ class Implementation:
         """Check, confirm it can run, allocate; return a launcher that only launches.
 
         The launcher writes the output into ``out`` (allocated here if None) and the new state into
-        the pool, and returns ``out``. Slot values are validated here, once: the launcher assumes
+        the pool (frozen verify: no state), and returns ``out``. Slot values are validated here, once: the launcher assumes
         they do not change afterwards.
         """
         self.check(inputs)

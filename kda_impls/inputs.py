@@ -11,7 +11,8 @@ import torch
 
 @dataclass
 class DecodeInputs:
-    """One decode step; the pool ``state`` is updated in place at the slots named in ``slots``.
+    """One decode step; the pool ``state`` is updated in place at the slots named in ``slots`` (unless
+    ``update_state`` is False: frozen verify, below).
 
     One token per sequence (today's spelling): q, k ``[B, H, K]``; v ``[B, HV, V]``; a (raw gate
     input) ``[B, HV, K]``; b (beta logit) ``[B, HV]``; slots ``[B]`` int32, -1 marking a padding row.
@@ -25,6 +26,12 @@ class DecodeInputs:
 
     Either way: A_log ``[HV]`` fp32; dt_bias ``[HV, K]`` or ``[HV*K]`` fp32; state
     ``[N, HV, V, K]`` (only its slot stride may be non-compact); scale defaults to ``K ** -0.5``.
+
+    Frozen verify (``update_state=False``, either spelling, any T): slots ``[B]`` int32, row i
+    starting from the state in slot ``slots[i]`` (-1: a padding row, zero output), num_accepted
+    None; every token's output is computed and returned as above and no state is stored (the pool,
+    its padding and every slot stay bit for bit as they were). A slot may be named by several rows:
+    nothing is written, so nothing races.
     """
 
     q: torch.Tensor
@@ -38,6 +45,7 @@ class DecodeInputs:
     slots: torch.Tensor
     scale: float | None = None
     num_accepted: torch.Tensor | None = None
+    update_state: bool = True
 
     @property
     def per_token(self) -> bool:
@@ -99,11 +107,14 @@ class DecodeInputs:
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor by field name (``num_accepted`` only where given)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "scale" and getattr(self, f.name) is not None}
+                if f.name not in ("scale", "update_state") and getattr(self, f.name) is not None}
 
     # ---- the per-token view of a step ----------------------------------------------------------
     def token_slots(self) -> torch.Tensor:
-        """``slots`` as ``[B, T]`` (a view) in either spelling."""
+        """``[B, T]``: the slot each token's state is stored in (-1: not stored). ``slots`` as ``[B, T]``
+        (a view) in either spelling; in frozen verify all -1 (a new tensor): nothing is stored."""
+        if not self.update_state:
+            return torch.full((self.B, self.T), -1, dtype=torch.int32, device=self.slots.device)
         return self.slots.view(self.B, self.T)
 
     def accepted(self) -> torch.Tensor:
@@ -113,8 +124,11 @@ class DecodeInputs:
         return torch.ones(self.B, dtype=torch.int32, device=self.slots.device)
 
     def start_slots(self) -> torch.Tensor:
-        """The slot each row starts from, ``slots[i, num_accepted[i] - 1]`` (``[B]`` int64; -1: a
-        padding row). Assumes the contract holds (num_accepted in [1, T])."""
+        """The slot each row starts from, ``slots[i, num_accepted[i] - 1]`` (frozen verify:
+        ``slots[i]``) (``[B]`` int64; -1: a padding row). Assumes the contract holds (num_accepted in
+        [1, T])."""
+        if not self.update_state:
+            return self.slots.long()
         return self.token_slots().long().gather(1, (self.accepted().long() - 1).view(self.B, 1)).view(self.B)
 
     def live_rows(self) -> torch.Tensor:
@@ -127,9 +141,11 @@ class DecodeInputs:
 
     def token(self, t: int) -> "DecodeInputs":
         """Token ``t`` of every row as a one-token step (views; the pool is shared): its q, k, v, a,
-        b and ``slots[:, t]``. Where rows start from is not part of it: that is ``start_slots``."""
+        b and ``slots[:, t]`` (frozen verify: ``slots``, still frozen). Where rows start from is not
+        part of it: that is ``start_slots``."""
         x = self.per_token_spelling()
-        return replace(x, q=x.q[:, t], k=x.k[:, t], v=x.v[:, t], a=x.a[:, t], b=x.b[:, t], slots=x.slots[:, t],
+        slots = x.slots[:, t] if x.update_state else x.slots
+        return replace(x, q=x.q[:, t], k=x.k[:, t], v=x.v[:, t], a=x.a[:, t], b=x.b[:, t], slots=slots,
                        num_accepted=None)
 
     def one_token_spelling(self) -> "DecodeInputs":
@@ -142,11 +158,21 @@ class DecodeInputs:
         return self.token(0)
 
     def per_token_spelling(self) -> "DecodeInputs":
-        """This step with a token axis (views): a one-token step becomes a T = 1 one."""
+        """This step with a token axis (views): a one-token step becomes a T = 1 one (frozen verify's
+        slots are ``[B]`` in both spellings)."""
         if self.per_token:
             return self
+        slots = self.slots[:, None] if self.update_state else self.slots
         return replace(self, q=self.q[:, None], k=self.k[:, None], v=self.v[:, None], a=self.a[:, None],
-                       b=self.b[:, None], slots=self.slots[:, None])
+                       b=self.b[:, None], slots=slots)
+
+    def as_frozen(self) -> "DecodeInputs":
+        """This step as a frozen verify (views; the pool is shared): every row starts from the slot it
+        starts from here and applies the same tokens, and nothing is stored. Its outputs are this
+        step's outputs."""
+        if not self.update_state:
+            return self
+        return replace(self, slots=self.start_slots().to(torch.int32), num_accepted=None, update_state=False)
 
     # ---- the pool --------------------------------------------------------------------------------
     def pool_span(self) -> torch.Tensor:
@@ -160,12 +186,13 @@ class DecodeInputs:
         span = self.pool_span().clone()
         state = span.as_strided(self.state.shape, self.state.stride(), 0)
         copies = {name: t.clone() for name, t in self.tensors().items() if name != "state"}
-        return DecodeInputs(**copies, state=state, scale=self.scale)
+        return DecodeInputs(**copies, state=state, scale=self.scale, update_state=self.update_state)
 
     def nbytes(self) -> int:
         """Bytes a decode step must move: one state read per live row, one state write per stored
         slot, every other input read once, the output written once (in v's dtype). At T = 1 that is
-        each live row's state read and written once."""
+        each live row's state read and written once; in frozen verify each live row's state read once
+        and nothing written."""
         state_moves = int(self.live_rows().sum()) + int(self.stored().sum())
         out = math.prod(self.out_shape) * self.v.element_size()
         return state_moves * self.slot_elements * self.state.element_size() + self.bytes_besides_pool() + out
@@ -191,6 +218,7 @@ def make_inputs(
     *,
     T: int = 1,
     checkpoints: str = "all",
+    update_state: bool = True,
     state_dtype: torch.dtype = torch.bfloat16,
     dtype: torch.dtype = torch.bfloat16,
     slot_pad: int = 0,
@@ -218,11 +246,19 @@ def make_inputs(
     stores into ``slots[i, T-1]``. The slots are drawn as at T = 1 (``n_slots`` defaults to twice
     the slots stored), a row's slots consecutive in ``sorted_slots`` order; ``pad_rows`` random
     rows are all -1.
+
+    ``update_state=False`` (frozen verify, any T): the ``"last"`` draw as :meth:`DecodeInputs.as_frozen`
+    makes it, so the same tensors for a seed as ``checkpoints="last"``: ``slots`` ``[B]``, B distinct
+    slots out of ``n_slots`` (default ``2*B``), ``pad_rows`` of them -1; ``checkpoints`` is not used.
     """
     for name, value, low in (("B", B, 0), ("H", H, 1), ("HV", HV, 1), ("K", K, 1), ("V", V, 1), ("T", T, 1),
                              ("slot_pad", slot_pad, 0)):
         if not (isinstance(value, numbers.Integral) and value >= low):  # numpy's integers too
             raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+    if not update_state:
+        return make_inputs(B, H, HV, K, V, T=T, checkpoints="last", state_dtype=state_dtype, dtype=dtype,
+                           slot_pad=slot_pad, n_slots=n_slots, pad_rows=pad_rows, sorted_slots=sorted_slots,
+                           device=device, seed=seed).as_frozen()
     if checkpoints not in CHECKPOINTS:
         raise ValueError(f"checkpoints must be one of {CHECKPOINTS}; got {checkpoints!r}")
     if not 0 <= pad_rows <= B:

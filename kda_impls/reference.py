@@ -24,6 +24,22 @@ the same arguments differently at the edges (from their source; neither has run 
 - Both compute the outputs of the tokens before ``num_accepted - 1`` too, and FlashInfer's
   tests check those tokens' outputs and checkpoints only from ``num_accepted - 1`` on; here every
   token's output and every stored state is checked.
+
+Frozen verify (``update_state=False``, any T) computes each row's T outputs exactly as the in-place
+step does from the same start state and stores nothing: row i starts from ``S_0`` = slot
+``slots[i]``, and token t's output is ``S_t q_t`` where ``S_t`` is the state after tokens 1..t
+applied in order with the one-token rule (the states chain through the T tokens as in a T-token
+in-place step; only their stores are skipped). Token t's output is therefore the output of token t
+of an in-place T-token step from that slot, and of a frozen step of the first t tokens. A padding
+row (slot -1) outputs zeros. This is FlashInfer 0.7.2.post1's ``recurrent_kda(...,
+disable_state_update=True)`` in its batched ``[B, T, ...]`` form (``flashinfer/kda_decode.py``,
+``_run_frozen_recurrent_kda``; ``flashinfer/kda_kernels/kda_decode_wy_output_only.py``), read from
+its source: it takes one start slot per row (``initial_state_indices`` ``[B]``), refuses
+``num_accepted_tokens``, and computes ``o_t = S_t q_t`` for up to 16 tokens from the read-only pool,
+either by the serial recurrence in registers (its grouped kernel, small ``B*HV``) or by the same
+recurrence in closed (WY) form on tensor cores; neither writes any state. Where it differs here: a
+-1 slot there is no padding row (the grouped kernel reads slot 0 for it, the WY kernel's TMA load
+is handed -1 as it is) and its row outputs what that state gives, not zeros.
 """
 
 from __future__ import annotations
@@ -70,7 +86,9 @@ def reference(inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
     of row i after its token t: what slot ``slots[i, t]`` must hold where it is >= 0. Each row
     starts from slot ``slots[i, num_accepted[i] - 1]`` and applies its T tokens in order, each with
     the one-token rule; every token's output is computed, whether or not its state is stored.
-    Padding rows (start slot -1) have zeros in both.
+    Padding rows (start slot -1) have zeros in both. In frozen verify (``update_state=False``) row i
+    starts from ``slots[i]`` and ``states[i, t]`` is the state after token t, which the step computes
+    and does not store: nothing is compared with it.
     Float64 on a GPU is IEEE double as on the CPU; computing there keeps large grids fast.
     """
     live = inputs.live_rows()

@@ -40,6 +40,15 @@ What the adapter relies on, from fla-core 0.6.0's ``fla/ops/kda/fused_recurrent.
   after the call: one ``index_fill_``). Nothing is gathered and no state is copied; the
   launcher's extra work is that fill, only where there are padding rows. Where every token of
   every row stores, the call is the engines' own, ``slots`` as they are.
+- Frozen verify (``update_state=False``, every variant, any T): fla has no call that reads a pool
+  through indices and stores nothing: with ``ssm_state_indices`` it stores every token's state, at
+  its index (``inplace_final_state=True``) or at ``bos + t`` of its own ``final_state`` buffer, which
+  has one slot per sequence (written past its end at T > 1). Without indices, ``initial_state`` is
+  read as compact ``[N, HV, V, K]`` at sequence n, and with neither ``inplace_final_state`` nor
+  ``output_final_state`` no state is written at all. The adapter therefore gathers each row's start
+  state into a compact buffer of ours (one ``index_select``: one more read and write of each row's
+  state, inside the timed launcher), runs that, and zeroes the padding rows' output (they gathered
+  slot 0).
 - Forms: packed (``packed = True``), as serving engines call it: one sequence of B tokens
   ``[1, B, ...]`` with ``cu_seqlens = arange(B + 1)``, each token its own sequence and state slot
   (the varlen path: every program first loads its row's bounds from ``cu_seqlens``); or batched,
@@ -93,14 +102,16 @@ class FlaKDA(Implementation):
     library = "fla"
     variant = ("packed [1, B] + cu_seqlens, pool in place via ssm_state_indices (T > 1: a row's T tokens one "
                "sequence, + num_accepted_tokens); gate and sigmoid in kernel; fla never handed a -1 (it does not skip "
-               "them): -1 rows gathered out first at T = 1, a scratch slot of ours in their place at T > 1")
+               "them): -1 rows gathered out first at T = 1, a scratch slot of ours in their place at T > 1; frozen "
+               "verify: the start states gathered into a buffer (index_select, one more state pass) and run without "
+               "indices")
     engine_call = "SGLang Triton backend (its own fla-derived kernel, same form)"
     gate_in_kernel = True  # raw a, A_log, dt_bias (use_gate_in_kernel=True); else the log gate precomputed
     beta_in_kernel = True  # the beta logit (use_beta_sigmoid_in_kernel=True); else sigmoid(b) precomputed
     packed = True  # [1, B, ...] with cu_seqlens; else [B, 1, ...] without
     capabilities = Capabilities(devices=("cpu", "cuda"),
                                 state_dtypes=(torch.bfloat16, torch.float16, torch.float32),
-                                packages=("fla",), max_tokens=None)
+                                packages=("fla",), max_tokens=None, frozen=True)
 
     def preload(self) -> None:
         _fused_recurrent_kda_fwd()
@@ -165,6 +176,8 @@ class FlaKDA(Implementation):
         return tensors, prepared.launch if prepared else None
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
+        if not inputs.update_state:
+            return self._frozen_launcher(inputs, out)
         if inputs.T > 1:
             return self._multitoken_launcher(inputs, out)
         fused_recurrent_kda_fwd = _fused_recurrent_kda_fwd()
@@ -249,6 +262,40 @@ class FlaKDA(Implementation):
         return launch
 
 
+    def _frozen_launcher(self, inputs: DecodeInputs, out: torch.Tensor):
+        """Frozen verify: the start states gathered into a compact buffer, run without indices (module
+        docstring); fla's kernel reads the buffer and writes only the output."""
+        fused_recurrent_kda_fwd = _fused_recurrent_kda_fwd()
+        x = inputs.per_token_spelling()
+        live = x.live_rows()
+        if not bool(live.any()):
+            def launch_without_live_rows() -> torch.Tensor:
+                out.zero_()
+                return out
+            return launch_without_live_rows
+
+        B, T = x.B, x.T
+        read_slots = x.start_slots().clamp(min=0)  # padding rows gather slot 0; their output is zeroed
+        starts = x.state.new_empty(B, *x.state.shape[1:])
+        fixed = self.library_arguments(x) | dict(initial_state=starts, inplace_final_state=False)
+        if self.packed:  # each row's T tokens one sequence
+            fixed["cu_seqlens"] = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=x.device)
+        tensors, prepare = self._kernel_inputs(x)
+        shaped = {name: self._tokens(t) for name, t in tensors.items()}
+        shaped_out = self._tokens(out.view(x.out_shape))
+        dead_rows = torch.nonzero(~live).flatten() if not bool(live.all()) else None
+
+        def launch() -> torch.Tensor:
+            if prepare is not None:
+                prepare()
+            torch.index_select(x.state, 0, read_slots, out=starts)
+            fused_recurrent_kda_fwd(**shaped, **fixed, out=shaped_out)
+            if dead_rows is not None:
+                out.index_fill_(0, dead_rows, 0)
+            return out
+        return launch
+
+
 def scratch_slot(state: torch.Tensor) -> tuple[torch.Tensor, int]:
     """A zeroed buffer of ours holding one slot of the pool ``state`` (N >= 1) as fla addresses it,
     and that slot's index: fla reaches slot i at ``state.data_ptr() + i * stride(0)`` elements (int64, no
@@ -306,6 +353,6 @@ class FlaBatched(FlaKDA):
     name = "fla-batched"
     variant = ("batched [B, 1] (T > 1: [B, T] + num_accepted_tokens), no cu_seqlens, pool in place via "
                "ssm_state_indices; gate and sigmoid in kernel; -1 as fla (gathered out at T = 1, a scratch slot at "
-               "T > 1)")
+               "T > 1); frozen verify as fla (start states gathered, no indices)")
     engine_call = ""
     packed = False

@@ -73,6 +73,21 @@ What the adapter relies on, from flashinfer-python 0.7.2.post1's source:
   columns), so that slot is written again afterwards with its own token's state. Each such token
   costs one state store that its -1 would not. A -1 after a row's last stored token has no later
   store to absorb it and is refused (engines never send one: they store every token, or the last).
+- Frozen verify (``update_state=False``, any T; the variants of the packed form): ``disable_state_update=True``
+  with ``[B, T, ...]`` tensors, no ``cu_seqlens``, the pool as ``initial_state_source`` and one slot per
+  row as ``initial_state_indices`` ``[B]`` (``_run_frozen_recurrent_kda`` in ``flashinfer/kda_decode.py``:
+  its batched form, which refuses ``num_accepted_tokens`` and writes no state; the ``cu_seqlens`` form
+  requires the RecoverSSM caches). It runs ``kda_wy_output_only``
+  (``flashinfer/kda_kernels/kda_decode_wy_output_only.py``): the grouped register recurrence where
+  ``B*HV`` is small (at most 48 at T <= 4 with the log gate given, 24 with the gate in the kernel),
+  else the WY-form tensor-core kernel; K == V == 128 and 1 <= T <= 16 only (asserted), bf16 state,
+  the gate parameters read at the q/k head as above. The wrapper makes the pool ``.contiguous()``, so
+  a pool with padding between slots is copied whole on every call (inside the timed launcher). A -1
+  there is no padding row: the grouped kernel reads slot 0 for it, the WY kernel hands it to its TMA
+  load as it is (a box before the pool, which TMA fills with zeros), and both output what that gives, so
+  the adapter hands slot 0 in its place and zeroes those rows' output after the call (one
+  ``index_fill_``, only where there are padding rows). The other forms refuse frozen verify: the call
+  has this one form.
 """
 
 from __future__ import annotations
@@ -108,14 +123,15 @@ class FlashInferKDA(Implementation):
     variant = ("packed [1, B] + cu_seqlens, pool in place via ssm_state_indices (T > 1: [1, B*T], num_spec_tokens, "
                "num_accepted_tokens; a -1 inside a row handed as the row's next stored slot); gate "
                "(use_gate_in_kernel) and sigmoid (beta_is_logit) in kernel; H == HV only (the in-kernel gate reads "
-               "A_log/dt_bias per q/k head)")
+               "A_log/dt_bias per q/k head); frozen verify: [B, T] + disable_state_update=True, "
+               "initial_state_indices [B], -1 rows as slot 0 then zeroed")
     gate_in_kernel = True  # raw a, A_log, dt_bias (use_gate_in_kernel=True); else the log gate precomputed
     beta_in_kernel = True  # the beta logit (beta_is_logit=True); else sigmoid(b) precomputed
     form = "packed"  # one of FORMS (module docstring)
     capabilities = Capabilities(devices=("cuda",), state_dtypes=(torch.bfloat16,), k_values=(64, 128),
                                 v_values=(64, 128), k_equals_v=True, slot_stride_multiple=16,
                                 base_alignment=TENSOR_ALIGNMENT, min_compute_capability=(9, 0),
-                                packages=("flashinfer", "cutlass", "tvm_ffi"), max_tokens=None)
+                                packages=("flashinfer", "cutlass", "tvm_ffi"), max_tokens=None, frozen=True)
 
     @property
     def label(self) -> str:
@@ -135,13 +151,16 @@ class FlashInferKDA(Implementation):
         return not (self.gate_in_kernel and self.beta_in_kernel)
 
     def _as_read(self, inputs: DecodeInputs) -> DecodeInputs:
-        # A T = 1 step in either spelling takes the one-token call, as before FlashInfer ran T > 1.
+        # A T = 1 step in either spelling takes the one-token call, as before FlashInfer ran T > 1; frozen
+        # verify has only the [B, T] call.
+        if not inputs.update_state:
+            return inputs.per_token_spelling()
         return inputs.one_token_spelling() if inputs.T == 1 else inputs
 
     def _tensors_passed(self, inputs: DecodeInputs) -> dict[str, torch.Tensor]:
         """The inputs handed to the library as they are (the rest go through buffers of ours)."""
         passed = dict(q=inputs.q, k=inputs.k, v=inputs.v)
-        if self.form != "dense":
+        if self.form != "dense" and inputs.update_state:  # frozen verify hands a copy of them
             passed["slots"] = inputs.slots  # at T > 1 where nothing is remapped
         if inputs.T > 1 and inputs.num_accepted is not None:
             passed["num_accepted"] = inputs.num_accepted
@@ -160,7 +179,7 @@ class FlashInferKDA(Implementation):
                     f"hv; ours are per value head (precompute the gate per value head: flashinfer-loggate)")
         if (self.form == "packed" or inputs.T > 1 and self.form == "gather") and inputs.B and inputs.N == 0:
             return "the pool has no slots, and flashinfer reads slot 0 for rows with slot -1"
-        reason = self._form_unsupported(inputs)
+        reason = self._frozen_unsupported(inputs) if not inputs.update_state else self._form_unsupported(inputs)
         if reason:
             return reason
         for name, t in self._tensors_passed(inputs).items():
@@ -179,6 +198,19 @@ class FlashInferKDA(Implementation):
         # flashinfer/kda_kernels/__init__.py sets it to None when the CuTe DSL is missing or cannot target this GPU
         if hasattr(kda_kernels, "run_recurrent_kda") and kda_kernels.run_recurrent_kda is None:
             return "flashinfer's CuTe-DSL recurrent KDA backend did not load for this GPU"
+        return None
+
+    def _frozen_unsupported(self, inputs: DecodeInputs) -> str | None:
+        """What frozen verify's one call (module docstring) rules out from shapes alone."""
+        if self.form != "packed":
+            return ("frozen verify (disable_state_update=True) has one form, the batched [B, T] call with "
+                    "initial_state_indices, which the packed variants make (flashinfer, flashinfer-sigmoid, "
+                    "flashinfer-loggate, flashinfer-loggate-sigmoid)")
+        if not inputs.K == inputs.V == 128:
+            return (f"frozen verify (disable_state_update=True) needs K == V == 128 (kda_wy_output_only); got "
+                    f"K={inputs.K}, V={inputs.V}")
+        if inputs.T > 16:
+            return f"frozen verify (disable_state_update=True) takes at most 16 tokens per row; got T={inputs.T}"
         return None
 
     def _form_unsupported(self, inputs: DecodeInputs) -> str | None:
@@ -238,7 +270,12 @@ class FlashInferKDA(Implementation):
                                              dtype=torch.bfloat16)  # the only dtype the kernel takes
         g = inputs.a if self.gate_in_kernel else prepared.log_gate
         beta = inputs.b if self.beta_in_kernel else prepared.beta
-        if inputs.T > 1:
+        if not inputs.update_state:  # [B, T] tensors, one read slot per row, -1 as slot 0 (module docstring)
+            def rows(t):
+                return t
+            placement = dict(initial_state_source=inputs.state, initial_state_indices=inputs.slots.clamp(min=0),
+                             disable_state_update=True)
+        elif inputs.T > 1:
             rows, placement = self._multitoken_placement(inputs)
         elif self.form == "packed":
             def rows(t):
@@ -273,6 +310,8 @@ class FlashInferKDA(Implementation):
         return (lambda t: t.flatten(0, 1).unsqueeze(0)), dict(cu_seqlens=cu_seqlens, **spec)  # a row one sequence
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
+        if not inputs.update_state:
+            return self._frozen_launcher(inputs, out)
         reason = self._slots_unsupported(inputs)  # bind() validated the slots; this reads them once more
         if reason:
             raise Unsupported(f"{self.label}: {reason}")
@@ -294,6 +333,24 @@ class FlashInferKDA(Implementation):
         return launch_with_precompute
 
 
+    def _frozen_launcher(self, inputs: DecodeInputs, out: torch.Tensor):
+        """Frozen verify: the one call, then the padding rows' output zeroed (they read slot 0)."""
+        recurrent_kda = recurrent_kda_entry_point()
+        arguments, prepare = self.library_arguments(inputs, out)
+        live = inputs.live_rows()  # bind() validated the slots; resolved here, outside the launcher
+        dead_rows = torch.nonzero(~live).flatten() if not bool(live.all()) else None
+
+        def launch() -> torch.Tensor:
+            if prepare is not None:
+                prepare()
+            recurrent_kda(**arguments)
+            if dead_rows is not None:
+                out.index_fill_(0, dead_rows, 0)
+            return out
+
+        return launch
+
+
 def flashinfer_state_indices(inputs: DecodeInputs) -> torch.Tensor:
     """``ssm_state_indices`` ``[B, T]`` int32 for a multi-token call: each stored token's slot; in a
     live row, for each -1 the next slot that row stores into (the token is then applied and its
@@ -313,7 +370,7 @@ def flashinfer_state_indices(inputs: DecodeInputs) -> torch.Tensor:
 class FlashInferSigmoid(FlashInferKDA):
     name = "flashinfer-sigmoid"
     variant = ("packed + ssm_state_indices as flashinfer; gate in kernel, beta pre-sigmoided (one Triton launch, "
-               "rounded to bf16: beta off by up to 2^-8 relative); H == HV only")
+               "rounded to bf16: beta off by up to 2^-8 relative); H == HV only; frozen verify as flashinfer")
     engine_call = "SGLang (FlashInfer KDA backend, cute-dsl decode)"
     beta_in_kernel = False
 
@@ -321,14 +378,15 @@ class FlashInferSigmoid(FlashInferKDA):
 class FlashInferLogGate(FlashInferKDA):
     name = "flashinfer-loggate"
     variant = ("packed + ssm_state_indices as flashinfer; log gate precomputed per value head (one Triton launch, "
-               "rounded to bf16: decay off by up to |g|*2^-8 relative), beta logit in kernel; GVA right")
+               "rounded to bf16: decay off by up to |g|*2^-8 relative), beta logit in kernel; GVA right; frozen verify "
+               "as flashinfer")
     gate_in_kernel = False
 
 
 class FlashInferLogGateSigmoid(FlashInferKDA):
     name = "flashinfer-loggate-sigmoid"
     variant = ("packed + ssm_state_indices as flashinfer; log gate and sigmoid(beta) precomputed in one Triton "
-               "launch, both rounded to bf16 (up to 2^-8 relative each); GVA right")
+               "launch, both rounded to bf16 (up to 2^-8 relative each); GVA right; frozen verify as flashinfer")
     gate_in_kernel = False
     beta_in_kernel = False
 

@@ -1,8 +1,9 @@
 """Plain torch ops in float32: the reference semantics, vectorised over batch and heads.
 
 Runs wherever torch does (CPU and CUDA), any legal pool, any number of tokens per step (one
-vectorised step per token). It is a correctness baseline and the floor any kernel must beat, not a
-fast path: each op materialises a [B, HV, V, K] temporary.
+vectorised step per token), in place or frozen verify (the same steps, no store). It is a
+correctness baseline and the floor any kernel must beat, not a fast path: each op materialises a
+[B, HV, V, K] temporary.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ class NaiveTorch(Implementation):
     library = "torch"
     variant = "the semantics as vectorised torch ops in float32 (a baseline, one calling convention)"
     capabilities = Capabilities(devices=("cpu", "cuda"),
-                                state_dtypes=(torch.bfloat16, torch.float16, torch.float32), max_tokens=None)
+                                state_dtypes=(torch.bfloat16, torch.float16, torch.float32), max_tokens=None,
+                                frozen=True)
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
         # Slot values were validated by bind(); resolving the rows and slots here keeps the launcher
@@ -28,9 +30,9 @@ class NaiveTorch(Implementation):
         out_tokens = out.view(x.out_shape)
         dead_rows = torch.nonzero(~x.live_rows()).flatten()
         read_slots = x.start_slots().clamp(min=0)  # padding rows read slot 0 and discard it
-        stored = x.stored()
-        # per token: its inputs, the rows that store its state, and where
-        steps = [(x.token(t), torch.nonzero(stored[:, t]).flatten(), x.slots[:, t][stored[:, t]].long())
+        stored, token_slots = x.stored(), x.token_slots()
+        # per token: its inputs, the rows that store its state, and where (none in frozen verify)
+        steps = [(x.token(t), torch.nonzero(stored[:, t]).flatten(), token_slots[:, t][stored[:, t]].long())
                  for t in range(x.T)]
         state = x.state
 
@@ -38,7 +40,8 @@ class NaiveTorch(Implementation):
             S = state[read_slots]  # every row's start state, read before any token stores
             for t, (token, rows, slots) in enumerate(steps):
                 o, S = decode_step(token, S, torch.float32)
-                state[slots] = S[rows].to(state.dtype)  # in place through the strided view
+                if rows.numel():
+                    state[slots] = S[rows].to(state.dtype)  # in place through the strided view
                 out_tokens[:, t].copy_(o)
             out_tokens.index_fill_(0, dead_rows, 0)
             return out

@@ -1,0 +1,278 @@
+"""Frozen verify (``update_state=False``): every token's output from the row's start state, nothing stored.
+
+Each implementation that runs the mode is checked two ways on small shapes (our Triton kernel under
+TRITON_INTERPRET=1 on the CPU): through ``kda_impls.verify`` (output poisoned with NaN, outputs
+against the float64 reference, every slot and the padding between slots bit for bit unchanged), and
+against its own in-place T-token step from the same pool: a frozen step of the first t tokens must
+output exactly what tokens 1..t of the in-place step output, for every t. Two planted
+implementations prove the checks: one that stores the final state anyway, one that computes every
+token from the start state without chaining (a misreading of "from the start state").
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing
+
+from kda_impls import ContractError, get, make_inputs, names, reference, rel_err, verify
+from kda_impls.contract import Capabilities, Implementation
+from kda_impls.impls.naive import NaiveTorch
+from kda_impls.reference import decode_step
+from kda_impls.verify import TOLERANCE
+
+RUNS_ON_CPU = ["naive", "triton", "fla"]
+
+CASES = {
+    "gva-padded-pool-pad-row": dict(B=3, H=1, HV=2, K=16, V=16, T=3, slot_pad=7, pad_rows=1),
+    "k>v-fp32": dict(B=2, H=2, HV=2, K=32, V=16, T=2, state_dtype=torch.float32),
+    "one-token": dict(B=3, H=2, HV=4, K=16, V=16, T=1, slot_pad=16, pad_rows=1),
+    "all-rows-padding": dict(B=2, H=1, HV=2, K=16, V=16, T=2, pad_rows=2),
+}
+
+
+def first_tokens(x, t):
+    """Tokens 1..t of every row of ``x`` as a step of t tokens (the same pool, slots and mode)."""
+    p = x.per_token_spelling()
+    return dataclasses.replace(p, **{n: getattr(p, n)[:, :t].contiguous() for n in ("q", "k", "v", "a", "b")})
+
+
+def poisoned(x):
+    return torch.full(x.out_shape, float("nan"), dtype=x.v.dtype, device=x.device)
+
+
+def bits(t):
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+@pytest.mark.parametrize("impl", RUNS_ON_CPU)
+def test_frozen_outputs_are_the_in_place_steps_token_by_token(impl, case):
+    """For every t, a frozen step of the first t tokens outputs bit for bit what tokens 1..t of the
+    in-place T-token step from the same slots output, leaves the pool bit for bit as it was, and
+    passes verify against the float64 reference."""
+    impl = get(impl)
+    x = make_inputs(**CASES[case], seed=3)
+    inplace = x.clone()
+    want = impl.decode(inplace, poisoned(inplace)).view(x.B, x.T, x.HV, x.V)
+    for t in range(1, x.T + 1):
+        frozen = first_tokens(x.as_frozen(), t).clone()
+        before = frozen.pool_span().clone()
+        got = impl.decode(frozen, poisoned(frozen))
+        assert torch.equal(bits(frozen.pool_span()), bits(before)), f"t={t}: the pool changed"
+        assert torch.equal(got, want[:, :t]), f"t={t}: outputs differ from the in-place step's"
+        verdict = verify(impl, first_tokens(x.as_frozen(), t).clone())
+        assert verdict.ok, f"t={t}: {verdict}"
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("T", [1, 2])
+@pytest.mark.parametrize("impl", RUNS_ON_CPU)
+def test_frozen_matches_reference_with_repeated_slots(impl, T, state_dtype):
+    """Several rows may read one slot (nothing is written, so nothing races): each still gets its own
+    outputs, and the slot keeps its bits. T = 1 in the one-token spelling."""
+    x = make_inputs(4, 2, 4, 16, 16, T=T, update_state=False, state_dtype=state_dtype, slot_pad=16, seed=5)
+    x.slots = torch.tensor([3, 3, -1, 3], dtype=torch.int32)
+    get(impl).check(x)
+    verdict = verify(get(impl), x)
+    assert verdict.ok, verdict
+
+
+class StoresAnyway(NaiveTorch):
+    """Planted: frozen verify that writes each live row's final state back into its slot."""
+
+    name = "stores-anyway"
+
+    def _launcher(self, inputs, out):
+        launch = super()._launcher(inputs, out)
+        x = inputs.per_token_spelling()
+        live = torch.nonzero(x.live_rows()).flatten()
+
+        def launch_and_store():
+            _, states = reference(x)
+            x.state[x.slots[live].long()] = states[live, -1].to(x.state.dtype)
+            return launch()
+        return launch_and_store
+
+
+class Unchained(NaiveTorch):
+    """Planted: every token computed from the start state itself, not from the state after the
+    tokens before it."""
+
+    name = "unchained"
+
+    def _launcher(self, inputs, out):
+        x = inputs.per_token_spelling()
+        S0 = x.state[x.start_slots().clamp(min=0)]
+        out_tokens = out.view(x.out_shape)
+
+        def launch():
+            for t in range(x.T):
+                out_tokens[:, t] = decode_step(x.token(t), S0, torch.float32)[0]
+            out_tokens[~x.live_rows()] = 0
+            return out
+        return launch
+
+
+def test_verify_catches_a_frozen_step_that_stores():
+    verdict = verify(StoresAnyway(), make_inputs(3, 1, 2, 16, 16, T=2, update_state=False, seed=6))
+    assert not verdict.ok and "slots not in `slots` were written" in str(verdict), verdict
+
+
+def test_verify_catches_tokens_not_chained_through_the_state():
+    x = make_inputs(3, 1, 2, 16, 16, T=3, update_state=False, state_dtype=torch.float32, seed=7)
+    assert verify(NaiveTorch(), x.clone()).ok
+    verdict = verify(Unchained(), x)
+    assert not verdict.ok and "output error" in str(verdict), verdict
+
+
+# ---- the contract -------------------------------------------------------------------------------
+def frozen(**changes):
+    x = make_inputs(3, 1, 2, 16, 16, T=2, update_state=False, seed=8)
+    return dataclasses.replace(x, **changes)
+
+
+@pytest.mark.parametrize("x, rule, message", [
+    (lambda: frozen(num_accepted=torch.ones(3, dtype=torch.int32)), "num-accepted",
+     "num_accepted must be None when update_state=False"),
+    (lambda: frozen(slots=torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)), "rank",
+     r"slots must be 1-D \[B\] \(update_state=False: row i reads slot slots\[i\]"),
+    (lambda: frozen(slots=torch.tensor([0, 1], dtype=torch.int32)), "shape", r"slots shape must be \(3,\)"),
+    (lambda: frozen(slots=torch.tensor([0, 1, 6], dtype=torch.int32)), "slot-range", r"in \[-1, N=6\)"),
+    (lambda: frozen(update_state=0), "update-state", "update_state must be a bool"),
+], ids=["num-accepted", "per-token-slots", "slots-shape", "slot-range", "not-a-bool"])
+def test_contract_refuses_what_frozen_verify_does_not_define(x, rule, message):
+    with pytest.raises(ContractError, match=message) as err:
+        get("naive").check(x())
+    assert err.value.rule == rule
+    assert "\n" not in str(err.value)
+
+
+class InPlaceOnly(Implementation):
+    name = "in-place-only"
+    capabilities = Capabilities(devices=("cpu",), max_tokens=None)
+
+
+def test_an_implementation_without_the_mode_refuses_it_with_its_reason():
+    x = frozen()
+    reason = InPlaceOnly().unsupported(x)
+    assert reason == "update_state=False (frozen verify: outputs only, no state stored) not supported by in-place-only"
+    with pytest.raises(ContractError) as err:
+        InPlaceOnly().check(x)
+    assert err.value.rule == "update-state"
+    assert InPlaceOnly().unsupported(make_inputs(3, 1, 2, 16, 16, T=2, seed=8)) is None  # in place it runs
+
+
+def test_in_place_steps_still_refuse_repeated_slots():
+    x = make_inputs(3, 1, 2, 16, 16, seed=9)
+    x.slots = torch.tensor([1, 1, 2], dtype=torch.int32)
+    with pytest.raises(ContractError) as err:
+        get("naive").check(x)
+    assert err.value.rule == "slot-duplicate"
+
+
+# ---- inputs and bytes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("T", [1, 3])
+def test_make_inputs_frozen_is_the_last_checkpoint_draw_as_frozen(T):
+    a = make_inputs(5, 2, 4, 16, 16, T=T, update_state=False, pad_rows=2, seed=10)
+    b = make_inputs(5, 2, 4, 16, 16, T=T, checkpoints="last", pad_rows=2, seed=10)
+    assert not a.update_state and a.num_accepted is None and a.slots.shape == (5,)
+    assert torch.equal(a.slots.long(), b.start_slots())
+    for name in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert torch.equal(a.clone().slots, a.slots) and not a.clone().update_state
+    assert not a.stored().any() and (a.token_slots() == -1).all() and a.token_slots().shape == (5, T)
+
+
+def test_frozen_bytes_are_one_state_read_per_live_row():
+    x = make_inputs(5, 2, 4, 16, 16, T=3, checkpoints="last", pad_rows=2, seed=11)
+    f = x.as_frozen()
+    slot_bytes = x.slot_elements * x.state.element_size()
+    out_bytes = x.B * x.T * x.HV * x.V * x.v.element_size()
+    assert f.nbytes() == 3 * slot_bytes + f.bytes_besides_pool() + out_bytes
+    assert x.nbytes() - f.nbytes() == 3 * slot_bytes + x.num_accepted.nbytes + x.slots.nbytes - f.slots.nbytes
+
+
+# ---- every implementation: runs the mode, or says why not ---------------------------------------
+@pytest.mark.interpreter
+@pytest.mark.parametrize("name", names())
+def test_every_implementation_runs_frozen_verify_or_refuses_it_with_its_reason(name):
+    """The survey's answer for the mode: where an implementation says it can run here, verify passes."""
+    impl = get(name)
+    x = make_inputs(3, 1, 2, 16, 16, T=2, update_state=False, slot_pad=16, pad_rows=1, seed=12)
+    reason = impl.unsupported(x)
+    if reason is not None:
+        assert isinstance(reason, str) and reason and "\n" not in reason
+        return
+    verdict = verify(impl, x)
+    assert verdict.ok, verdict
+
+
+# ---- on the GPU (the H200 grid) -------------------------------------------------------------------
+gpu = pytest.mark.gpu
+GPU_FROZEN = ["triton", "fla", "flashinfer", "flashinfer-loggate-sigmoid"]
+
+
+@gpu
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("T", [1, 4, 16])
+@pytest.mark.parametrize("name", GPU_FROZEN)
+def test_frozen_verify_on_gpu(name, T, state_dtype):
+    """Serving shapes (GVA, padded pool, -1 rows): verify, and the in-place step's outputs token by token."""
+    x = make_inputs(32, 16, 32, 128, 128, T=T, checkpoints="last", state_dtype=state_dtype, slot_pad=64,
+                    pad_rows=4, device="cuda", seed=31)
+    impl = get(name)
+    reason = impl.unsupported(x.as_frozen())
+    if reason is not None:
+        pytest.skip(reason)
+    verdict = verify(impl, x.as_frozen().clone())
+    assert verdict.ok, verdict
+    want = impl.decode(x.clone()).view(x.B, x.T, x.HV, x.V)
+    got = impl.decode(x.as_frozen().clone()).view(x.B, x.T, x.HV, x.V)
+    assert rel_err(got, want) <= TOLERANCE[torch.bfloat16]  # the same math, maybe by another kernel
+
+
+@gpu
+def test_triton_frozen_graph_replay_and_no_allocation():
+    x = make_inputs(64, 32, 32, 128, 128, T=4, update_state=False, slot_pad=16, pad_rows=8, device="cuda", seed=32)
+    assert_graph_replay_takes_eager_step("triton", x)
+    assert_launch_allocates_nothing("triton", x)
+
+
+COMPILE_FOR_SM90 = """
+import inspect, json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kda_impls.impls import triton_kda as tk
+fn = tk._kda_multitoken_kernel
+params = list(inspect.signature(fn.fn).parameters)
+pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accepted_ptr="*i32")
+runtime = dict(slot_stride="i32", scale="fp32", T="i32")
+meta = dict(HV=4, GROUP=2, K=64, V=64, BV=32, HEADS=1, NUM_STAGES=1, LOAD_HINT="evict_first", STORE_HINT="",
+            L2_EPS=1e-6, SOFTPLUS_LINEAR_ABOVE=20.0, FAST_GATE=0)
+stores = {}
+for flag in (1, 0):
+    sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
+    constants = {(params.index(n),): v for n, v in (meta | dict(STORES=flag)).items()}
+    compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32))
+    ptx = compiled.asm["ptx"]
+    stores[flag] = len(re.findall(r"st\\.global", ptx))
+print(json.dumps(stores))
+"""
+
+
+def test_the_frozen_kernel_compiled_for_sm90_stores_only_its_output():
+    """Compiled for the H200 (Triton's own ptxas, no GPU needed): with STORES=0 the multi-token
+    kernel's PTX keeps one global store (the output tile) of the in-place kernel's many."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    stores = json.loads(done.stdout.strip().splitlines()[-1])
+    assert stores["0"] == 1 and stores["1"] > 1, stores
