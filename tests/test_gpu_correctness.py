@@ -36,7 +36,8 @@ def test_the_grid_writes_rows_and_meta_under_out_and_fails_on_a_compounding_erro
                                      "--device", "cpu"])
     assert gpu_correctness.main() == 1
     table = pd.read_csv(out / "correctness.csv")
-    assert sorted(zip(table.impl, table.status, strict=True)) == [("naive", "ok")] * 2 + [("planted-drift", "wrong")] * 2
+    statuses = sorted(zip(table.impl, table.status, strict=True))
+    assert statuses == [("naive", "ok")] * 2 + [("planted-drift", "wrong")] * 2
     assert (table.steps >= 1).all() and table[table.impl == "naive"].err_steps.notna().all()
     meta = json.loads((out / "meta.json").read_text())
     assert "sha" in meta["git"] and meta["versions"]["torch"] and meta["impls_done"] == ["naive", "planted-drift"]
