@@ -380,6 +380,8 @@ class Implementation:
         elif out.data_ptr() % self.capabilities.base_alignment:
             self._fail("out", f"out must start {self.capabilities.base_alignment}-byte aligned; its byte offset "
                               f"is {out.data_ptr() % self.capabilities.base_alignment}")
+        else:
+            self._check_out_alias(inputs, out)
         spelled = self._as_read(inputs)
         if spelled is inputs:
             return self._launcher(inputs, out)
@@ -390,6 +392,17 @@ class Implementation:
             return out
 
         return launch_per_token
+
+    def _check_out_alias(self, inputs: DecodeInputs, out: torch.Tensor) -> None:
+        # the launcher writes out while reading the inputs (and the pool): overlapping memory races
+        start, end = out.data_ptr(), out.data_ptr() + out.nbytes
+        for name, t in inputs.tensors().items():
+            t_start = t.data_ptr()
+            t_end = t_start + (inputs.pool_span().nbytes if name == "state" else t.nbytes)
+            if t.device == out.device and start < t_end and t_start < end:
+                what = "the state pool" if name == "state" else name
+                self._fail("out-alias", f"out must not overlap any input; got out (bytes {start:#x}-{end:#x}) "
+                                        f"overlapping {what} (bytes {t_start:#x}-{t_end:#x})")
 
     def decode(self, inputs: DecodeInputs, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.bind(inputs, out)()

@@ -5,10 +5,14 @@ B in {1, 8, 64, 512} x HV in {16, 32, 64} x (K, V) in {(64, 64), (128, 128), (12
 slot_pad in {0, 16, 64} x state dtype, H = HV; a GVA slice (H = HV / 4); and multi-token steps
 (speculative verify): T in {2, 4, 8} x B in {1, 8, 64} x HV in {16, 32} x K = V in {64, 128} x
 slot_pad in {0, 64} x state dtype, the state stored after every token with a random number of
-accepted tokens per row, or after the last only. Every case draws fresh inputs, poisons the output
-with NaN, and checks untouched slots and padding bit for bit (kda_impls.verify, through the
-harness's case runner). Rows with slot -1 are included (B // 8 of them). Exits 1 if any case is
-wrong or errors; unsupported combinations are recorded with the implementation's reason.
+accepted tokens per row, or after the last only. Every case is the check a sweep makes of a row
+(kda_impls.verify, through the harness's case runner): fresh inputs, the output poisoned with NaN,
+one step against the exact float64 reference, then several more on the same pool (8 to 16, by
+shape) against the reference that stores the state as the pool does, untouched slots and padding
+bit for bit. Rows with slot -1 are included (B // 8 of them). Writes correctness.csv (err_steps:
+the stored states' error after the steps) and meta.json (commit, devices, library versions) under
+--out. Exits 1 if any case is wrong or errors; unsupported combinations are recorded with the
+implementation's reason.
 
     python scripts/gpu_correctness.py --out results/h200/correctness          # every implementation but naive
     python scripts/gpu_correctness.py --impls triton,fla --out DIR
@@ -28,12 +32,10 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kda_impls import get, names  # noqa: E402
-from kda_impls.bench.case import run_case  # noqa: E402
-from kda_impls.bench.config import Config  # noqa: E402
-from kda_impls.bench.results import environment, write_meta  # noqa: E402
+from kda_impls import get, names
+from kda_impls.bench.case import run_case
+from kda_impls.bench.config import Config
+from kda_impls.bench.results import environment, write_meta
 
 BATCHES = (1, 8, 64, 512)
 VALUE_HEADS = (16, 32, 64)
@@ -58,7 +60,8 @@ def check_case(impl: str, case: dict, device: str) -> dict:
     cfg = Config(impl, **case, pad_rows=case["B"] // 8)
     row = run_case(cfg, device)
     return {"impl": impl, **cfg.columns(), "status": row["status"], "err_out": row["err_out"],
-            "err_state": row["err_state"], "detail": row["reason"]}
+            "err_state": row["err_state"], "err_steps": row["err_steps"], "steps": row["steps"],
+            "detail": row["reason"]}
 
 
 def main() -> int:
@@ -87,7 +90,7 @@ def main() -> int:
 
     summary = table.pivot_table(index="impl", columns="status", values="B", aggfunc="count", fill_value=0)
     print(summary.to_string())
-    worst = table[table.status == "ok"].groupby(["impl", "state_dtype"])[["err_out", "err_state"]].max()
+    worst = table[table.status == "ok"].groupby(["impl", "state_dtype"])[["err_out", "err_state", "err_steps"]].max()
     print("worst relative error among ok cases:\n" + worst.to_string(float_format="{:.2e}".format))
     bad = table[table.status.isin(["wrong", "error"])]
     if len(bad):

@@ -64,7 +64,8 @@ def test_rank(name, want):
     ("b", lambda t: t[:, :1].contiguous(), r"b shape must be \(4, 2\).*got \(4, 1\)"),
     ("A_log", lambda t: t[:1].contiguous(), r"A_log shape must be \(2,\).*got \(1,\)"),
     ("slots", lambda t: t[:3].contiguous(), r"slots shape must be \(4,\).*got \(3,\)"),
-    ("dt_bias", lambda t: t[:, :8].contiguous(), r"dt_bias shape must be \[HV, K\]=\(2, 16\) or \[HV\*K\]=\(32,\); got \(2, 8\)"),
+    ("dt_bias", lambda t: t[:, :8].contiguous(),
+     r"dt_bias shape must be \[HV, K\]=\(2, 16\) or \[HV\*K\]=\(32,\); got \(2, 8\)"),
 ])
 def test_shapes_must_agree(name, mutate, pattern):
     x = inputs()
@@ -280,6 +281,39 @@ def test_out_buffer_alignment():
         Strict().bind(x, out=aligned[8:].view(4, 2, 16))
     assert err.value.rule == "out"
     Strict().bind(x, out=aligned[:-8].view(4, 2, 16))  # aligned: accepted
+
+
+@pytest.mark.parametrize("alias", ["v", "q", "state", "a"])
+def test_out_aliasing_an_input_is_refused_before_anything_runs(alias):
+    """The launcher writes out while it reads every input: out sharing memory with one (the pool, v, q,
+    ...) would race. Each is refused in one line naming it, nothing modified."""
+    x = inputs(H=2, HV=2, K=16, V=16)
+    n = 4 * 2 * 16
+    out = {"v": lambda: x.v,  # the same tensor
+           "q": lambda: x.q,  # q [B, H, K] has out's shape where H == HV and K == V
+           "state": lambda: x.pool_span()[x.slot_stride + 3:x.slot_stride + 3 + n].view(4, 2, 16),  # inside a slot
+           "a": lambda: x.a}[alias]()  # a [B, HV, K] too
+    before = {name: t.clone() for name, t in x.tensors().items()}
+    pool = x.pool_span().clone()
+    with pytest.raises(ContractError) as err:
+        get("naive").bind(x, out=out)
+    what = "the state pool" if alias == "state" else alias
+    assert err.value.rule == "out-alias"
+    assert re.fullmatch(rf"naive out must not overlap any input; got out \(bytes 0x[0-9a-f]+-0x[0-9a-f]+\) "
+                        rf"overlapping {what} \(bytes 0x[0-9a-f]+-0x[0-9a-f]+\)", str(err.value)), str(err.value)
+    assert all(torch.equal(t, before[name]) for name, t in x.tensors().items())
+    assert torch.equal(x.pool_span().view(torch.int16), pool.view(torch.int16))
+
+
+def test_out_next_to_an_input_in_one_buffer_is_accepted():
+    """Disjoint views of one allocation do not alias: only overlapping bytes are refused."""
+    x = inputs(H=2, HV=2, K=16, V=16)
+    n = 4 * 2 * 16
+    buffer = torch.empty(2 * n, dtype=torch.bfloat16)
+    buffer[:n] = x.v.flatten()
+    x.v = buffer[:n].view(4, 2, 16)
+    out = get("naive").bind(x, out=buffer[n:].view(4, 2, 16))()
+    assert out.data_ptr() == buffer[n:].data_ptr() and not torch.isnan(out).any()
 
 
 def test_capabilities_describe_themselves():

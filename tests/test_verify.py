@@ -2,7 +2,8 @@
 
 A planted bug runs the correct (naive) decode, then breaks one thing: each test fails if the check
 that should catch it is removed, inverted or made NaN-blind. Writes to untouched slots and padding,
-a forgotten output row and a gate per q/k head are planted in tests/test_naive.py.
+a forgotten output row and a gate per q/k head are planted in tests/test_naive.py. The bugs that
+only consecutive steps show are the implementations of tests/planted/, registered as a user's are.
 """
 
 import math
@@ -10,10 +11,13 @@ import re
 
 import pytest
 import torch
+from planted import extra_impls
 
-from kda_impls import make_inputs, rel_err, verify
+from kda_impls import get, make_inputs, rel_err, verify
+from kda_impls.bench.case import run_case
+from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.impls.naive import NaiveTorch
-from kda_impls.verify import TOLERANCE
+from kda_impls.verify import CPU_STEP_ELEMENTS, MIN_CPU_STEPS, TOLERANCE, default_steps, steps_tolerance
 
 
 class Planted(NaiveTorch):
@@ -121,7 +125,9 @@ def test_a_correct_run_passes_with_its_errors_recorded():
     verdict = verify(Planted(lambda *_: None), case())
     assert verdict.ok and verdict.problems == [], verdict
     assert 0 < verdict.err_out <= verdict.tol_out and 0 < verdict.err_state <= verdict.tol_state
-    assert str(verdict) == f"err_out={verdict.err_out:.2e} (tol 1e-02) err_state={verdict.err_state:.2e} (tol 1e-02)"
+    assert verdict.steps == default_steps(case()) == 2 and 0 <= verdict.err_steps <= verdict.tol_steps
+    assert str(verdict) == (f"err_out={verdict.err_out:.2e} (tol 1e-02) err_state={verdict.err_state:.2e} (tol 1e-02) "
+                            f"err_steps={verdict.err_steps:.2e} (tol 5.5e-03, 2 steps)")
 
 
 def test_the_launcher_gets_a_nan_filled_output_buffer():
@@ -188,6 +194,131 @@ def test_rel_err():
     ref = torch.tensor([3.0, 4.0])
     assert rel_err(torch.tensor([3.0, 5.0]), ref) == pytest.approx(1 / 5)
     assert rel_err(torch.tensor([3.0, 4.0], dtype=torch.bfloat16), ref) == 0.0
-    assert rel_err(torch.tensor([0.3, 0.5]), torch.tensor([0.3, 0.4])) == pytest.approx(0.2)  # ||ref|| < 1: still relative
+    assert rel_err(torch.tensor([0.3, 0.5]), torch.tensor([0.3, 0.4])) == pytest.approx(0.2)  # ||ref|| < 1: relative
     assert rel_err(torch.tensor([0.0, 2.0]), torch.zeros(2)) == 2.0  # an all-zero reference: absolute
     assert math.isnan(rel_err(torch.tensor([float("nan"), 4.0]), ref))
+
+
+# ---- consecutive steps: the planted implementations of tests/planted/ -----------------------------------
+
+@pytest.fixture
+def planted(monkeypatch):
+    """get() of the planted implementations, registered through $KDA_EXTRA_IMPLS as a user's are."""
+    monkeypatch.setenv("KDA_EXTRA_IMPLS", extra_impls())
+    return get
+
+
+def tiny(**kw):
+    return make_inputs(**{**dict(B=4, H=2, HV=2, K=16, V=16, slot_pad=8, pad_rows=1, seed=5), **kw})
+
+
+def test_a_state_half_a_percent_too_large_per_step_passes_one_step_and_fails_the_steps(planted):
+    """The bug the one-step check let through: within its bf16 tolerance (1e-2) after one step, caught
+    by the steps on the same pool against the reference that rounds the state as the pool does."""
+    one = verify(planted("planted-drift"), tiny(), steps=1)
+    assert one.err_state < 1e-2 and one.err_out < 1e-2  # what the one-step check judged alone: ok
+    verdict = verify(planted("planted-drift"), tiny())
+    assert not verdict.ok and verdict.steps <= default_steps(tiny())
+    assert any(re.fullmatch(r"(step \d+ of \d+: )?state error .* > .* after \d+ steps, against the reference "
+                            r"carried over them and stored as the pool stores", p) for p in verdict.problems), verdict
+    assert verdict.steps == 1 and verdict.err_steps > 2.0**-8  # at once: 0.5% is over one bf16 unit roundoff
+
+
+def test_an_error_too_small_for_one_step_is_caught_as_it_compounds():
+    """0.2% per step is under the bound after one step; an error of one sign grows with the steps,
+    rounding noise only with their square root, so the steps catch it."""
+    from planted.drift import Drift
+
+    class SmallDrift(Drift):
+        factor = 1.002
+
+    assert verify(SmallDrift(), tiny(), steps=1).ok
+    verdict = verify(SmallDrift(), tiny(), steps=16)
+    assert not verdict.ok and 1 < verdict.steps <= 16, verdict
+    assert verdict.problems[0].startswith(f"step {verdict.steps} of 16: state error"), verdict
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(T=2), dict(B=8, HV=4, K=32, V=32)])
+def test_the_drift_is_wrong_in_every_bf16_row_of_the_sweep_check(planted, kw):
+    """Through the case runner, as a sweep checks a row: wrong, the reason naming the steps."""
+    cfg = Config("planted-drift", **{**dict(B=4, H=2, HV=2, K=16, V=16), **kw}, pad_rows=1,
+                 layout=PoolLayout(slot_pad=8))
+    row = run_case(cfg, "cpu")
+    assert row["status"] == "wrong" and "against the reference carried over them" in row["reason"], row
+    assert row["err_state"] < 1e-2  # the one-step column alone would have said ok
+
+
+def test_a_decay_forgotten_on_one_channel_is_wrong(planted):
+    verdict = verify(planted("planted-decay"), tiny())
+    assert not verdict.ok and any("state error" in p for p in verdict.problems), verdict
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("naive", dict()), ("planted-correct", dict()), ("planted-slower", dict()),
+    ("planted-correct", dict(T=3, checkpoints="last")),
+    ("planted-correct", dict(state_dtype=torch.float32)), ("planted-correct", dict(state_dtype=torch.float16)),
+    ("triton", dict()), ("triton", dict(T=2)), ("triton", dict(state_dtype=torch.float32)),
+    ("fla", dict()), ("fla", dict(T=2)),
+])
+def test_correct_implementations_pass_every_step(planted, name, kw):
+    """Every implementation that runs on the CPU (the Triton ones interpreted), over its default steps."""
+    x = tiny(**kw)
+    impl = planted(name)
+    if impl.unsupported(x):
+        pytest.skip(impl.unsupported(x))
+    verdict = verify(impl, x)
+    assert verdict.ok and verdict.steps == default_steps(x) >= MIN_CPU_STEPS, verdict
+
+
+def test_the_step_count_follows_the_shape_on_the_cpu():
+    assert default_steps(tiny()) == CPU_STEP_ELEMENTS // (4 * 2 * 16 * 16) == 4
+    assert default_steps(tiny(B=1, H=1, HV=1)) == 16  # at most 16
+    assert default_steps(tiny(B=64, K=64, V=64)) == MIN_CPU_STEPS  # large: the fewest
+
+
+def test_the_steps_tolerance_grows_as_rounding_noise_does():
+    assert steps_tolerance(torch.bfloat16, 1) == 2.0**-8 and steps_tolerance(torch.bfloat16, 16) == 2.0**-6
+    assert steps_tolerance(torch.float32, 4) == 2e-5
+
+
+class EveryNthStep(NaiveTorch):
+    """The naive decode, with ``bug(inputs, out)`` after its launch on the ``nth`` step only."""
+
+    name = "nth-step"
+
+    def __init__(self, nth, bug):
+        self.nth, self.bug, self.calls = nth, bug, 0
+
+    def _launcher(self, inputs, out):
+        launch = super()._launcher(inputs, out)
+
+        def run():
+            self.calls += 1
+            if self.calls == self.nth:
+                self.bug(inputs, out)
+                return out
+            return launch()
+
+        return run
+
+
+def test_the_output_is_poisoned_before_every_step():
+    """A launch that leaves the output as it found it is caught on a later step too."""
+    verdict = verify(EveryNthStep(3, lambda inputs, out: None), tiny(), steps=4)
+    assert verdict.steps == 3 and verdict.problems[0].startswith("step 3 of 4: "), verdict
+    assert "output elements NaN" in verdict.problems[0]
+
+
+def test_a_write_to_an_untouched_slot_on_a_later_step_is_caught():
+    def writes_unnamed_slot(inputs, out):
+        unnamed = sorted(set(range(inputs.N)) - set(inputs.slots.tolist()))[0]
+        inputs.state[unnamed] += 1
+        out.zero_()
+
+    verdict = verify(EveryNthStep(2, writes_unnamed_slot), tiny(), steps=4)
+    assert any(re.match(r"1 slots not in `slots` were written", p) for p in verdict.problems), verdict
+
+
+def test_steps_must_be_positive():
+    with pytest.raises(ValueError, match="steps must be >= 1; got 0"):
+        verify(NaiveTorch(), tiny(), steps=0)

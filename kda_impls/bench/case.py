@@ -29,7 +29,7 @@ COLUMNS = [
     # started_utc, row_s: when a sweep began the row and how long it took there, first call and
     # compilation included (a lane's timeline: what two GPUs did in parallel and what they did not)
     *CONFIG_COLUMNS, *IMPL_COLUMNS, "l2_entry", "device", "host", "started_utc", "row_s", "key", "status", "reason",
-    "err_out", "err_state",
+    "err_out", "err_state", "err_steps", "steps",
     "kernel_us_mean", "kernel_us_p25", "kernel_us_p75", "kernel_us_placement_min", "kernel_us_placement_max",
     "placements_timed", "n_samples", "kernel_method", "input_sets",
     "call_us_median", "call_us_p25", "call_us_p75", "first_call_ms",
@@ -88,8 +88,8 @@ class Method:
 
 
 class _TimedFirstLaunch:
-    """Stands in for an implementation inside :func:`verify`, whose one launch is this
-    configuration's first call in the process: times it, synchronized. That includes the JIT
+    """Stands in for an implementation inside :func:`verify`, whose first launch (of its several
+    steps) is this configuration's first call in the process: times it, synchronized. That includes the JIT
     compilation and autotuning an implementation leaves to its first call (fla, FlashInfer), not
     what it does in ``bind`` (Triton compiles and loads its kernel there)."""
 
@@ -99,6 +99,9 @@ class _TimedFirstLaunch:
 
     def bind(self, inputs: DecodeInputs, out: torch.Tensor | None = None):
         launch = self.impl.bind(inputs, out)
+        if self.seconds is not None:  # verify's later steps
+            return launch
+
 
         def timed():
             self.seconds, result = synced_call(launch, inputs.device)
@@ -148,7 +151,7 @@ def merge_rows(rows: list[dict]) -> dict:
                     [s / 1e6 for row in rows for s in row["kernel_placement_us"]], entry=first["l2_entry"],
                     input_sets=first["input_sets"])
     return first | clocks.merged(rows) | _kernel_columns(kernel, first["bytes"], first["copy_gbps"] * 1e9) | {
-        "err_out": max(row["err_out"] for row in rows), "err_state": max(row["err_state"] for row in rows),
+        **{col: max(row[col] for row in rows) for col in ("err_out", "err_state", "err_steps")},
         "retimed": any(row["retimed"] for row in rows)}
 
 
@@ -158,10 +161,10 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
     ``call_samples_us`` and the per-placement medians ``kernel_placement_us``) for ``cfg`` on
     ``device``.
 
-    First the correctness check on fresh inputs (:func:`verify`, whose launch is also the timed
-    first call), in a pool with spare slots, or in the layout's own pool where the implementation
-    binds only that; with a ``method``, then the kernel time over the layout's placements and the
-    method's L2 entry state (:func:`kernel_time`, under a :class:`clocks.ClockMonitor`: a row timed
+    First the correctness check on fresh inputs (:func:`verify`: one step, then several on the same
+    pool; its first launch is also the timed first call), in a pool with spare slots, or in the
+    layout's own pool where the implementation binds only that; with a ``method``, then the kernel
+    time over the layout's placements and the method's L2 entry state (:func:`kernel_time`, under a :class:`clocks.ClockMonitor`: a row timed
     while throttled is timed once more), the latency of one eager call (:func:`call_time`), the
     bytes moved and the share of the copy bandwidth ``copy_bw`` (bytes/s; measured here when None)
     they reach. ``impl`` replaces the registered implementation of ``cfg.impl`` (the tune script's
@@ -187,7 +190,8 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
             # is checked on that layout, without spare slots to see left untouched.
             check_inputs = cfg.make_inputs(device, seed, timed=True)
             verdict = verify(first, check_inputs)
-        row |= {"err_out": verdict.err_out, "err_state": verdict.err_state,
+        row |= {"err_out": verdict.err_out, "err_state": verdict.err_state, "err_steps": verdict.err_steps,
+                "steps": verdict.steps,
                 "first_call_ms": first.seconds * 1e3, "status": "ok" if verdict.ok else "wrong",
                 "reason": "; ".join(verdict.problems)}
         del check_inputs  # its pool (2B slots) is not needed while timing

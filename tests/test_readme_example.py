@@ -1,0 +1,36 @@
+"""The README's first Python example (section "## Using it"), copied out of README.md and run as a
+user would on a machine without a GPU: it must pick the CPU, run the Triton kernel interpreted at
+its small shapes and finish well inside 30 s."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def first_example() -> str:
+    section = (REPO / "README.md").read_text().split("\n## Using it\n", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_first_readme_example_runs_as_copied_on_a_cpu(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(first_example())
+    # no GPU visible, TRITON_INTERPRET unset: the example itself must choose the CPU and set it
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"CUDA_VISIBLE_DEVICES": "",
+                                                                              "PYTHONPATH": path}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    seconds = time.perf_counter() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "None", lines  # impl.unsupported(x): it runs here
+    assert re.match(r"err_out=\S+ \(tol 1e-02\) err_state=\S+ \(tol 1e-02\) err_steps=\S+ \(tol \S+, \d+ steps\)$",
+                    lines[1]), lines  # a passing verdict: no problems after it
+    assert seconds < 30, f"{seconds:.1f} s"
