@@ -11,10 +11,7 @@ import itertools
 import pytest
 import torch
 
-from helpers import assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing
-from test_multitoken import with_gaps
-from test_triton import DEVICE, no_config_override, runnable  # noqa: F401 (no_config_override: autouse)
-
+from helpers import DEVICE, assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing, runnable, with_gaps
 from kda_impls import get, make_inputs, reference, rel_err, verify
 from kda_impls.impls.triton_kda import TileConfig, TritonKDA, kernel_arguments
 
