@@ -24,9 +24,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def no_config_override(monkeypatch):
-    """No test runs our Triton kernel under a tile config the caller's environment forces."""
+    """Our Triton kernel under no tile config the caller's environment forces (the Triton test
+    modules use it for every test)."""
     from kda_impls.impls.triton_kda import CONFIG_ENV
 
     monkeypatch.delenv(CONFIG_ENV, raising=False)

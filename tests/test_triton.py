@@ -45,6 +45,7 @@ from kda_impls.impls.triton_kda import (
 from kda_impls.impls.triton_tuning import TABLE
 
 gpu = pytest.mark.gpu
+pytestmark = pytest.mark.usefixtures("no_config_override")
 
 SMALL_CASES = {
     "gva-k<v-padded": dict(B=4, H=2, HV=4, K=32, V=64, slot_pad=16, pad_rows=1),

@@ -16,6 +16,7 @@ from kda_impls import get, make_inputs, reference, rel_err, verify
 from kda_impls.impls.triton_kda import TileConfig, TritonKDA, kernel_arguments
 
 gpu = pytest.mark.gpu
+pytestmark = pytest.mark.usefixtures("no_config_override")
 
 
 # Every (T, checkpoints) pair once, the state dtype alternating along both: each T and each
