@@ -542,7 +542,8 @@ def offline_sm90(configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
     if missing:
         done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", ";".join(missing),
                                "--state-dtypes", "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256",
-                               "--T", str(T)], capture_output=True, text=True, cwd=REPO, timeout=600)
+                               "--T", str(T)], capture_output=True, text=True, cwd=REPO,
+                              timeout=120 + 60 * len(missing))  # a compile takes seconds; a loaded box, more
         if done.returncode == 2 and "no ptxas here" in done.stdout:
             _sm90_rows.update({(c, HV, D, T): done.stdout.strip() for c in missing})
         else:
