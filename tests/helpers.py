@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -19,9 +20,10 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+import pytest
 import torch
 
-from kda_impls import DecodeInputs, get
+from kda_impls import ContractError, DecodeInputs, get
 from kda_impls.bench.case import COLUMNS
 from kda_impls.bench.config import Config
 from kda_impls.bench.results import assemble, write_meta, write_row
@@ -160,3 +162,50 @@ def assert_launch_allocates_nothing(name: str, x: DecodeInputs) -> None:
     launch()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == before
+
+
+# ---- decode inputs shared by the implementation tests ----------------------------------------------
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_fla = pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla-core is not installed")
+
+
+def runnable(inputs: DecodeInputs) -> DecodeInputs:
+    """``inputs``, or a skip naming why our Triton kernel cannot run them here."""
+    reason = get("triton").unsupported(inputs)
+    if reason:
+        pytest.skip(reason)
+    return inputs
+
+
+def with_gaps(x: DecodeInputs) -> DecodeInputs:
+    """``x`` with a third of its slots, never a row's start slot, set to -1 (on a diagonal pattern):
+    tokens whose state is not stored, at the start, in the middle and at the end of rows."""
+    rows, tokens = torch.arange(x.B, device=x.device).view(-1, 1), torch.arange(x.T, device=x.device).view(1, -1)
+    gaps = ((rows + tokens) % 3 == 1) & (tokens != (x.accepted().long() - 1).view(-1, 1))
+    x.slots = torch.where(gaps, -1, x.slots).contiguous()
+    return x
+
+
+def misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` starting 2 bytes past a 32-byte boundary."""
+    buffer = torch.empty(t.numel() * t.element_size() + 32, dtype=torch.uint8)
+    start = (-buffer.data_ptr()) % 32 + 2
+    return buffer[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t)
+
+
+def expect_refusal(impl, x: DecodeInputs, rule: str, pattern: str) -> ContractError:
+    """``impl.bind(x)`` raises the ContractError of ``rule``, its message matching ``pattern`` and
+    naming the implementation first, and leaves every input and the whole pool as they were."""
+    before = {n: t.clone() for n, t in x.tensors().items()}
+    pool = x.pool_span().clone() if x.state.dim() == 4 else None
+    with pytest.raises(ContractError) as err:
+        impl.bind(x)
+    assert err.value.rule == rule and err.value.impl == impl.label
+    assert str(err.value).startswith(impl.label + " ")
+    assert re.search(pattern, str(err.value)), str(err.value)
+    for n, t in x.tensors().items():
+        assert t.is_meta or torch.equal(t, before[n]), f"{n} was modified"
+    if pool is not None:
+        assert torch.equal(x.pool_span().view(torch.int16), pool.view(torch.int16))
+    return err.value

@@ -51,7 +51,8 @@ def decode_inputs(draw):
     offset = pick("pool-alignment", st.sampled_from([0, 16]), st.sampled_from([0, 1, 8, 16]))
     act, gate = torch.bfloat16, torch.float32
     if "dtype" in faults:
-        act, gate = draw(st.sampled_from([(torch.float64, gate), (act, torch.bfloat16), (torch.float64, torch.bfloat16)]))
+        act, gate = draw(st.sampled_from([(torch.float64, gate), (act, torch.bfloat16),
+                                          (torch.float64, torch.bfloat16)]))
     else:
         act = draw(st.sampled_from([torch.bfloat16, torch.float32]))
     slot_dtype = pick("slots", st.just(torch.int32), st.just(torch.int64))

@@ -8,20 +8,14 @@ instead (kda_impls/impls/fla_kda.py). verify checks what that must leave alone: 
 stored, the padding between slots, padding rows' zero outputs.
 """
 
-import importlib.util
 
 import pytest
 import torch
 
-from test_fla import fla_calls  # noqa: F401 (a fixture: the spy on the adapter's calls into fla)
-from helpers import assert_graph_replay_takes_eager_step
-from test_multitoken import with_gaps
-
+from helpers import DEVICE, assert_graph_replay_takes_eager_step, needs_fla, with_gaps
 from kda_impls import get, make_inputs, reference, rel_err, verify
 from kda_impls.impls.fla_kda import fla_state_indices, scratch_slot
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_fla = pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla-core is not installed")
 FLA = ["fla", "fla-sigmoid", "fla-loggate", "fla-loggate-sigmoid", "fla-batched"]
 
 
@@ -131,7 +125,7 @@ def test_repeated_launches_read_the_current_inputs():
 @needs_fla
 @pytest.mark.interpreter
 @pytest.mark.parametrize("name", FLA)
-def test_calls_without_minus_one_are_the_engines(fla_calls, name):  # noqa: F811 (the imported fixture)
+def test_calls_without_minus_one_are_the_engines(fla_calls, name):
     """Every token of every row stored: one call, the tokens of a row one sequence (packed, with
     cu_seqlens every T tokens) or a batch row of T tokens, our slots and num_accepted as they are."""
     impl = get(name)
@@ -154,7 +148,7 @@ def test_calls_without_minus_one_are_the_engines(fla_calls, name):  # noqa: F811
 
 @needs_fla
 @pytest.mark.interpreter
-def test_calls_with_minus_one_name_the_scratch_slot(fla_calls):  # noqa: F811
+def test_calls_with_minus_one_name_the_scratch_slot(fla_calls):
     """Padding rows stay in the call (no gather): every entry of theirs, and each -1 of a live row,
     is the scratch slot's index; every other entry is our slot."""
     x = with_gaps(make_inputs(4, 1, 2, 16, 16, T=3, slot_pad=16, pad_rows=1, device=DEVICE, seed=47))
@@ -176,7 +170,7 @@ def test_calls_with_minus_one_name_the_scratch_slot(fla_calls):  # noqa: F811
 
 @needs_fla
 @pytest.mark.interpreter
-def test_t1_in_either_spelling_is_the_one_token_call(fla_calls):  # noqa: F811
+def test_t1_in_either_spelling_is_the_one_token_call(fla_calls):
     """A T = 1 step takes the call fla made before it ran T > 1: -1 rows gathered out, one token a
     sequence, no num_accepted_tokens; the per-token spelling gets its output in its own shape."""
     one = make_inputs(4, 1, 2, 16, 16, slot_pad=16, pad_rows=1, device=DEVICE, seed=48)

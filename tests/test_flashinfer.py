@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+from helpers import misaligned
 from kda_impls import ContractError, get, make_inputs, verify
 from kda_impls.impls.flashinfer_kda import recurrent_kda_entry_point
 
@@ -115,13 +116,6 @@ def test_reason_off_cuda(fake_packages):
         assert reason == "runs on cuda; inputs are on cpu"
     else:
         assert reason == "needs a CUDA GPU; none is available"
-
-
-def misaligned(t):
-    """A contiguous copy of ``t`` starting 2 bytes past a 32-byte boundary."""
-    buffer = torch.empty(t.numel() * t.element_size() + 32, dtype=torch.uint8)
-    start = (-buffer.data_ptr()) % 32 + 2
-    return buffer[start:start + t.numel() * t.element_size()].view(t.dtype).view(t.shape).copy_(t)
 
 
 def test_reasons_beyond_the_capabilities():

@@ -19,9 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_graph_replay_takes_eager_step
-from test_multitoken import with_gaps
-
+from helpers import assert_graph_replay_takes_eager_step, with_gaps
 from kda_impls import Unsupported, get, make_inputs, reference, rel_err, verify
 from kda_impls.impls import flashinfer_kda
 from kda_impls.impls.flashinfer_kda import flashinfer_state_indices, recurrent_kda_entry_point

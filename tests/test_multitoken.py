@@ -13,25 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from test_contract import expect_refusal
-
-from kda_impls import (Capabilities, ContractError, DecodeInputs, get, make_inputs, reference,
-                       verify)
+from helpers import expect_refusal, with_gaps
+from kda_impls import Capabilities, ContractError, DecodeInputs, get, make_inputs, reference, verify
 from kda_impls.impls.naive import NaiveTorch
 from kda_impls.registry import BUILTIN
 
 
 def multi(B=4, H=2, HV=4, K=16, V=8, **kw):
     return make_inputs(B, H, HV, K, V, **{"T": 3, "slot_pad": 5, "pad_rows": 1, "seed": 7, **kw})
-
-
-def with_gaps(x: DecodeInputs) -> DecodeInputs:
-    """``x`` with a third of its slots, never a row's start slot, set to -1 (on a diagonal pattern):
-    tokens whose state is not stored, at the start, in the middle and at the end of rows."""
-    rows, tokens = torch.arange(x.B, device=x.device).view(-1, 1), torch.arange(x.T, device=x.device).view(1, -1)
-    gaps = ((rows + tokens) % 3 == 1) & (tokens != (x.accepted().long() - 1).view(-1, 1))
-    x.slots = torch.where(gaps, -1, x.slots).contiguous()
-    return x
 
 
 # ---- make_inputs ---------------------------------------------------------------------------------

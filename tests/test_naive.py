@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kda_impls import get, make_inputs, rel_err, reference, verify
+from kda_impls import get, make_inputs, reference, rel_err, verify
 from kda_impls.impls.naive import NaiveTorch
 
 CASES = [

@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from test_multitoken import with_gaps
-
+from helpers import with_gaps
 from kda_impls import make_inputs, reference
 
 

@@ -15,17 +15,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_graph_replay_takes_eager_step
-from test_fla import fla_calls  # noqa: F401 (a fixture: the spy on the adapter's calls into fla)
-from test_flashinfer import misaligned
-
+from helpers import DEVICE, assert_graph_replay_takes_eager_step, misaligned, needs_fla
 from kda_impls import Implementation, Unsupported, get, make_inputs, names, reference, rel_err, verify
 from kda_impls.impls import precompute as precompute_module
 from kda_impls.impls.flashinfer_kda import FORMS, recurrent_kda_entry_point
 from kda_impls.impls.precompute import precompute
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_fla = pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla-core is not installed")
 flashinfer_installed = importlib.util.find_spec("flashinfer") is not None
 
 FLA = ["fla", "fla-sigmoid", "fla-loggate", "fla-loggate-sigmoid", "fla-batched"]
@@ -306,7 +301,7 @@ def test_fla_variant_precompute_loses_nothing(name):
 @pytest.mark.interpreter
 @pytest.mark.parametrize("pad_rows", [0, 2])
 @pytest.mark.parametrize("name", FLA)
-def test_fla_variant_calls(fla_calls, name, pad_rows):  # noqa: F811 (the imported fixture)
+def test_fla_variant_calls(fla_calls, name, pad_rows):
     impl = get(name)
     x = make_inputs(5, 1, 2, 16, 16, slot_pad=16, pad_rows=pad_rows, device=DEVICE, seed=30)
     verdict = verify(impl, x)
