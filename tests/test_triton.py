@@ -416,6 +416,29 @@ def test_forced_config_is_validated():
         TritonKDA(TileConfig(BV=12))
 
 
+SM90_CONFIGS = {
+    (32, 128, 1): ["BV=8,num_warps=1", "BV=8,num_warps=1,state_first=1",
+                   "BV=8,num_warps=1,state_first=1,fast_gate=1", "BV=8,num_warps=1,programs_per_sm=8",
+                   "BV=8,num_warps=1,programs_per_sm=8,fast_gate=1",
+                   "BV=8,num_warps=1,programs_per_sm=8,lookahead=0",
+                   "BV=8,num_warps=1,programs_per_sm=8,load_evict_first=0,store_evict_first=0",
+                   "BV=16,num_warps=1,state_first=1", "BV=16,num_warps=1,state_first=1,load_evict_first=0",
+                   "BV=16,num_warps=1,state_first=1,store_evict_first=0", "BV=16,num_warps=4",
+                   "BV=16,num_warps=4,tma=1", "BV=16,num_warps=4,tma=1,fast_gate=1",
+                   "BV=16,num_warps=4,tma=1,programs_per_sm=4,num_stages=3",
+                   "BV=4,num_warps=1,state_first=1,const_heads=1,fast_gate=1",
+                   "BV=8,num_warps=1,state_first=1,const_heads=1,fast_gate=1",
+                   "BV=8,num_warps=1,state_first=1,const_heads=1,fast_gate=1,maxnreg=96",
+                   "BV=32,num_warps=1", "BV=32,num_warps=1,maxnreg=96", "BV=32,num_warps=1,rewiden=1"],
+    (32, 128, 4): ["BV=8,num_warps=1", "BV=8,num_warps=1,fast_gate=1",
+                   "BV=8,num_warps=1,load_evict_first=0,store_evict_first=0"],
+    (64, 64, 1): ["BV=32,num_warps=1", "BV=32,num_warps=1,state_first=1", "BV=32,num_warps=1,state_first=2",
+                  "BV=4,num_warps=1,const_heads=1,state_first=2,rewiden=1,fast_gate=1",
+                  "BV=4,num_warps=1,const_heads=1,state_first=2,rewiden=1,fast_gate=1,tiled_inputs=1"],
+}
+_sm90_rows: dict[tuple, list[str] | str] = {}  # (config, HV, D, T): its row, or why it could not compile
+
+
 def offline_sm90(configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
     """scripts/triton_registers.py's line per config (bf16 state, B = 256, T tokens), split into fields:
     state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, MUFU.LG2, state load
