@@ -1,102 +1,10 @@
 #!/usr/bin/env python3
 """The GPU correctness grid: every implementation against the float64 reference on real shapes.
+The logic and its documentation: kda_impls/tools/gpu_correctness.py."""
 
-B in {1, 8, 64, 512} x HV in {16, 32, 64} x (K, V) in {(64, 64), (128, 128), (128, 256)} x
-slot_pad in {0, 16, 64} x state dtype, H = HV; a GVA slice (H = HV / 4); and multi-token steps
-(speculative verify): T in {2, 4, 8} x B in {1, 8, 64} x HV in {16, 32} x K = V in {64, 128} x
-slot_pad in {0, 64} x state dtype, the state stored after every token with a random number of
-accepted tokens per row, or after the last only. Every case is the check a sweep makes of a row
-(kda_impls.verify, through the harness's case runner): fresh inputs, the output poisoned with NaN,
-one step against the exact float64 reference, then several more on the same pool (8 to 16, by
-shape) against the reference that stores the state as the pool does, untouched slots and padding
-bit for bit. Rows with slot -1 are included (B // 8 of them). Writes correctness.csv (err_steps:
-the stored states' error after the steps) and meta.json (commit, devices, library versions) under
---out. Exits 1 if any case is wrong or errors; unsupported combinations are recorded with the
-implementation's reason.
-
-    python scripts/gpu_correctness.py --out results/h200/correctness          # every implementation but naive
-    python scripts/gpu_correctness.py --impls triton,fla --out DIR
-"""
-
-from __future__ import annotations
-
-import argparse
-import itertools
-import platform
-import shlex
 import sys
-import time
-from pathlib import Path
 
-import pandas as pd
-import torch
-from tqdm import tqdm
-
-from kda_impls import get, names
-from kda_impls.bench.case import run_case
-from kda_impls.bench.config import Config
-from kda_impls.bench.results import environment, write_meta
-
-BATCHES = (1, 8, 64, 512)
-VALUE_HEADS = (16, 32, 64)
-HEAD_DIMS = ((64, 64), (128, 128), (128, 256))
-SLOT_PADS = (0, 16, 64)
-STATE_DTYPES = ("bfloat16", "float32")
-
-
-def grid():
-    for dtype, (K, V), HV, B, pad in itertools.product(STATE_DTYPES, HEAD_DIMS, VALUE_HEADS, BATCHES, SLOT_PADS):
-        yield dict(B=B, H=HV, HV=HV, K=K, V=V, slot_pad=pad, state_dtype=dtype)
-    for dtype, (K, V), HV, B in itertools.product(STATE_DTYPES, HEAD_DIMS, VALUE_HEADS, (8, 64)):
-        yield dict(B=B, H=HV // 4, HV=HV, K=K, V=V, slot_pad=16, state_dtype=dtype)
-    for dtype, T, D, HV, B, pad in itertools.product(STATE_DTYPES, (2, 4, 8), (64, 128), (16, 32), (1, 8, 64), (0, 64)):
-        yield dict(B=B, H=HV, HV=HV, K=D, V=D, slot_pad=pad, state_dtype=dtype, T=T,
-                   checkpoints="last" if T == 4 and pad else "all")
-
-
-def check_case(impl: str, case: dict, device: str) -> dict:
-    """One case through the harness's case runner (correctness only): fresh inputs, a pool of 2B
-    slots, B // 8 rows with slot -1."""
-    cfg = Config(impl, **case, pad_rows=case["B"] // 8)
-    row = run_case(cfg, device)
-    return {"impl": impl, **cfg.columns(), "status": row["status"], "err_out": row["err_out"],
-            "err_state": row["err_state"], "err_steps": row["err_steps"], "steps": row["steps"],
-            "detail": row["reason"]}
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--impls", default=",".join(n for n in names() if n != "naive"))
-    parser.add_argument("--out", type=Path, required=True, help="directory for correctness.csv and meta.json")
-    parser.add_argument("--device", default="cuda")
-    args = parser.parse_args()
-
-    impls = args.impls.split(",")
-    cases = list(grid())
-    rows, started = [], time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    meta = environment(torch.device(args.device), args.out, shlex.join(sys.argv))
-    versions = {"python": platform.python_version()}
-    for impl in impls:
-        for case in tqdm(cases, desc=impl, mininterval=2.0):
-            rows.append(check_case(impl, case, args.device))
-            torch.cuda.empty_cache()
-        versions |= get(impl).versions()
-        # after each implementation, so that a run cut short keeps what it checked
-        table = pd.DataFrame(rows)
-        table.to_csv(args.out / "correctness.csv", index=False)
-        write_meta(args.out, meta | {"versions": versions, "impls_done": impls[:impls.index(impl) + 1],
-                                     "wall_s": round(time.perf_counter() - started, 1)})
-
-    summary = table.pivot_table(index="impl", columns="status", values="B", aggfunc="count", fill_value=0)
-    print(summary.to_string())
-    worst = table[table.status == "ok"].groupby(["impl", "state_dtype"])[["err_out", "err_state", "err_steps"]].max()
-    print("worst relative error among ok cases:\n" + worst.to_string(float_format="{:.2e}".format))
-    bad = table[table.status.isin(["wrong", "error"])]
-    if len(bad):
-        print(bad.head(20).to_string())
-    return 1 if len(bad) else 0
-
+from kda_impls.tools.gpu_correctness import main
 
 if __name__ == "__main__":
     sys.exit(main())

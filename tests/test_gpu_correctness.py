@@ -1,9 +1,7 @@
-"""scripts/gpu_correctness.py without a GPU: every kind of case its grid holds runs through the case
-runner (the first H200 run died on its first case, a field spread into Config that is not one)."""
+"""The GPU correctness grid (kda_impls/tools/gpu_correctness.py) without a GPU: every kind of case its
+grid holds runs through the case runner (a field spread into Config that is not one fails every case)."""
 
-from helpers import load_script
-
-gpu_correctness = load_script("gpu_correctness")
+from kda_impls.tools import gpu_correctness
 
 
 def test_each_kind_of_grid_case_runs_through_the_case_runner_on_the_cpu():
@@ -32,9 +30,7 @@ def test_the_grid_writes_rows_and_meta_under_out_and_fails_on_a_compounding_erro
             dict(B=2, H=2, HV=2, K=16, V=16, slot_pad=0, state_dtype="bfloat16", T=2, checkpoints="all")]
     monkeypatch.setattr(gpu_correctness, "grid", lambda: iter(tiny))
     out = tmp_path / "grid"
-    monkeypatch.setattr("sys.argv", ["gpu_correctness.py", "--impls", "naive,planted-drift", "--out", str(out),
-                                     "--device", "cpu"])
-    assert gpu_correctness.main() == 1
+    assert gpu_correctness.main(["--impls", "naive,planted-drift", "--out", str(out), "--device", "cpu"]) == 1
     table = pd.read_csv(out / "correctness.csv")
     statuses = sorted(zip(table.impl, table.status, strict=True))
     assert statuses == [("naive", "ok")] * 2 + [("planted-drift", "wrong")] * 2
@@ -49,3 +45,11 @@ def test_the_script_leaves_sys_path_alone():
     from pathlib import Path
 
     assert "sys.path" not in Path(gpu_correctness.__file__).read_text()
+
+
+def test_every_nth_case_keeps_each_kind_of_case():
+    """--every 8 (the grid's quick form) still holds one-token, GVA and multi-token cases of both state dtypes."""
+    quick = list(gpu_correctness.grid())[::8]
+    kinds = {(c["H"] < c["HV"], c.get("T", 1) > 1, c["state_dtype"]) for c in quick}
+    assert kinds == {(gva, multi, dtype) for gva, multi in ((False, False), (True, False), (False, True))
+                     for dtype in ("bfloat16", "float32")}
