@@ -3,8 +3,9 @@
 asv has no GPU field, yet the GPU is what the timings depend on, so the GPU goes into the machine
 name (``nvidia-h200``, plus ``--suffix`` to tell apart pools of one GPU model with different
 clocks or power limits) and into ``arch`` with its compute capability, memory, CUDA runtime and
-driver (on the H200: ``x86_64 NVIDIA H200 sm_90 140GiB CUDA 13.0 driver 580.159.04``, see
-results/h200/asv-validation). ``asv machine --yes``
+driver (on the H200: ``x86_64 NVIDIA H200 sm_90 140GiB CUDA 13.0 driver 580.159.04``). With
+``KDA_ASV_IMPLS`` set, the implementation set joins the name (``nvidia-h200-fla+triton``): asv files
+results per machine, so the results of one set never replace another's. ``asv machine --yes``
 fills in the CPU, OS and RAM fields and writes ``~/.asv-machine.json``.
 
     MACHINE=$(python3 -m kda_impls.asv_machine)   # or scripts/asv_machine.py in a checkout
@@ -14,6 +15,7 @@ fills in the CPU, OS and RAM fields and writes ``~/.asv-machine.json``.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import re
 import subprocess
@@ -35,6 +37,15 @@ def gpu_description(index: int = 0) -> tuple[str, str]:
     return name, " ".join(arch)
 
 
+def machine_name(gpu: str, suffix: str = "", impls: str = "") -> str:
+    """The asv machine name: the GPU, the suffix, and the implementation set when KDA_ASV_IMPLS
+    chooses one. asv files a commit's results per machine and replaces a benchmark's results
+    whole, so a run of another set under the same name would drop the first set's numbers."""
+    name = f"{gpu}-{suffix}" if suffix else gpu
+    chosen = sorted({impl.strip() for impl in impls.split(",") if impl.strip()})
+    return f"{name}-{'+'.join(chosen)}" if chosen else name
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suffix", default="", help="appended to the GPU name: nvidia-h200-SUFFIX")
@@ -44,9 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         print("asv_machine: no CUDA GPU here; name a CPU box with `asv machine --machine NAME --yes`",
               file=sys.stderr)
         return 2
-    name, arch = gpu_description(args.device)
-    if args.suffix:
-        name = f"{name}-{args.suffix}"
+    gpu, arch = gpu_description(args.device)
+    name = machine_name(gpu, args.suffix, os.environ.get("KDA_ASV_IMPLS", ""))
     # asv's own writer, so the file matches the installed asv; its chatter goes to stderr
     done = subprocess.run([sys.executable, "-m", "asv", "machine", "--machine", name, "--arch", arch, "--yes"],
                           capture_output=True, text=True)

@@ -16,6 +16,8 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+
+from benchmarks import common
 from helpers import (
     CPU_RUN_BENCH,
     EXISTING,
@@ -27,8 +29,6 @@ from helpers import (
     repo_conf,
     run_asv,
 )
-
-from benchmarks import common
 from kda_impls import asv_machine, regress
 from kda_impls.bench import results
 from kda_impls.bench.case import run_case
@@ -144,6 +144,15 @@ def test_bandwidth_is_the_kernel_times_measurement_in_units_asv_shows():
             assert copy_gbps == pytest.approx([copy_gbps[0]] * len(copy_gbps)) and copy_gbps[0] > 0
         checked += 1
     assert checked >= 3  # naive at one and two tokens, triton at one
+
+
+def test_asv_machine_name_carries_the_implementation_set():
+    """Two sets on one commit file their results under two machines (asv replaces a benchmark's results
+    whole within one); the same set in another order or spacing is the same machine."""
+    assert asv_machine.machine_name("nvidia-h200") == "nvidia-h200"
+    assert asv_machine.machine_name("nvidia-h200", "pool2", "triton, fla") == "nvidia-h200-pool2-fla+triton"
+    name = functools.partial(asv_machine.machine_name, "nvidia-h200", "")
+    assert name("fla,triton") == name("triton,fla") and name("triton") != name("triton,fla")
 
 
 def test_asv_machine_names_the_gpu(monkeypatch, tmp_path, capsys):
