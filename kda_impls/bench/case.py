@@ -151,7 +151,8 @@ def merge_rows(rows: list[dict]) -> dict:
                     [s / 1e6 for row in rows for s in row["kernel_placement_us"]], entry=first["l2_entry"],
                     input_sets=first["input_sets"])
     return first | clocks.merged(rows) | _kernel_columns(kernel, first["bytes"], first["copy_gbps"] * 1e9) | {
-        **{col: max(row[col] for row in rows) for col in ("err_out", "err_state", "err_steps")},
+        **{col: max((row[col] for row in rows if row.get(col) is not None), default=None)
+           for col in ("err_out", "err_state", "err_steps")},  # None where no process measured it
         "retimed": any(row["retimed"] for row in rows)}
 
 
