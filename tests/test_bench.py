@@ -19,16 +19,17 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import REPO
 
+from helpers import REPO
 from kda_impls import make_inputs
-from kda_impls.bench import case, clocks, driver, timing
+from kda_impls.bench import case, clocks, driver, l2, timing
 from kda_impls.bench import sweep as sweep_module
 from kda_impls.bench.case import COLUMNS, Method, run_case
 from kda_impls.bench.config import Config, PoolLayout
+from kda_impls.bench.l2 import rotation_plan, working_set_bytes
 from kda_impls.bench.presets import PRESETS, adhoc_configs
 from kda_impls.bench.results import PROVENANCE, atomic_write
-from kda_impls.bench.timing import Budget, Timing, call_time, kernel_time, rotation_plan, working_set_bytes
+from kda_impls.bench.timing import Budget, Timing, call_time, kernel_time
 
 TESTS = Path(__file__).resolve().parent
 SWEEP_IMPLS = "naive,misbehaves"
@@ -89,7 +90,7 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
 
     meta = json.loads((out / "meta.json").read_text())
     assert meta["device"]["type"] == "cpu" and meta["copy_bandwidth_Bps"] > 0
-    assert meta["settings"]["method"]["entry"] == timing.DEFAULT_ENTRY
+    assert meta["settings"]["method"]["entry"] == l2.DEFAULT_ENTRY
     assert meta["settings"]["method"]["version"] == timing.METHOD_VERSION  # what the gate compares
     assert meta["settings"]["device_type"] == "cpu" and meta["versions"]["torch"] == torch.__version__
     assert set(meta["impls"]) == set(SWEEP_IMPLS.split(",")) and "sha" in meta["git"]
@@ -295,17 +296,17 @@ def test_rotation_plan_by_entry_state(monkeypatch):
     monkeypatch.setattr(timing, "l2_bytes", lambda device: 2 * per_set)
     assert rotation_plan("previous-step", x, "cuda") == ("previous-step", 6)
     monkeypatch.setattr(timing, "l2_bytes", lambda device: per_set // 10)  # tiny L2: still two pools
-    assert rotation_plan("previous-step", x, "cuda") == ("previous-step", timing.MIN_INPUT_SETS)
+    assert rotation_plan("previous-step", x, "cuda") == ("previous-step", l2.MIN_INPUT_SETS)
     for entry in ("clean", "dirty", "hot"):
         assert rotation_plan(entry, x, "cuda") == (entry, 1)
 
 
 def test_entry_states_are_named():
     with pytest.raises(ValueError, match="unknown L2 entry state 'warm'"):
-        timing.entry_op("warm", "cpu")
+        l2.entry_op("warm", "cpu")
     with pytest.raises(ValueError, match="unknown L2 entry state"):
         Method(entry="warm")
-    assert timing.entry_op("clean", "cpu") is None and timing.DEFAULT_ENTRY in timing.ENTRY_STATES
+    assert l2.entry_op("clean", "cpu") is None and l2.DEFAULT_ENTRY in l2.ENTRY_STATES
 
 
 def test_run_case_records_contract_errors():
@@ -467,7 +468,7 @@ def test_the_stated_commit_wins_over_a_stale_checkout(monkeypatch, tmp_path):
 # ---- on a GPU ---------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("entry", list(timing.ENTRY_STATES))
+@pytest.mark.parametrize("entry", list(l2.ENTRY_STATES))
 def test_gpu_kernel_time_per_entry_state(entry):
     """Events inside the CUDA graph time each call; the entry op is outside the time, so a step
     far smaller than the flush takes far less than the flush."""
@@ -479,7 +480,7 @@ def test_gpu_kernel_time_per_entry_state(entry):
     first = row["kernel_placement_us"][:2]  # more only where those two spread (method 3)
     spread = max(first) / min(first) - 1 > timing.PLACEMENT_SPREAD_LIMIT
     assert len(row["kernel_placement_us"]) == (2 + timing.EXTRA_PLACEMENTS if spread else 2)
-    flush_us = 3 * timing.l2_bytes("cuda") / 4e12 * 1e6  # the entry op moves 3 L2s at ~4 TB/s
+    flush_us = 3 * l2.l2_bytes("cuda") / 4e12 * 1e6  # the entry op moves 3 L2s at ~4 TB/s
     assert 0 < row["kernel_us_mean"] < flush_us / 4
     assert row["sm_mhz_median"] > 0 and row["throttled"] in (True, False)  # NVML answered
 
@@ -490,8 +491,8 @@ def test_gpu_previous_step_rotates_over_sets_adding_up_to_three_l2s():
     row = run_case(cfg, "cuda", Method(entry="previous-step", kernel=Budget(5, 100, 0.1), call=None))
     assert row["status"] == "ok" and row["l2_entry"] == "previous-step"
     per_set = cfg.make_inputs("cuda").pool_span().nbytes
-    assert 2 <= row["input_sets"] <= timing.MAX_INPUT_SETS
-    assert row["input_sets"] * per_set >= 2.5 * timing.l2_bytes("cuda")
+    assert 2 <= row["input_sets"] <= l2.MAX_INPUT_SETS
+    assert row["input_sets"] * per_set >= 2.5 * l2.l2_bytes("cuda")
 
 
 @pytest.mark.gpu
@@ -651,7 +652,7 @@ def test_gpu_cupti_durations_split_into_steps():
 
     x = torch.randn(1 << 20, device="cuda")
     y = torch.empty_like(x)
-    flush = timing.entry_op("dirty", "cuda")
+    flush = l2.entry_op("dirty", "cuda")
     steps = cupti.step_durations([lambda: torch.mul(x, 2.0, out=y), lambda: torch.add(x, 1.0, out=y)], "cuda",
                                  calls=10, before=flush, before_kernels=cupti.kernels_of(flush, "cuda"))
     assert steps["kernels"] == 1 and len(steps["busy_samples_us"]) == 10 and 0 < steps["busy_us"] <= steps["span_us"]

@@ -16,6 +16,11 @@ from kda_impls.bench.nvbench_crosscheck import main
 REPO = Path(__file__).resolve().parents[1]
 
 
+
+def env_with_repo() -> dict:
+    """This checkout first on PYTHONPATH, the caller's entries (a GPU box's wheel parts) after it."""
+    return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
 def summary(tag: str, value) -> dict:
     """One summary as nvbench's json_printer writes it: the value a string inside ``data``."""
     return {"tag": tag, "name": tag, "data": [{"name": "value", "type": "float64", "value": str(value)}]}
@@ -131,7 +136,7 @@ def test_the_script_runs_without_path_edits_and_says_what_is_missing(tmp_path):
         pytest.skip("CUDA and cuda-bench are here: the GPU test times for real")
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "nvbench_crosscheck.py"), str(sweep), "--out",
                            str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path,
-                          env=os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
+                          env=env_with_repo())
     expected = "no CUDA device" if not torch.cuda.is_available() else "cuda-bench is not installed"
     assert done.returncode == 2 and expected in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
@@ -166,7 +171,7 @@ def test_nvbench_times_a_preset_and_its_copies_on_the_gpu(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "nvbench_crosscheck.py"), "--preset", "smoke",
                            "--impls", "naive,triton", "--B", "4", "--out", str(out), "--min-time", "0.005"],
-                          capture_output=True, text=True, env=os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
+                          capture_output=True, text=True, env=env_with_repo())
     assert done.returncode == 0, done.stderr[-2000:]
     table = pd.read_csv(out / "crosscheck.csv")
     timed = table[table.kind == "row"].dropna(subset=["nvbench_us"])

@@ -16,9 +16,9 @@ from ..registry import get
 from ..verify import verify
 from . import clocks
 from .config import CONFIG_COLUMNS, Config
+from .l2 import DEFAULT_ENTRY, ENTRY_STATES, as_device
 from .roofline import copy_bandwidth
-from .timing import (DEFAULT_ENTRY, ENTRY_STATES, EXTRA_PLACEMENTS, Budget, Timing, as_device, call_time, kernel_time,
-                     synced_call)
+from .timing import EXTRA_PLACEMENTS, Budget, Timing, call_time, kernel_time, synced_call
 
 # ok: matches the reference; wrong: timed anyway, flagged; unsupported: cannot run here (reason);
 # error: ContractError or a runtime failure (message); crashed: the worker process died (sweeps only).
@@ -165,7 +165,8 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
     First the correctness check on fresh inputs (:func:`verify`: one step, then several on the same
     pool; its first launch is also the timed first call), in a pool with spare slots, or in the
     layout's own pool where the implementation binds only that; with a ``method``, then the kernel
-    time over the layout's placements and the method's L2 entry state (:func:`kernel_time`, under a :class:`clocks.ClockMonitor`: a row timed
+    time over the layout's placements and the method's L2 entry state (:func:`kernel_time`, under a
+    :class:`clocks.ClockMonitor`: a row timed
     while throttled is timed once more), the latency of one eager call (:func:`call_time`), the
     bytes moved and the share of the copy bandwidth ``copy_bw`` (bytes/s; measured here when None)
     they reach. ``impl`` replaces the registered implementation of ``cfg.impl`` (the tune script's

@@ -100,7 +100,7 @@ class ClockMonitor:
     def summary(self) -> dict:
         if not self.readings:
             return dict.fromkeys(COLUMNS)
-        sm, mem, power, temp, reasons = (np.array(column) for column in zip(*self.readings))
+        sm, mem, power, temp, reasons = (np.array(column) for column in zip(*self.readings, strict=True))
         seen = np.bitwise_or.reduce(reasons)
         names = [name for bit, name in SLOWDOWN_REASONS.items() if seen & bit]
         return {"sm_mhz_min": int(sm.min()), "sm_mhz_median": float(np.median(sm)),

@@ -11,7 +11,8 @@ import functools
 import numpy as np
 import torch
 
-from .timing import as_device, timed_runs
+from .l2 import as_device
+from .timing import timed_runs
 
 GPU_COPY_BYTES = 1 << 30  # far beyond any L2: every byte goes to HBM and back
 CPU_COPY_BYTES = 64 << 20

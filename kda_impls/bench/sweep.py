@@ -41,6 +41,7 @@ from ..cli import (
 from .case import Method
 from .config import AXES, CHECKPOINTS, SLOT_ORDERS, Config, PoolLayout
 from .driver import Sweep, settings_of
+from .l2 import DEFAULT_ENTRY, ENTRY_STATES
 from .merge import main as merge_main
 from .presets import PRESETS, Preset, adhoc_configs
 from .report import (
@@ -54,7 +55,7 @@ from .report import (
     summary_table,
     verdict,
 )
-from .timing import DEFAULT_ENTRY, ENTRY_STATES, PLACEMENT_SPREAD_LIMIT, Budget
+from .timing import PLACEMENT_SPREAD_LIMIT, Budget
 
 __all__ = ["main", "merge_main", "parser", "sweep"]
 PROG = "kda-sweep"

@@ -1,10 +1,10 @@
-"""Timers for KDA launchers, the L2 state a call starts from, and the placements it is timed on.
+"""Timers for KDA launchers and the placements they time on (the L2 entry state: :mod:`.l2`).
 
 **Kernel time** (:func:`kernel_time`) is the GPU time of one call in a stream of calls. A pass (every
 launcher of the placement's input sets, repeated until it lasts ~0.5 ms) is captured in a CUDA graph
 and events bracket each replay, which is divided by its calls: events between calls would add a
 dependent-launch gap of their own to each (2.2-3.0 us on the H200 against CUPTI's kernel durations,
-results/h200/timing-evidence/cupti.md). The L2 state a call starts from (:data:`ENTRY_STATES`) is made by the
+results/h200/timing-evidence/cupti.md). The L2 state a call starts from (:data:`.l2.ENTRY_STATES`) is made by the
 rotation itself, or by an op before each call, whose time is taken out by timing passes of the op
 alone in the same batch. A row is timed on several *placements* (fresh allocations behind a spacer
 of random size, so that the pools land on other pages); the kernel time is the mean over
@@ -22,7 +22,6 @@ implementations.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import time
@@ -34,6 +33,7 @@ import torch
 from scipy import stats
 
 from ..inputs import DecodeInputs
+from .l2 import DEFAULT_ENTRY, as_device, entry_op, l2_bytes, rotation_inputs
 from .stats import spread
 
 Launcher = Callable[[], object]
@@ -42,38 +42,16 @@ Launcher = Callable[[], object]
 # placement): the asv suite versions its benchmarks by it, and results of two versions never compare.
 METHOD_VERSION = 4  # 4: placements held, fresh from the first; 27 for steps over the L2; their mean
 
-# A row whose step moves more bytes than the L2 holds, or whose placements' medians spread by more
-# than this (max / min - 1), gets more placements: the method's extra_placements. On the H200 fla's
-# large bf16 steps land anywhere in a 10% range by placement, in clusters (results/h200/timing-evidence/placements.md):
-# three runs' means of three draws each lie more than 2% apart in 59% of resamplings, of 27 in 2%
-# (fla-loggate, each run's first left out: its estimators section). Three draws can all fall in one
-# cluster and agree (fla-loggate-sigmoid bf16 HV=32 B=256 in two of method 4's first three
-# `published` runs: three within 1%, where the third's 27 spread over 11%), so large steps get them
-# all whatever their first three say; small ones, only where those spread (docs/timing.md, "Method 4").
+# A row whose step moves more bytes than the L2 holds, or whose placements' medians spread by more than this (max /
+# min - 1), gets more placements: the method's extra_placements. On the H200 fla's large bf16 steps land anywhere in a
+# 10% range by placement, in clusters (results/h200/timing-evidence/placements.md): three runs' means of three draws
+# each lie more than 2% apart in 59% of resamplings, of 27 in 2% (fla-loggate, each run's first left out: its
+# estimators section). Three draws can all fall in one cluster and agree (fla-loggate-sigmoid bf16 HV=32 B=256 in two
+# of method 4's first three `published` runs: three within 1%, where the third's 27 spread over 11%), so large steps
+# get them all whatever their first three say; small ones, only where those spread (docs/timing.md, "Method 4").
 PLACEMENT_SPREAD_LIMIT = 0.02
 EXTRA_PLACEMENTS = 24
 
-# What the L2 holds when a timed call starts. docs/timing.md sets them against a decode layer
-# (results/h200/timing-evidence/l2-entry.md) and says why the default is the rotation: with an op between calls the
-# timer must take the op out, and a subtraction also charges the call for the write-back of the
-# lines it left dirty, which the op after it pays (+1 us at B=1, +23% at B=64 on the H200).
-ENTRY_STATES = {
-    "clean": "clean lines of unrelated data: a read of 3x the L2 runs before every call (the weight "
-             "reads of the projections that precede the step in a decode layer leave the L2 so); the op "
-             "is taken out by subtraction, which charges the call the write-back of its dirty lines",
-    "dirty": "dirty lines of unrelated data: a write of 3x the L2 runs before every call, so the "
-             "call pays for writing them back; the op is taken out by subtraction",
-    "previous-step": "what the previous steps of other layers left (their pools' last lines, dirty): calls "
-                     "rotate over input sets adding up to 3x the L2, nothing between them; steps too "
-                     "small for that within MAX_INPUT_SETS sets get the dirty write before every call",
-    "hot": "this step's own data, where it fits: one input set called back to back",
-}
-DEFAULT_ENTRY = "previous-step"
-
-FLUSH_FACTOR = 3  # the entry ops touch this many L2s of bytes
-COLD_FACTOR = 3  # previous-step: input sets rotate until their bytes are this many L2s
-MIN_INPUT_SETS = 2  # previous-step: consecutive calls in a model update different layers' pools
-MAX_INPUT_SETS = 256  # steps under ~0.7 MB (smoke shapes) would need more: they get the dirty write
 # One replay (one sample) lasts about this long, so that event resolution (~0.5 us) and the gap
 # before a replay stay near 1% of it; the cap bounds the capture time of the tiniest kernels.
 TARGET_PASS_S = 5e-4
@@ -173,42 +151,6 @@ class Budget:
         """This budget split evenly over ``parts`` placements."""
         return replace(self, min_samples=math.ceil(self.min_samples / parts),
                        max_samples=math.ceil(self.max_samples / parts), max_seconds=self.max_seconds / parts)
-
-
-def as_device(device) -> torch.device:
-    """``device`` with the CUDA index made explicit (caches keyed by device need one spelling)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def l2_bytes(device) -> int:
-    """The GPU's L2 size in bytes; 0 on the CPU, whose caches these timers do not model."""
-    device = as_device(device)
-    return torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
-
-
-@functools.cache
-def _flush_buffers(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    buffer = torch.empty(FLUSH_FACTOR * l2_bytes(device) // 4, dtype=torch.float32, device=device)
-    buffer.uniform_()
-    return buffer, torch.empty((), dtype=torch.float32, device=device)
-
-
-def entry_op(entry: str, device) -> Callable[[], None] | None:
-    """What runs before each call to leave the L2 in state ``entry``: a read of 3x the L2 (clean
-    lines), a write (dirty lines), or nothing (the rotation or the call itself makes the state).
-    Graph-capturable: it allocates nothing."""
-    device = as_device(device)
-    if entry not in ENTRY_STATES:
-        raise ValueError(f"unknown L2 entry state {entry!r}; one of {', '.join(ENTRY_STATES)}")
-    if device.type != "cuda" or entry in ("previous-step", "hot"):
-        return None
-    buffer, total = _flush_buffers(device)
-    if entry == "clean":
-        return lambda: torch.sum(buffer, dim=0, out=total)
-    return lambda: buffer.fill_(1.0)
 
 
 def _sync(device: torch.device) -> None:
@@ -367,9 +309,9 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
     (max / min - 1).
 
     Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (1 to
-    SPACER_PAGES pages of 2 MiB, from ``seed``) is allocated. The allocator's cache is handed back
-    to the driver before the first placement as before every other, so that each pool is a fresh allocation, as a serving
-    engine's pool is, not carved out of blocks the row's correctness check left cached. Where a
+    SPACER_PAGES pages of 2 MiB, from ``seed``) is allocated. The allocator's cache is handed back to
+    the driver before every placement, so that each pool is a fresh allocation, as a serving engine's
+    pool is, not carved out of blocks the row's correctness check left cached. Where a
     release hands back more than SETTLE_MIN_BYTES, ``settle_s`` seconds of idling follow it (the
     first placement of our kernel's largest rows ran 8-10% slower after such a release, fresh
     allocation or not; :data:`SETTLE_MIN_BYTES`). Each placement's memory
@@ -456,30 +398,3 @@ def call_time(launcher: Launcher, device, budget: Budget = Budget(max_seconds=0.
 
     with torch.cuda.device(device):
         return Timing(_sample(take, first_s, budget), "cuda-events")
-
-
-def working_set_bytes(inputs: DecodeInputs) -> int:
-    """Bytes of the pool's whole span (slots and the padding between them) and every other input."""
-    return inputs.pool_span().nbytes + inputs.bytes_besides_pool()
-
-
-def rotation_inputs(entry: str, first: DecodeInputs, device) -> tuple[str, list[DecodeInputs]]:
-    """(the entry state the timers make, the input sets one placement rotates over): ``first`` and
-    the copies of it :func:`rotation_plan` asks for."""
-    made, sets = rotation_plan(entry, first, device)
-    return made, [first] + [first.clone() for _ in range(sets - 1)]
-
-
-def rotation_plan(entry: str, inputs: DecodeInputs, device) -> tuple[str, int]:
-    """(the entry state the timers make, input sets per placement) for ``entry`` on steps like
-    ``inputs``. One set, except for ``previous-step``, whose sets add up to COLD_FACTOR L2s and are
-    at least two (consecutive calls in a model update different layers' pools; on the H200 a single
-    pool updated back to back cost fp32 Triton 9% at B >= 256); a step too small for that within
-    MAX_INPUT_SETS sets is timed as one set after the dirty write instead. On the CPU: ("none", 1)."""
-    if as_device(device).type != "cuda":
-        return "none", 1  # the CPU's caches are not modelled
-    if entry != "previous-step":
-        return entry, 1
-    l2 = l2_bytes(device)
-    sets = max(MIN_INPUT_SETS, math.ceil(COLD_FACTOR * l2 / working_set_bytes(inputs))) if l2 else 1
-    return ("dirty", 1) if sets > MAX_INPUT_SETS else (entry, sets)

@@ -14,7 +14,8 @@ import torch
 from .. import registry
 from .case import Method, run_case
 from .config import Config
-from .timing import as_device, release_cache
+from .l2 import as_device
+from .timing import release_cache
 
 
 def _cuda_context_lost(device: torch.device) -> bool:

@@ -31,8 +31,8 @@ from tqdm import tqdm
 
 from kda_impls.bench.config import Config
 from kda_impls.bench.cupti import kernels_of, op_busy, replay_durations, step_durations
+from kda_impls.bench.l2 import entry_op, rotation_inputs
 from kda_impls.bench.results import environment, load, write_meta
-from kda_impls.bench.timing import entry_op, rotation_inputs
 from kda_impls.cli import comma_list, positive_int, print_and_save
 from kda_impls.registry import get
 

@@ -68,9 +68,10 @@ import triton
 import triton.language as tl
 
 from kda_impls import get, make_inputs
+from kda_impls.bench.l2 import rotation_inputs
 from kda_impls.bench.results import environment
 from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth, median_copy_seconds
-from kda_impls.bench.timing import rotation_inputs, timed_runs
+from kda_impls.bench.timing import timed_runs
 from kda_impls.impls.triton_kda import TritonKDA, _program_tile
 
 WARMUP = 3
