@@ -3,8 +3,8 @@
 asv has no GPU field, yet the GPU is what the timings depend on, so the GPU goes into the machine
 name (``nvidia-h200``, plus ``--suffix`` to tell apart pools of one GPU model with different
 clocks or power limits) and into ``arch`` with its compute capability, memory, CUDA runtime and
-driver (on the H200: ``x86_64 NVIDIA H200 sm_90 140GiB CUDA 13.0 driver 580.159.04``, see
-results/h200/asv-validation). ``asv machine --yes``
+driver (on the H200: ``x86_64 NVIDIA H200 sm_90 140GiB CUDA 13.0 driver 580.159.04``).
+``asv machine --yes``
 fills in the CPU, OS and RAM fields and writes ``~/.asv-machine.json``.
 
     MACHINE=$(python3 -m kda_impls.asv_machine)   # or scripts/asv_machine.py in a checkout

@@ -544,7 +544,8 @@ def test_state_load_spread_counts_from_the_first_state_load_to_the_last():
     """triton_registers.py's state load spread: the 4-row base-2 tile's two 16-byte state loads a
     thread go out together, the TMA form has no such load (None), and the 8-row base-2 tile's four
     spread through the gate unless a register cap keeps them together (262 against 11 under Triton
-    3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt; results/h200/triton-tune-b1-eight-rows/ times the
+    3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt; the tune run triton-tune-b1-eight-rows in
+    results/h200/tuning-table/rows.csv times the
     capped tile level with the table): fails if the column counts other loads or the wrong span."""
     fast = "num_warps=1,state_first=1,const_heads=1,fast_gate=1"
     rows = offline_sm90(f"BV=4,{fast};BV=8,{fast};BV=8,{fast},maxnreg=96;BV=16,num_warps=4,tma=1", 32, 128)
