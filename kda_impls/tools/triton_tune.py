@@ -254,7 +254,7 @@ def _compile_args(cfg: Config, device):
 
 def print_summary(rows: list[dict]) -> None:
     best = {key_of(r): r for r in rows if r.get("best") in (True, "True")}
-    # By source: runs up to commit 49f0bc3 recorded the padded rows with the best row's slot_pad (0).
+    # By source: the tune data's older runs record the padded rows with the best row's slot_pad (0).
     padded = {key_of(r): r for r in rows if r["source"] == PADDED_SOURCE and r.get("us") not in (None, "")}
     print(f"\n{'state':8} {'HV':>3} {'K':>4} {'V':>4} {'B':>4} {'T':>2}  {'best config':58} {'us':>8} {'GB/s':>6} "
           f"{'%copy':>6} {'floor us':>8} {'pad' + str(PADDED_SLOT) + ' us':>9} {'pad cost':>8}")
