@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import REPO
 
+from helpers import REPO
 from kda_impls import make_inputs
 from kda_impls.bench import case, clocks, driver, timing
 from kda_impls.bench import sweep as sweep_module

@@ -11,8 +11,8 @@ import sys
 
 import numpy as np
 import pandas as pd
-from helpers import REPO, asv_env, write_sweep_dir
 
+from helpers import REPO, asv_env, write_sweep_dir
 from kda_impls import validate_gate
 from kda_impls.bench.config import Config
 
