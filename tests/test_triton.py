@@ -670,8 +670,8 @@ def test_config_override_reaches_the_compiled_kernel(monkeypatch):
 
 def test_register_script_specialises_arguments_as_the_launcher_does():
     """An integer argument equal to 1 is a constant in the launched kernel (Triton's launcher
-    specialises it), a 16-divisible one is marked so, the rest are i32: the offline counts once
-    compiled a GVA group of 1 as a variable, and overstated the old kernel's prologue."""
+    specialises it), a 16-divisible one is marked so, the rest are i32: otherwise the offline counts
+    would compile a GVA group of 1 as a variable and overstate the kernel's prologue."""
     from kda_impls.tools.triton_registers import signature
 
     class Kernel:
