@@ -13,8 +13,8 @@ import importlib
 import importlib.util
 import math
 from collections import Counter
-from importlib import metadata
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Callable
 
 import torch
@@ -189,7 +189,7 @@ class Implementation:
         for name, layout in carriers.items():
             t = getattr(x, name)
             if t.dim() == len(layout):
-                for dim, size in zip(layout, t.shape):
+                for dim, size in zip(layout, t.shape, strict=False):
                     votes.setdefault(dim, []).append(size)
         # most common first; a tie goes to the tensor listed first (q before k, v before state)
         dims = {dim: Counter(sizes).most_common(1)[0][0] for dim, sizes in votes.items()}
@@ -363,8 +363,8 @@ class Implementation:
         """Check, confirm it can run, allocate; return a launcher that only launches.
 
         The launcher writes the output into ``out`` (allocated here if None) and the new state into
-        the pool (frozen verify: no state), and returns ``out``. Slot values are validated here, once: the launcher assumes
-        they do not change afterwards.
+        the pool (frozen verify: no state), and returns ``out``. Slot values are validated here, once:
+        the launcher assumes they do not change afterwards.
         """
         self.check(inputs)
         reason = self.unsupported(inputs)
