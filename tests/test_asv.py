@@ -16,6 +16,8 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+
+from benchmarks import common
 from helpers import (
     CPU_RUN_BENCH,
     EXISTING,
@@ -27,8 +29,6 @@ from helpers import (
     repo_conf,
     run_asv,
 )
-
-from benchmarks import common
 from kda_impls import asv_machine, regress
 from kda_impls.bench import results
 from kda_impls.bench.case import run_case

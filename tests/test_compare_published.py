@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import pandas as pd
-from helpers import REPO, write_sweep_dir
 
+from helpers import REPO, write_sweep_dir
 from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.tools import compare_published
 

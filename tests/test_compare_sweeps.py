@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import write_sweep_dir
 
+from helpers import write_sweep_dir
 from kda_impls.bench.config import Config
 from kda_impls.tools import compare_sweeps
 

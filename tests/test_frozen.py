@@ -17,8 +17,8 @@ import sys
 
 import pytest
 import torch
-from helpers import assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing
 
+from helpers import assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing
 from kda_impls import ContractError, get, make_inputs, names, reference, rel_err, verify
 from kda_impls.contract import Capabilities, Implementation
 from kda_impls.impls.naive import NaiveTorch

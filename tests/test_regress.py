@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import EXISTING, MACHINE, REPO, asv_env, cpu_asv_run, register_machine, run_asv, write_sweep_dir
 from scipy.stats import mannwhitneyu
 
+from helpers import EXISTING, MACHINE, REPO, asv_env, cpu_asv_run, register_machine, run_asv, write_sweep_dir
 from kda_impls import regress
 from kda_impls.bench.config import Config
 

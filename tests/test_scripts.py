@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO
 
 SCRIPTS = REPO / "scripts"

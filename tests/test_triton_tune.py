@@ -9,8 +9,8 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 import torch
-from helpers import REPO, write_sweep_dir
 
+from helpers import REPO, write_sweep_dir
 from kda_impls.bench.config import Config
 from kda_impls.impls import triton_kda, triton_tuning
 from kda_impls.impls.triton_kda import TileConfig, choose_config

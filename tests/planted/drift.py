@@ -7,6 +7,7 @@ import torch
 from kda_impls.impls.naive import NaiveTorch
 from kda_impls.reference import decode_step
 
+
 class Drift(NaiveTorch):
     name = "planted-drift"
     library = "planted"
