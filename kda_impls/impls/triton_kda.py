@@ -492,7 +492,8 @@ class TileConfig:
     ``BV``-row tiles of each head one program walks, the gate computed once for them and the next
     tile's load in flight (one-token steps, not the persistent form); ``const_heads``: 1 compiles the
     head counts into the one-token kernel (a shorter path to the first load), 0 passes them at run
-    time (fewer registers for some tiles; the code every tabled one-token entry was tuned on); the persistent form and the multi-token kernel always compile
+    time (fewer registers for some tiles; the code every tabled one-token entry was tuned on);
+    the persistent form and the multi-token kernel always compile
     them in (``fitted`` sets 1 there); ``state_first``: 0 issues a one-tile program's state load after
     the small inputs' loads and the gate (the order of the kernel most tabled one-token entries were
     tuned on), 1 before them (the order sub-tiles brought, which the sub-tile run tuned), 2 after the
