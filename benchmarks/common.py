@@ -15,9 +15,9 @@ the run time of the suite is mostly process and CUDA start-up, and the grid is w
 
 - ``full``: the perf-CI run on main: every tracked implementation x 32 (B, heads, state dtype,
   tokens per row T = 1 and a 4-token speculative verify) kernel times, as many of each bandwidth
-  benchmark, + one call latency each. A measuring process costs 9-12 s on the H200
-  (results/h200/asv-validation/*.log); a bandwidth process reads its row and pays only its start-up,
-  so the run grows with each implementation or grid value.
+  benchmark, + one call latency each. A measuring process costs 9-12 s on the H200; a bandwidth
+  process reads its row and pays only its start-up, so the run grows with each implementation or
+  grid value.
   Slot padding is left to the sweeps: it changes a runtime stride, not the compiled kernel.
 - ``quick``: the gate on pull requests: B 1 and 512, bf16 state.
 - ``gate``: what scripts/validate_gate.py runs to prove the gate: the B >= 64 points of Kimi-Linear's

@@ -114,7 +114,7 @@ class Implementation:
     our semantics (a variant), because the calling convention alone moves its time (docs/findings.md).
     ``library`` groups them (what "best per library" picks among; default ``name``), ``variant``
     says in one line how this one calls the kernel and what it costs in accuracy, and
-    ``engine_call`` names the serving engines that call the library this way today (empty if
+    ``engine_call`` names the serving engines that call the library this way (empty if
     none): the configuration a reader deploying that engine gets.
     """
 
@@ -363,9 +363,8 @@ class Implementation:
         """Check, confirm it can run, allocate; return a launcher that only launches.
 
         The launcher writes the output into ``out`` (allocated here if None) and the new state into
-        the pool (frozen verify: no state), and returns ``out``. Slot values are validated here, once: the
-        launcher assumes
-        they do not change afterwards.
+        the pool (frozen verify: no state), and returns ``out``. Slot values are validated here, once:
+        the launcher assumes they do not change afterwards.
         """
         self.check(inputs)
         reason = self.unsupported(inputs)

@@ -234,10 +234,9 @@ def make_inputs(
     padding holds random bits too, so a kernel that writes it is caught bit-for-bit. ``dtype`` is
     that of q, k, v, a, b.
 
-    T = 1 (the one-token spelling, the same tensors for a seed as before multi-token decode
-    existed): ``slots`` is a random choice of ``B`` distinct slots out of ``n_slots`` (default
-    ``2*B``, so untouched slots exist), in random order unless ``sorted_slots`` (as a fresh serving
-    pool hands them out), with ``pad_rows`` random rows set to -1.
+    T = 1 (the one-token spelling): ``slots`` is a random choice of ``B`` distinct slots out of
+    ``n_slots`` (default ``2*B``, so untouched slots exist), in random order unless ``sorted_slots``
+    (as a fresh serving pool hands them out), with ``pad_rows`` random rows set to -1.
 
     T > 1 (the per-token spelling): with ``checkpoints="all"`` every token of a row stores into a
     slot of its own (``B*T`` distinct slots) and ``num_accepted`` is random in [1, T], as a

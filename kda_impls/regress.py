@@ -27,8 +27,8 @@ suite's ``track_gbps`` and ``track_roofline_frac``), so that a bandwidth drop is
   placements could explain it (per-placement medians not apart, or, with too few of them, placement
   spreads that overlap by more than the threshold). One outlier placement widens a range but barely
   moves a rank test: a planted 5.3% slowdown whose pool, on both sides, put one placement in nine
-  about 10% slow was unsure by the ranges (results/h200/gate-validation/planted/gate-a1-slow-y.txt; those runs predate
-  placements.json). A sweep row timed on the CPU is always unsure: CPU times move with the
+  about 10% slow was unsure by the ranges (results/h200/gate-validation/planted/gate-a1-slow-y.txt).
+  A sweep row timed on the CPU is always unsure: CPU times move with the
   machine's load, and the harness times the CPU to smoke-test itself, not to rank kernels.
 * **new** (measured in B only), **skipped** (unsupported in B, not measured in A), **incomparable**
   (another asv benchmark version), **informational** (a benchmark only reported).
@@ -77,9 +77,9 @@ DEFAULT_ALPHA = 0.01
 # validations on the H200 (results/h200/gate-validation/asv) kept every kernel time within 1% while call
 # times moved by a factor of up to 1.6 in the first and up to 1.9 in the second.
 # A one-row step (B = 1, 2-15 us) moves between processes by more than 5% with nothing changed: in
-# the three `published` runs of 2026-11-30c FlashInfer's dense call took 6.99, 7.03 and 7.40 us
-# (5.9%, every placement of the third run above the first two's) and in the three of method 2 FlashInfer
-# moved by 5.8%, while every row at B >= 16 stayed within 5.3% (results/h200/gate-validation/sweep/spread.csv,
+# three `published` runs FlashInfer's dense call took 6.99, 7.03 and 7.40 us (5.9%, every placement
+# of the third run above the other two's) and in three of timing method 2 FlashInfer moved by 5.8%,
+# while every row at B >= 16 stayed within 5.3% (results/h200/gate-validation/sweep/spread.csv,
 # docs/timing.md). So B = 1 kernel time is gated at 10%: what two runs of one commit can tell apart;
 # and its bandwidth, the same measurement as a rate, with it.
 DEFAULT_THRESHOLDS: dict[str, float | None] = {

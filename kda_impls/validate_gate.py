@@ -56,13 +56,12 @@ REPO = Path(__file__).resolve().parents[1]  # the checkout: its results/, benchm
 
 # The one-token runs the committed table was written from (triton_tune.py --write-table). They
 # measured the kernel with its head counts passed at run time, as the table's entries run it
-# (const_heads=0). On the kernel that compiled them in (commit 240bc7e) the config they put 5-10%
-# behind (subtiles=8) came out 3.3-4.2% slower (results/h200/gate-sweep/summary.json); a planted
-# config must come from a run of the kernel the table runs.
+# (const_heads=0). On a kernel that compiled them in, the config they put 5-10% behind (subtiles=8)
+# came out under 5% slower; a planted config must come from a run of the kernel the table runs.
 # The last two are the over-table runs that changed the table's B = 256 fp32 entry at the planted
 # shape (no earlier run timed the config it took): a point is read from the last run that timed it,
-# the table's choice with it. The table's bf16 B = 256 entry there (fast_gate=1, subtiles=2, commit
-# 5c9e207) was timed only against near variants (triton-tune-fast-gate-k128/), none 5% slower, so no
+# the table's choice with it. The table's bf16 B = 256 entry there (fast_gate=1, subtiles=2) was timed
+# only against near variants (run triton-tune-fast-gate-k128 in TUNE_ROWS), none 5% slower, so no
 # run here gives that point a ratio and the planted config is chosen on the other three.
 TUNE_ROWS = REPO / "results" / "h200" / "tuning-table" / "rows.csv"  # every tune run the table is written from
 TUNE_CSVS = [f"results/h200/{run}/triton_tune.csv"  # those runs' names in TUNE_ROWS, last one read first

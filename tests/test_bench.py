@@ -825,8 +825,8 @@ def test_an_interrupt_during_the_cleanup_does_not_cut_it_short(monkeypatch, tmp_
     """`timeout` signals the driver and then its whole process group: an interrupt while the first
     one's cleanup runs (here, as the workers are stopped) is ignored, the run is still written into
     meta.json, and the handlers are back when the cleanup is done, unless the caller exits on the
-    interrupt (the command line), where they stay ignored through the exit. Without that, the H200's
-    first `targets-213daa6` call left neither results.csv nor its run."""
+    interrupt (the command line), where they stay ignored through the exit. Without that, a call cut
+    off by its time limit leaves neither results.csv nor its run."""
 
     class Interrupting:
         def __init__(self, impl, device, method, warm=()):

@@ -544,7 +544,8 @@ def test_state_load_spread_counts_from_the_first_state_load_to_the_last():
     """triton_registers.py's state load spread: the 4-row base-2 tile's two 16-byte state loads a
     thread go out together, the TMA form has no such load (None), and the 8-row base-2 tile's four
     spread through the gate unless a register cap keeps them together (262 against 11 under Triton
-    3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt; results/h200/triton-tune-b1-eight-rows/ times the
+    3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt; the tune run triton-tune-b1-eight-rows in
+    results/h200/tuning-table/rows.csv times the
     capped tile level with the table): fails if the column counts other loads or the wrong span."""
     fast = "num_warps=1,state_first=1,const_heads=1,fast_gate=1"
     rows = offline_sm90(f"BV=4,{fast};BV=8,{fast};BV=8,{fast},maxnreg=96;BV=16,num_warps=4,tma=1", 32, 128)
@@ -669,8 +670,8 @@ def test_config_override_reaches_the_compiled_kernel(monkeypatch):
 
 def test_register_script_specialises_arguments_as_the_launcher_does():
     """An integer argument equal to 1 is a constant in the launched kernel (Triton's launcher
-    specialises it), a 16-divisible one is marked so, the rest are i32: the offline counts once
-    compiled a GVA group of 1 as a variable, and overstated the old kernel's prologue."""
+    specialises it), a 16-divisible one is marked so, the rest are i32: otherwise the offline counts
+    would compile a GVA group of 1 as a variable and overstate the kernel's prologue."""
     from kda_impls.tools.triton_registers import signature
 
     class Kernel:

@@ -33,7 +33,7 @@ def test_planted_slowdown_is_a_tuned_config_5_to_10_percent_slower():
 
 def test_planted_and_sweep_forms_run_without_asv(monkeypatch):
     """A bare GPU box has no asv (nor its json5): the planted config must still print there, or the
-    planted run silently times the table (it did once: logs-2026-12-01-s15/aa-settled-unplanted-a4.log)."""
+    planted run silently times the table."""
     monkeypatch.setitem(sys.modules, "json5", None)  # any import of it fails
     monkeypatch.delitem(sys.modules, "kda_impls.validate_gate")
     bare = importlib.import_module("kda_impls.validate_gate")

@@ -27,8 +27,8 @@ from .config import CONFIG_COLUMNS, SORT_COLUMNS
 
 SAMPLE_FILES = {"samples.json": "kernel_samples_us", "call_samples.json": "call_samples_us",
                 "placements.json": "kernel_placement_us"}
-# What a row's kernel time can be made of from its placements' medians (scripts/run_to_run.py and
-# scripts/placement_estimators.py set them side by side): timing method 4 reports the mean; the
+# What a row's kernel time can be made of from its placements' medians (docs/timing.md, "The mean over
+# placements"): timing method 4 reports the mean; the
 # minimum is each kernel at its best placement, which a serving engine's pool does not get to choose.
 PLACEMENT_STATISTICS = {"median": np.median, "mean": np.mean, "min": np.min}
 # Sample files keep microseconds to this many decimals (0.1 ns, far below what CUDA events resolve):
@@ -115,7 +115,7 @@ def git_state(out_dir: Path) -> dict:
 
     The variables win over a ``.git`` that is there: a lent GPU box receives a copy of the working
     tree without its history, or with a stale ``.git`` from an earlier copy, whose HEAD is another
-    commit than the tree (it recorded the session's first commit, "dirty", for a later clean one).
+    commit than the tree (the rows would name an earlier commit, "dirty", for a clean one).
     """
     if os.environ.get("KDA_GIT_SHA"):
         dirty = os.environ.get("KDA_GIT_DIRTY")

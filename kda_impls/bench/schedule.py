@@ -16,9 +16,8 @@ def compile_groups(configs: list[Config]) -> list[list[Config]]:
     compiler without a cache on disk compiles it again in every process. (Groups alone did not
     remove the two-lane excess: FlashInfer's first calls took 113 s in all on two lanes against 69 s
     on one with rows dealt out one by one, and 102 s against 58 s in groups dealt out to whichever
-    lane was free: ``git show 716b2b8:results/h200/targets-2gpu/compare-1gpu.md`` and
-    ``compare-1gpu-240bc7e.md`` there. Most of a variant's first-call cost is per process, not per
-    shape, hence :class:`GroupScheduler`.)"""
+    lane was free: a two-GPU `targets` run against one GPU's, in the archive of results/README.md).
+    Most of a variant's first-call cost is per process, not per shape, hence :class:`GroupScheduler`.)"""
     groups: dict[tuple, list[Config]] = {}
     for cfg in configs:
         groups.setdefault((cfg.impl, cfg.H, cfg.HV, cfg.K, cfg.V, cfg.state_dtype, cfg.T), []).append(cfg)
@@ -31,7 +30,7 @@ class GroupScheduler:
     (the longest first, so that the last ones even the lanes out); else the last group of the
     implementation with the most rows left on another lane. A library's first call in a process
     costs seconds whatever the shape (FlashInfer's CuTe DSL variants: 8.1-14.3 s each on one H200
-    lane, ``git show 716b2b8:results/h200/targets-2gpu/compare-1gpu.md``), so a lane takes another
+    lane), so a lane takes another
     lane's implementation only when nothing else is left. Thread-safe: lanes call :meth:`next` from their threads."""
 
     def __init__(self, groups: list[list[Config]]):

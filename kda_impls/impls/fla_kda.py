@@ -124,7 +124,7 @@ class FlaKDA(Implementation):
         return not (self.gate_in_kernel and self.beta_in_kernel)
 
     def _as_read(self, inputs: DecodeInputs) -> DecodeInputs:
-        # A T = 1 step in either spelling takes the one-token call, as before fla ran T > 1.
+        # A T = 1 step in either spelling takes the one-token call (the engines' own at T = 1).
         return inputs.one_token_spelling() if inputs.T == 1 else inputs
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:

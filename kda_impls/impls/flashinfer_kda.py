@@ -151,7 +151,7 @@ class FlashInferKDA(Implementation):
         return not (self.gate_in_kernel and self.beta_in_kernel)
 
     def _as_read(self, inputs: DecodeInputs) -> DecodeInputs:
-        # A T = 1 step in either spelling takes the one-token call, as before FlashInfer ran T > 1; frozen
+        # A T = 1 step in either spelling takes the one-token call (the engines' own at T = 1); frozen
         # verify has only the [B, T] call.
         if not inputs.update_state:
             return inputs.per_token_spelling()

@@ -490,10 +490,10 @@ class TileConfig:
     (:func:`_kda_decode_persistent_kernel`: n programs per SM, each walking tiles with the next
     one's loads in flight; one-token steps only, single heads); ``subtiles``: consecutive
     ``BV``-row tiles of each head one program walks, the gate computed once for them and the next
-    tile's load in flight (one-token steps, not the persistent form); ``const_heads``: 1 compiles the head
-    counts into the one-token kernel (a shorter path to the
-    first load), 0 passes them at run time (fewer registers for some tiles; the code every tabled
-    one-token entry was tuned on); the persistent form and the multi-token kernel always compile
+    tile's load in flight (one-token steps, not the persistent form); ``const_heads``: 1 compiles the
+    head counts into the one-token kernel (a shorter path to the first load), 0 passes them at run
+    time (fewer registers for some tiles; the code every tabled one-token entry was tuned on);
+    the persistent form and the multi-token kernel always compile
     them in (``fitted`` sets 1 there); ``state_first``: 0 issues a one-tile program's state load after
     the small inputs' loads and the gate (the order of the kernel most tabled one-token entries were
     tuned on), 1 before them (the order sub-tiles brought, which the sub-tile run tuned), 2 after the
@@ -502,9 +502,8 @@ class TileConfig:
     unless 2 is asked for), the persistent form and the multi-token kernel first (``fitted`` sets 1
     there); ``rewiden``: 1 widens the stored tile to fp32 twice (:func:`_delta_rule_rewidened`), 0
     once; ``maxnreg``: a cap on registers per thread for ptxas (0: none); ``tma``: 1 reads the state
-    by TMA into shared memory, storing it through pointers (:func:`_kda_decode_tma_kernel`: one-token steps,
-    single heads, the
-    loop ``num_stages`` deep, one program per tile or ``programs_per_sm`` of them walking the
+    by TMA into shared memory, storing it through pointers (:func:`_kda_decode_tma_kernel`: one-token
+    steps, single heads, the loop ``num_stages`` deep, one program per tile or ``programs_per_sm`` of them walking the
     tiles), on a pool whose base and slot stride TMA can address (16-byte multiples; another pool
     runs the same tile through pointers: :func:`tma_addressable`); ``lookahead``: the persistent
     form's, 1 the next tile's loads in flight in registers, 0 only the coming tiles' slots (each

@@ -1,8 +1,8 @@
 """Two sweep directories of the same configurations, row by row: how far each row timed in both
 moved (B / A kernel time), and what each side's first calls (compilation included) took.
 
-    python3 scripts/compare_sweeps.py results/h200/targets results/h200/targets-2gpu --min-B 16
-    python3 scripts/compare_sweeps.py OLD NEW --name-a "921cd9e" --name-b "3a266b0" --out FILE.md
+    python3 scripts/compare_sweeps.py results/h200/targets TWO_GPU_RUN --min-B 16
+    python3 scripts/compare_sweeps.py OLD NEW --name-a OLD_SHA --name-b NEW_SHA --out FILE.md
     python3 scripts/compare_sweeps.py ONE_GPU TWO_GPUS --run-to-run ANOTHER_ONE_GPU_RUN
 
 For the multi-GPU proof (a sweep over two GPUs against one GPU's run of the same preset: do the

@@ -215,7 +215,7 @@ def measure(args) -> pd.DataFrame:
             for variant, (_, nbytes) in per_set[0].items():
                 launch = in_turn([launchers[variant][0] for launchers in per_set])
                 # A captured torch copy becomes a copy-engine node, slower than the copy kernel the eager
-                # call runs (results/h200/memory-ceiling/captured-copies-9bc24de: 2.77 TB/s): the copies
+                # call runs (2.77 TB/s on the H200): the copies
                 # are timed eagerly, as the roofline times its own, and are large enough not to wait on
                 # the host
                 times = (eager_seconds(launch, calls, device) if variant.startswith("copy")

@@ -2,7 +2,7 @@
 same bytes (where the time goes when the kernel misses the copy bandwidth) and beside FlashInfer's
 call at B = 1 (where its step is shorter: its launch shape, registers and stalls against ours).
 
-    python3 scripts/ncu_profile.py --out results/h200/ncu        # our kernel's cases of CASES, under ncu
+    python3 scripts/ncu_profile.py --out DIR                    # our kernel's cases of CASES, under ncu
     python3 scripts/ncu_profile.py --cases bf16-B1-table,bf16-B1-flashinfer --out DIR   # FlashInfer needs its package
 
 For each case, ncu (``--clock-control none``: the clocks are left as they run; ``--cache-control

@@ -25,7 +25,7 @@ Writes the CSV (every candidate), a JSON of the environment and the copy bandwid
 Write the tuning table (kda_impls/impls/triton_tuning.json) from measurements (no GPU needed;
 several CSVs, e.g. a one-token and a multi-token run, make one table):
 
-    python3 scripts/triton_tune.py --write-table results/h200/triton-tune/triton_tune.csv [more.csv ...]
+    python3 scripts/triton_tune.py --write-table RUN/triton_tune.csv [more.csv ...]
 
 ``--save-tune-data FOLDER`` also saves what the table is written from (every run's rows, the
 state-order sweeps' times, each run's environment record) into one folder, which ``--write-table
@@ -33,7 +33,7 @@ FOLDER`` then reads in place of the runs: the committed table is written from re
 
 A CSV's rows name the fields of the kernel they measured; a field added to the kernel since then
 takes its default, unless the path says what that run's kernel did instead (``PATH:FIELD=VALUE``),
-e.g. ``results/h200/triton-tune-subtiles/triton_tune.csv:state_first=1``: a run on a kernel that
+e.g. ``RUN/triton_tune.csv:state_first=1``: a run on a kernel that
 loaded the state first, before the field existed. The table records the arguments that wrote it
 (its ``command``); ``python3 scripts/triton_tune.py --rewrite-table`` runs them again (a test checks
 that they write the committed table).
@@ -101,7 +101,7 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
     (``state_first=1``, the order sub-tiles brought), and each of those one-tile configs with the
     stored tile widened twice (``rewiden=1``: fewer registers, more instructions), and the state read
     by TMA (``tma=1``, 1-4 KiB tiles: one program per tile, or 8 programs per SM pipelined four deep;
-    slower on the H200 at every bf16 point, level at fp32 B = 256: docs/perf-notes.md). Multi-token steps
+    slower on the H200 at every bf16 point, level at fp32 B = 256: docs/triton-kernel.md). Multi-token steps
     carry the tile through T tokens, so their set leans to small tiles."""
     per_thread = (32, 64, 128) if B <= 16 or T > 1 else (64, 128, 256)
     tiles = (1024, 2048, 4096, 8192) if T > 1 else (2048, 4096, 8192, 16384)
@@ -117,7 +117,7 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
         # registers on some tiles (bf16 K=V=64, 32 rows: 96 -> 125)
         configs += [replace(config, const_heads=1) for config in configs]
         # the state loaded first: faster for the 16-row bf16 tiles at K=V=128, slower for the 32-row
-        # ones at K=V=64 (7-11%, the same registers; docs/perf-notes.md)
+        # ones at K=V=64 (7-11%, the same registers; docs/triton-kernel.md)
         configs += [replace(config, state_first=1) for config in configs
                     if config.heads == 1 and not config.const_heads]
         # the reductions and the update each widening the stored tile: fewer registers for some
@@ -254,7 +254,7 @@ def _compile_args(cfg: Config, device):
 
 def print_summary(rows: list[dict]) -> None:
     best = {key_of(r): r for r in rows if r.get("best") in (True, "True")}
-    # By source: runs up to commit 49f0bc3 recorded the padded rows with the best row's slot_pad (0).
+    # By source: the tune data's older runs record the padded rows with the best row's slot_pad (0).
     padded = {key_of(r): r for r in rows if r["source"] == PADDED_SOURCE and r.get("us") not in (None, "")}
     print(f"\n{'state':8} {'HV':>3} {'K':>4} {'V':>4} {'B':>4} {'T':>2}  {'best config':58} {'us':>8} {'GB/s':>6} "
           f"{'%copy':>6} {'floor us':>8} {'pad' + str(PADDED_SLOT) + ' us':>9} {'pad cost':>8}")

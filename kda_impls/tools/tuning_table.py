@@ -26,7 +26,7 @@ STATE_ORDER_MARGIN = 0.01
 # this fraction of its time, by batch size (over_table_margin): our kernel's rows moved up to 1.74% from
 # run to run over three runs of the published preset (results/h200/published/run_to_run.md); over four
 # same-box runs of the targets preset, up to 2.2% at B = 16 and 64 and 0.24% at B = 256
-# (results/h200/aa-settled/run_to_run.md), where the table would otherwise leave wins of 1-2% behind.
+# (results/h200/tuning-table/run_to_run-targets.md), where the table would otherwise leave wins of 1-2% behind.
 OVER_TABLE_MARGIN = 0.02
 OVER_TABLE_MARGIN_FROM_B256 = 0.01
 TABLE_PATH = Path(triton_tuning.__file__).with_name(triton_tuning.FILE)

@@ -1,7 +1,7 @@
 """What each call variant of a library costs: kernel time per point and variant, and the ratio to
 the library's own call (the variant named after the library), from a sweep directory.
 
-    python3 scripts/variants.py results/h200/published/a1 --library flashinfer [--out FILE.md]
+    python3 scripts/variants.py results/h200/published --library flashinfer [--out FILE.md]
 
 One row per point (state dtype, H, HV, K, V, B, T) of one-token steps on unpadded pools; a variant
 that was not ok at a point shows its status. The fastest verified variant of each point is marked.
