@@ -56,7 +56,7 @@ def test_rows_go_in_packed_one_token_per_sequence(fla_calls, pad_rows):
     x = make_inputs(5, 1, 2, 16, 16, slot_pad=16, pad_rows=pad_rows, device=DEVICE, seed=16)
     verdict = verify(get("fla"), x)
     assert verdict.ok, verdict
-    (kw,) = fla_calls
+    kw = fla_calls[0]  # the first step's (verify runs several on the pool)
     live = 5 - pad_rows
     assert torch.equal(kw["cu_seqlens"].cpu(), torch.arange(live + 1, dtype=torch.int32))
     assert torch.equal(kw["ssm_state_indices"], x.slots[x.slots >= 0])

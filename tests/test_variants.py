@@ -306,7 +306,7 @@ def test_fla_variant_calls(fla_calls, name, pad_rows):
     x = make_inputs(5, 1, 2, 16, 16, slot_pad=16, pad_rows=pad_rows, device=DEVICE, seed=30)
     verdict = verify(impl, x)
     assert verdict.ok, verdict
-    (kw,) = fla_calls
+    kw = fla_calls[0]  # the first step's (verify runs several on the pool)
     live = 5 - pad_rows
     rows = (1, live) if impl.packed else (live, 1)
     assert kw["q"].shape == (*rows, 1, 16) and kw["g"].shape == (*rows, 2, 16) and kw["beta"].shape == (*rows, 2)

@@ -15,7 +15,7 @@ from planted import extra_impls
 
 from kda_impls import get, make_inputs, rel_err, verify
 from kda_impls.bench.case import run_case
-from kda_impls.bench.config import Config, PoolLayout
+from kda_impls.bench.config import Config
 from kda_impls.impls.naive import NaiveTorch
 from kda_impls.verify import CPU_STEP_ELEMENTS, MIN_CPU_STEPS, TOLERANCE, default_steps, steps_tolerance
 
@@ -241,8 +241,7 @@ def test_an_error_too_small_for_one_step_is_caught_as_it_compounds():
 @pytest.mark.parametrize("kw", [dict(), dict(T=2), dict(B=8, HV=4, K=32, V=32)])
 def test_the_drift_is_wrong_in_every_bf16_row_of_the_sweep_check(planted, kw):
     """Through the case runner, as a sweep checks a row: wrong, the reason naming the steps."""
-    cfg = Config("planted-drift", **{**dict(B=4, H=2, HV=2, K=16, V=16), **kw}, pad_rows=1,
-                 layout=PoolLayout(slot_pad=8))
+    cfg = Config("planted-drift", **{**dict(B=4, H=2, HV=2, K=16, V=16), **kw}, pad_rows=1, slot_pad=8)
     row = run_case(cfg, "cpu")
     assert row["status"] == "wrong" and "against the reference carried over them" in row["reason"], row
     assert row["err_state"] < 1e-2  # the one-step column alone would have said ok
