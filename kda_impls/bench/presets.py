@@ -57,9 +57,9 @@ class Preset:
                 raise ValueError(f"preset {self.name}: unknown axes {sorted(unknown)}")
             for values in itertools.product(*grid.values()):
                 axes = dict(zip(grid, values, strict=True))
-                if axes.get("pad_rows", 0) > axes["B"] or (axes.get("T", 1) == 1 and axes.get("checkpoints") == "last"):
-                    continue  # more padding rows than rows; one token stores its one checkpoint either way
-                for impl in impls:
+                if axes.get("pad_rows", 0) > axes["B"]:
+                    continue  # more padding rows than rows
+                for impl in impls:  # one key for what Config spells one way (T = 1 or frozen: checkpoints all)
                     cfg = Config(impl=impl, **axes, layout=layout)
                     configs[cfg.key()] = cfg
         kept = [c for c in configs.values() if _matches(c, only or {})]
@@ -126,12 +126,13 @@ def _tiny(**axes):
 PRESETS = {
     p.name: p
     for p in (
-        # six rows an implementation: a batch axis, slot padding beside its unpadded row (the padding
-        # chart), grouped value heads with an fp32 state and a padding row, and both multi-token forms
+        # seven rows an implementation: a batch axis, slot padding beside its unpadded row (the padding
+        # chart), grouped value heads with an fp32 state and a padding row, both multi-token forms and
+        # frozen verify
         Preset("smoke", "CPU-sized: tiny shapes touching every axis; seconds, Triton under TRITON_INTERPRET=1",
                (_tiny() | {"B": (1, 4)}, _tiny(slot_pad=8), _tiny(H=1, HV=2, K=32, V=16, state_dtype="float32",
                                                                  pad_rows=1),
-                _tiny(T=2), _tiny(T=3, checkpoints="last")),
+                _tiny(T=2), _tiny(T=3, checkpoints="last"), _tiny(T=2, mode="frozen")),
                *CPU_SIZED),
         Preset("kimi-linear-48b", "Kimi-Linear-48B-A3B's KDA layer: H = HV = 32, K = V = 128, B 1..512, "
                "slot padding 0/16/64, bf16 and fp32 state", (_kimi_grid(),), *FAST),
