@@ -449,6 +449,20 @@ def test_presets():
     assert len(PRESETS["full"].configs(["naive"])) > len(kimi)
 
 
+def test_frozen_verify_preset_sets_each_frozen_row_beside_its_in_place_one_and_fits_five_gpu_minutes():
+    from kda_impls.bench.report import estimate_seconds
+
+    preset = PRESETS["frozen-verify"]
+    configs = preset.configs(["naive"])
+    frozen = {c.key().replace("frozen", "?") for c in configs if c.mode == "frozen"}
+    inplace = {c.key().replace("last", "?").replace("T1_", "T1?_") for c in configs if c.mode == "inplace"}
+    assert len(configs) == 2 * 4 * 6 * 2 and frozen == inplace  # HV x T x B x mode, paired
+    assert {c.checkpoints for c in configs if c.mode == "inplace" and c.T > 1} == {"last"}
+    target = preset.configs(["triton", "flashinfer", "flashinfer-loggate-sigmoid"], only={"T": (4,)})
+    method = Method(kernel=preset.kernel, call=preset.call, placement_processes=preset.placement_processes)
+    assert len(target) == 72 and estimate_seconds(target, method, "cuda") <= 300
+
+
 def test_presets_take_the_layout_and_narrow_to_given_axes():
     layout = PoolLayout(slots_per_row=2, slot_order="sorted", placements=4)
     narrowed = PRESETS["kimi-linear-48b"].configs(["naive"], layout, only={"B": (1, 64), "slot_pad": (16,)})

@@ -119,6 +119,13 @@ def _spec_decode_grids():
                  checkpoints=("all", "last"), state_dtype=BF16_FP32),)
 
 
+def _frozen_verify_grids():
+    # frozen verify beside an in-place step of the same T tokens storing the last state only (what a
+    # verify that commits afterwards writes), at Kimi-Linear's layer and twice its heads
+    return tuple(dict(B=(1, 16, 32, 64, 128, 256), H=(hv,), HV=(hv,), K=(128,), V=(128,), T=(1, 2, 4, 8),
+                      checkpoints=("last",), mode=("inplace", "frozen")) for hv in (32, 64))
+
+
 def _tiny(**axes):
     return dict(B=(4,), H=(2,), HV=(2,), K=(16,), V=(16,)) | {k: (v,) for k, v in axes.items()}
 
@@ -143,6 +150,9 @@ PRESETS = {
         Preset("gva", "grouped value heads (H < HV), K = V = 128", _gva_grids(), *THOROUGH),
         Preset("spec-decode", "speculative verify at Kimi-Linear's layer: T 1/2/4/8 tokens per row, B 1/8/32/128, "
                "the state stored after every token or the last, bf16 and fp32 state", _spec_decode_grids(), *FAST),
+        Preset("frozen-verify", "frozen verify (update_state=False) beside in-place decode of the same T 1/2/4/8 "
+               "tokens storing the last state, H = HV 32/64, K = V = 128, B 1..256, bf16 state",
+               _frozen_verify_grids(), *THOROUGH),
         Preset("shapes", "HV 16/32/64 x K, V in 64/128/256, bf16 state", _shapes_grids(), *THOROUGH),
         Preset("full", "kimi-linear-48b, gva and shapes, plus padding rows (CUDA-graph batch padding)",
                (_kimi_grid(), *_gva_grids(), *_shapes_grids(),
