@@ -287,7 +287,7 @@ def test_survey_and_sweep_agree_on_what_runs_on_a_cpu(tmp_path):
     survey = subprocess.run([sys.executable, "-m", "kda_impls"], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=300)
     assert survey.returncode == 0, survey.stderr
-    lines = {line.split()[0]: line for line in survey.stdout.splitlines()[2:] if line.strip()}
+    lines = {tuple(line.split()[:2]): line for line in survey.stdout.splitlines()[2:] if line.strip()}
     sweep = subprocess.run([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", "naive,triton,fla",
                             "--B", "4", "--H", "2", "--HV", "4", "--K", "64", "--placements", "1", "--max-seconds",
                             "0.01", "--no-charts", "--out", str(tmp_path / "s")],
@@ -295,7 +295,8 @@ def test_survey_and_sweep_agree_on_what_runs_on_a_cpu(tmp_path):
     table = pd.read_csv(tmp_path / "s" / "results.csv").set_index("impl")
     for impl in ("naive", "triton", "fla"):
         assert table.loc[impl, "status"] == "ok", (impl, sweep.stderr)
-        assert " ok " in lines[impl], survey.stdout
+        assert all(" ok " in lines[impl, mode] for mode in ("inplace", "frozen")), survey.stdout  # each mode a row
+    assert " unsupported " in lines["flashinfer", "frozen"], survey.stdout  # not here: said with its reason
 
 
 def test_a_time_limits_sigterm_saves_like_ctrl_c(tmp_path):
