@@ -27,6 +27,10 @@ the run time of the suite is mostly process and CUDA start-up, and the grid is w
 - ``cpu``: tiny shapes for a box without a GPU, where CI checks the suite: naive and the Triton
   kernels (interpreted) run, the GPU-only ones skip with their reason.
 
+Beside the grid, one frozen-verify point (``update_state=False``: every token's output from the row's
+start state, nothing stored) for our kernel and FlashInfer's fastest variant: :data:`FROZEN` (T = 4,
+B = 64 at Kimi-Linear's layer, bf16 state; tiny on the CPU), in every profile.
+
 ``quick``, ``gate`` and ``bandwidth`` are subsets of ``full``, and results of different profiles share benchmark
 names and versions: a pull request's quick run is gated against main's full run, on the
 combinations they have in common (asv and kda-regress compare those).
@@ -79,6 +83,11 @@ DEFAULT_IMPLS = {"gate": {"triton", "fla"}, "cpu": {"naive", "triton", "fla"}}
 _wanted = set(filter(None, os.environ.get("KDA_ASV_IMPLS", "").split(","))) or DEFAULT_IMPLS.get(PROFILE_NAME, TRACKED)
 IMPLS = [name for name in names() if name in _wanted]
 
+# The frozen-verify point's grid and implementations: of those chosen, the ones tracked for it (else all)
+FROZEN = (dict(B=[2], heads=[TINY], state_dtype=["bfloat16"], T=[2]) if PROFILE_NAME == "cpu" else
+          dict(B=[64], heads=[KIMI], state_dtype=["bfloat16"], T=[4]))
+FROZEN_IMPLS = [name for name in IMPLS if name in {"triton", "flashinfer-loggate-sigmoid"}] or IMPLS
+
 # Six placements a benchmark: the fewest whose medians let the gate's Mann-Whitney test reach
 # p < 0.01 (two sides of 6: p >= 0.002), each sampled until its median is known to +-1% (95% CI)
 # or its share of the time is up; six more where they spread or the step exceeds the L2 (the sweeps
@@ -102,11 +111,13 @@ SUITE_VERSION = 2
 VERSION = f"{timing.METHOD_VERSION}.{SUITE_VERSION}"
 
 
-def config(impl: str, B: int, heads: str, slot_pad: int = 0, state_dtype: str = "bfloat16", T: int = 1) -> Config:
-    """T > 1: a speculative verify of T tokens per row, the state stored after every token."""
+def config(impl: str, B: int, heads: str, slot_pad: int = 0, state_dtype: str = "bfloat16", T: int = 1,
+           mode: str = "inplace") -> Config:
+    """T > 1: a speculative verify of T tokens per row, the state stored after every token (in place)
+    or none (``mode="frozen"``)."""
     dims = {name: int(value) for name, value in re.findall(r"([A-Z]+)(\d+)", heads)}
     return Config(impl, B, dims.get("H", dims["HV"]), dims["HV"], dims["K"], dims["V"], state_dtype=state_dtype, T=T,
-                  slot_pad=slot_pad, layout=PoolLayout(placements=PLACEMENTS))
+                  mode=mode, slot_pad=slot_pad, layout=PoolLayout(placements=PLACEMENTS))
 
 
 def shared_rows(benchmark) -> str:

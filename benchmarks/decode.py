@@ -1,5 +1,6 @@
 """One KDA decode step of every registered implementation: GPU kernel time and the bandwidth it
-reaches over the profile's grid, and the latency of one eager call over its batch sizes.
+reaches over the profile's grid, the same for one frozen-verify point (``Frozen*``, common.FROZEN),
+and the latency of one eager call over its batch sizes.
 
 The implementation is the first parameter of every benchmark (kda_impls.validate_gate relies on
 it). Every benchmark shares one ``setup_cache`` (common.shared_rows): the first process of a run
@@ -15,6 +16,8 @@ from . import common
 GRID = [common.IMPLS, common.PROFILE["B"], common.PROFILE["heads"], common.PROFILE["slot_pad"],
         common.PROFILE["state_dtype"], common.PROFILE["T"]]
 GRID_NAMES = ["impl", "B", "heads", "slot_pad", "state_dtype", "T"]
+FROZEN_GRID = [common.FROZEN_IMPLS, common.FROZEN["B"], common.FROZEN["heads"], [0], common.FROZEN["state_dtype"],
+               common.FROZEN["T"]]
 
 
 class KernelTime:
@@ -27,8 +30,10 @@ class KernelTime:
     version = common.VERSION
     setup_cache = common.shared_rows
 
+    mode = "inplace"
+
     def setup(self, cache, impl, B, heads, slot_pad, state_dtype, T):
-        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T), cache)
+        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T, self.mode), cache)
 
     def track_kernel(self, cache, impl, B, heads, slot_pad, state_dtype, T):
         return common.asv_samples(common.placement_seconds(self.row))
@@ -46,8 +51,10 @@ class Bandwidth:
     version = common.VERSION
     setup_cache = common.shared_rows
 
+    mode = "inplace"
+
     def setup(self, cache, impl, B, heads, slot_pad, state_dtype, T):
-        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T), cache)
+        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T, self.mode), cache)
 
     def track_gbps(self, cache, impl, B, heads, slot_pad, state_dtype, T):
         return common.asv_samples(common.placement_gbps(self.row))
@@ -58,6 +65,21 @@ class Bandwidth:
         return common.asv_samples([gbps / self.row["copy_gbps"] for gbps in common.placement_gbps(self.row)])
 
     track_roofline_frac.unit = "fraction of copy bandwidth"
+
+
+class FrozenKernelTime(KernelTime):
+    """KernelTime of a frozen verify (update_state=False) of T tokens per row: no state written."""
+
+    params = FROZEN_GRID
+    mode = "frozen"
+
+
+class FrozenBandwidth(Bandwidth):
+    """Bandwidth of the frozen-verify point, from FrozenKernelTime's measurement (its bytes: each
+    live row's state read once, nothing written)."""
+
+    params = FROZEN_GRID
+    mode = "frozen"
 
 
 class CallTime:

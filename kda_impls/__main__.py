@@ -1,13 +1,13 @@
-"""`kda-survey` (`python -m kda_impls`): every registered implementation, whether it runs here, and
-its error on a small case against the float64 reference, through the harness's case runner (the
-statuses of a sweep)."""
+"""`kda-survey` (`python -m kda_impls`): every registered implementation in each mode (in-place decode,
+frozen verify), whether it runs here or why not, and its error on a small case against the float64
+reference, through the harness's case runner (the statuses of a sweep)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from .bench.case import run_case
-from .bench.config import Config
+from .bench.config import MODES, Config
 from .cli import Parser, devices
 from .registry import extra_impls, get, interpret_triton_on, names
 
@@ -18,14 +18,14 @@ SLOT_PAD = 16
 def survey(device: str, state_dtype: str) -> pd.DataFrame:
     rows = []
     for name in names():
-        cfg = Config(name, **SHAPE, state_dtype=state_dtype, slot_pad=SLOT_PAD)
-        row = run_case(cfg, device)
         try:
             supports = get(name).capabilities.describe()
         except Exception as exc:  # an implementation that does not import: run_case said why
             supports = f"({type(exc).__name__})"
-        rows.append({"impl": name, "supports": supports, "status": row["status"], "err_out": row["err_out"],
-                     "err_state": row["err_state"], "detail": row["reason"]})
+        for mode in MODES:
+            row = run_case(Config(name, **SHAPE, state_dtype=state_dtype, slot_pad=SLOT_PAD, mode=mode), device)
+            rows.append({"impl": name, "mode": mode, "supports": supports, "status": row["status"],
+                         "err_out": row["err_out"], "err_state": row["err_state"], "detail": row["reason"]})
     return pd.DataFrame(rows)
 
 

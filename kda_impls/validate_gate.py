@@ -255,7 +255,7 @@ def asv_form(args) -> int:
         for label in (*A_RUNS, "slow"):
             env = {**base_env, CONFIG_ENV: slow_config} if label == "slow" else base_env
             runs[label], seconds[label], exits[label] = asv_run(out, label, conf, machine, commit, env,
-                                                                ["--bench", "KernelTime"], runs_left)
+                                                                ["--bench", r"^decode\.KernelTime\."], runs_left)
     except RunLimitReached as stopped:
         print(f"validate_gate: --max-runs {args.max_runs} reached before run {stopped}; run again to resume",
               flush=True)

@@ -69,7 +69,8 @@ def repo_conf(directory: Path) -> Path:
 # bandwidth at one token, and one combination that must skip on a CPU (FlashInfer's).
 CPU_RUN_IMPLS = "naive,triton,flashinfer-sigmoid"
 CPU_RUN_BENCH = [r"\('naive',", r"^decode\.(KernelTime\.track_kernel|Bandwidth\.track_gbps)\('triton', .*, 1\)$",
-                 r"^decode\.KernelTime\.track_kernel\('flashinfer-sigmoid', .*, 1\)$"]
+                 r"^decode\.KernelTime\.track_kernel\('flashinfer-sigmoid', .*, 1\)$",
+                 r"^decode\.Frozen(KernelTime\.track_kernel|Bandwidth\.track_gbps)\('triton',"]
 
 
 @dataclass(frozen=True)

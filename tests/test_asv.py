@@ -76,9 +76,15 @@ def test_the_regressions_page_uses_the_gates_thresholds():
 
 @functools.cache
 def runnable_here(impl: str, B: int, heads: str = common.PROFILE["heads"][0], slot_pad: int = 0,
-                  state_dtype: str = "bfloat16", T: int = 1) -> bool:
+                  state_dtype: str = "bfloat16", T: int = 1, mode: str = "inplace") -> bool:
     """Whether the harness's correctness check (no timing) can run the combination on the CPU."""
-    return run_case(common.config(impl, B, heads, slot_pad, state_dtype, T), "cpu")["status"] != "unsupported"
+    cfg = common.config(impl, B, heads, slot_pad, state_dtype, T, mode)
+    return run_case(cfg, "cpu")["status"] != "unsupported"
+
+
+def mode_of(name: str) -> str:
+    """The mode a benchmark measures: decode.Frozen* the frozen-verify point, the others in place."""
+    return "frozen" if name.startswith("decode.Frozen") else "inplace"
 
 
 def selected(run: AsvRun) -> dict[str, list[tuple[str, tuple]]]:
@@ -107,10 +113,10 @@ def test_a_cpu_run_of_the_suite():
         run.output)}
     expected_skips, expected_runs = set(), set()
     for combos in selected(run).values():
-        for _, combo in combos:
+        for name, combo in combos:
             cfg_args = combo if len(combo) > 2 else (*combo, common.PROFILE["heads"][0])
             shown = ", ".join(map(repr, combo))
-            (expected_runs if runnable_here(*cfg_args) else expected_skips).add(shown)
+            (expected_runs if runnable_here(*cfg_args, mode=mode_of(name)) else expected_skips).add(shown)
     assert expected_skips and set(skipped) == expected_skips, run.output
     assert all(params.split(",")[0].strip("'") in reason for params, reason in skipped.items())
     assert any(r.startswith("'naive'") for r in expected_runs) and any(r.startswith("'triton'") for r in expected_runs)
@@ -129,12 +135,15 @@ def test_bandwidth_is_the_kernel_times_measurement_in_units_asv_shows():
     assert units["decode.Bandwidth.track_roofline_frac"] == "fraction of copy bandwidth"
     assert units["decode.KernelTime.track_kernel"] == "seconds"
     samples = {name: m.samples for name, m in regress.load(run.result).measurements.items()}
-    checked = 0
-    for name, combo in selected(run)["decode.Bandwidth.track_gbps"]:
+    checked = []
+    chosen = selected(run)
+    for name, combo in [*chosen["decode.Bandwidth.track_gbps"], *chosen["decode.FrozenBandwidth.track_gbps"]]:
         if name not in samples:  # skipped here
             continue
         kernel = samples[name.replace("Bandwidth.track_gbps", "KernelTime.track_kernel")]
-        nbytes = common.config(*combo).make_inputs("cpu", 1).nbytes()
+        inputs = common.config(*combo, mode=mode_of(name)).make_inputs("cpu", 1)
+        assert inputs.update_state == (mode_of(name) == "inplace")
+        nbytes = inputs.nbytes()
         assert len(samples[name]) == len(kernel) == common.PLACEMENTS
         moved = [gbps * seconds for gbps, seconds in zip(samples[name], kernel, strict=True)]
         assert moved == pytest.approx([nbytes / 1e9] * len(kernel))
@@ -142,8 +151,9 @@ def test_bandwidth_is_the_kernel_times_measurement_in_units_asv_shows():
         if frac:
             copy_gbps = [g / f for g, f in zip(samples[name], frac, strict=True)]
             assert copy_gbps == pytest.approx([copy_gbps[0]] * len(copy_gbps)) and copy_gbps[0] > 0
-        checked += 1
-    assert checked >= 3  # naive at one and two tokens, triton at one
+        checked.append(mode_of(name))
+    # naive at one and two tokens and triton at one in place; triton's frozen verify
+    assert checked.count("inplace") >= 3 and checked.count("frozen") == 1, checked
 
 
 def test_asv_machine_name_carries_the_implementation_set():

@@ -106,7 +106,22 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
     assert max(len(line) for line in done.stdout.splitlines() if str(out) not in line) <= 120
     summary = done.stderr.strip().splitlines()[-1]  # the verdict: one line of counts
     assert summary == (f"kda-sweep: 3 of {2 * SMOKE_CONFIGS} rows failed ({SMOKE_CONFIGS} ok, 2 wrong, "
-                       "3 unsupported, 1 crashed); their reasons are above"), summary
+                       "4 unsupported, 1 crashed); their reasons are above"), summary
+
+
+def test_frozen_verify_rows_store_nothing_and_move_one_state_read(swept):
+    """The smoke preset's frozen-verify row: its own key and mode, measured on frozen inputs, whose
+    bytes are each live row's state read once (no write) beside the in-place row of the same T."""
+    table = pd.read_csv(swept[0] / "results.csv")
+    naive = table[(table.impl == "naive") & (table["T"] == 2) & (table.checkpoints == "all")]
+    frozen, inplace = (naive[naive["mode"] == mode].iloc[0] for mode in ("frozen", "inplace"))
+    assert frozen.status == "ok" and "_T2frozen_" in frozen.key and "_T2all_" in inplace.key
+    cfg = Config.from_columns(frozen.to_dict())
+    assert cfg.mode == "frozen" and not cfg.make_inputs("cpu").update_state
+    state = cfg.B * cfg.HV * cfg.V * cfg.K * 2  # bf16: one state per row
+    assert frozen.bytes == cfg.make_inputs("cpu").nbytes() < inplace.bytes - cfg.T * state
+    misbehaves = table[(table.impl == "misbehaves") & (table["mode"] == "frozen")]
+    assert misbehaves.status.tolist() == ["unsupported"] and "update_state=False" in misbehaves.reason.iloc[0]
 
 
 def test_result_files_get_the_permissions_of_plain_files(swept):
@@ -133,14 +148,15 @@ def test_statuses_crashed_wrong_unsupported(swept):
     assert "SIGSEGV" in crashed.reason.iloc[0] and crashed.kernel_us_mean.isna().all()
 
     wrong = rows[(rows.slot_pad == 0) & (rows.state_dtype == "bfloat16") & (rows["T"] == 1)]
-    assert len(wrong) == SMOKE_CONFIGS - 4 and (wrong.status == "wrong").all()
+    assert len(wrong) == SMOKE_CONFIGS - 5 and (wrong.status == "wrong").all()
     assert wrong.reason.str.contains("output error").all() and (wrong.kernel_us_mean > 0).all()
 
     unsupported = rows[(rows.state_dtype == "float32") | (rows["T"] > 1)]
-    assert len(unsupported) == 3 and (unsupported.status == "unsupported").all()
+    assert len(unsupported) == 4 and (unsupported.status == "unsupported").all()
     assert unsupported.kernel_us_mean.isna().all()
     assert "float32 not supported" in unsupported[unsupported.state_dtype == "float32"].reason.iloc[0]
-    assert unsupported[unsupported["T"] > 1].reason.str.contains("multi-token decode").all()
+    multi_token = unsupported[(unsupported["T"] > 1) & (unsupported["mode"] == "inplace")]
+    assert len(multi_token) == 2 and multi_token.reason.str.contains("multi-token decode").all()
     assert (table[table.impl == "naive"].status == "ok").all()
 
 
@@ -432,6 +448,20 @@ def test_presets():
     assert all(c.H < c.HV for c in PRESETS["gva"].configs(["naive"]))
     assert {c.HV for c in PRESETS["shapes"].configs(["naive"])} == {16, 32, 64}
     assert len(PRESETS["full"].configs(["naive"])) > len(kimi)
+
+
+def test_frozen_verify_preset_sets_each_frozen_row_beside_its_in_place_one_and_fits_five_gpu_minutes():
+    from kda_impls.bench.report import estimate_seconds
+
+    preset = PRESETS["frozen-verify"]
+    configs = preset.configs(["naive"])
+    frozen = {c.key().replace("frozen", "?") for c in configs if c.mode == "frozen"}
+    inplace = {c.key().replace("last", "?").replace("T1_", "T1?_") for c in configs if c.mode == "inplace"}
+    assert len(configs) == 2 * 4 * 6 * 2 and frozen == inplace  # HV x T x B x mode, paired
+    assert {c.checkpoints for c in configs if c.mode == "inplace" and c.T > 1} == {"last"}
+    target = preset.configs(["triton", "flashinfer", "flashinfer-loggate-sigmoid"], only={"T": (4,)})
+    method = Method(kernel=preset.kernel, call=preset.call, placement_processes=preset.placement_processes)
+    assert len(target) == 72 and estimate_seconds(target, method, "cuda") <= 300
 
 
 def test_presets_take_the_layout_and_narrow_to_given_axes():

@@ -29,8 +29,8 @@ def table(state_dtypes=("bfloat16", "float32")) -> pd.DataFrame:
     for (impl, B), us in TIMES.items():
         for dtype in state_dtypes:
             rows.append({"impl": impl, "library": LIBRARY[impl], "B": B, "H": 4, "HV": 4, "K": 16, "V": 16,
-                         "state_dtype": dtype, "pad_rows": 0, "T": 1, "checkpoints": "all", "slot_pad": 0,
-                         "slots_per_row": 1, "slot_order": "random", "placements": 3, "status": "ok",
+                         "state_dtype": dtype, "pad_rows": 0, "T": 1, "checkpoints": "all", "mode": "inplace",
+                         "slot_pad": 0, "slots_per_row": 1, "slot_order": "random", "placements": 3, "status": "ok",
                          "key": f"{impl}_{B}_{dtype}", "kernel_us_mean": us, "kernel_us_placement_min": us * 0.98,
                          "kernel_us_placement_max": us * 1.02, "call_us_median": us + 40, "gbps": 1e3 / us,
                          "roofline_frac": 0.25 / us})
@@ -51,6 +51,26 @@ def figures():
     drawn = dict(plots.figures(frame, frame, META))
     yield {name: fig for name, fig in drawn.items() if fig is not None}
     plt.close("all")
+
+
+def test_frozen_verify_and_in_place_share_a_panel_per_shape_and_tokens():
+    """modes_time: one panel per (shape, state dtype, T) where both modes ran, a line per library and
+    mode in the library's colour (dotted: frozen verify; dashed: in place storing the last state)."""
+    frame = table(("bfloat16",))
+    frame = frame[frame.impl.isin(["triton", "naive"])].assign(T=4, checkpoints="last")
+    frozen = frame.assign(mode="frozen", checkpoints="all", kernel_us_mean=frame.kernel_us_mean / 2)
+    both = pd.concat([frame, frozen, frozen.assign(T=1)], ignore_index=True)  # T = 1: frozen alone, no panel
+    fig = plots.modes_time(plots.libraries(both), both, META)
+    (ax,) = [ax for ax in fig.axes if ax.get_lines()]
+    assert ax.get_title().startswith("T=4, bf16 state")
+    drawn = {(to_hex(line.get_color()), line.get_linestyle()): list(line.get_ydata()) for line in ax.get_lines()}
+    triton = to_hex(chart_style.library_style("kda-impls")["color"])
+    assert drawn[triton, ":"] == [TIMES["triton", b] / 2 for b in (1, 4, 16)]
+    assert drawn[triton, "--"] == [TIMES["triton", b] for b in (1, 4, 16)] and len(drawn) == 4
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "frozen verify, nothing stored" in labels and "in place, after the last token only" in labels
+    assert plots.modes_time(plots.libraries(frame), frame, META) is None  # one mode: no chart
+    plt.close(fig)
 
 
 def lines_of(ax) -> dict[str, object]:

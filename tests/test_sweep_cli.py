@@ -108,6 +108,7 @@ BAD_SWEEP_ARGUMENTS = [
     (["--B", "1,x"], ["--B", "'x' is not a whole number"]),
     (["--state-dtype", "fp8"], ["unknown dtype 'fp8'"]),
     (["--shard", "2/2"], ["--shard", "0 <= i < n"]),
+    (["--mode", "inplace,replay"], ["--mode", "'replay' is not one of inplace, frozen"]),
     (["--devices", "cuda:7"], ["--devices"]),
     (["--preset", "kimi-linear-48b", "--HV", "7"], ["leave no configuration of preset kimi-linear-48b"]),
     (["--baseline", "triton"], ["--baseline triton is not among this run's implementations (naive)"]),
@@ -287,7 +288,7 @@ def test_survey_and_sweep_agree_on_what_runs_on_a_cpu(tmp_path):
     survey = subprocess.run([sys.executable, "-m", "kda_impls"], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=300)
     assert survey.returncode == 0, survey.stderr
-    lines = {line.split()[0]: line for line in survey.stdout.splitlines()[2:] if line.strip()}
+    lines = {tuple(line.split()[:2]): line for line in survey.stdout.splitlines()[2:] if line.strip()}
     sweep = subprocess.run([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", "naive,triton,fla",
                             "--B", "4", "--H", "2", "--HV", "4", "--K", "64", "--placements", "1", "--max-seconds",
                             "0.01", "--no-charts", "--out", str(tmp_path / "s")],
@@ -295,7 +296,8 @@ def test_survey_and_sweep_agree_on_what_runs_on_a_cpu(tmp_path):
     table = pd.read_csv(tmp_path / "s" / "results.csv").set_index("impl")
     for impl in ("naive", "triton", "fla"):
         assert table.loc[impl, "status"] == "ok", (impl, sweep.stderr)
-        assert " ok " in lines[impl], survey.stdout
+        assert all(" ok " in lines[impl, mode] for mode in ("inplace", "frozen")), survey.stdout  # each mode a row
+    assert " unsupported " in lines["flashinfer", "frozen"], survey.stdout  # not here: said with its reason
 
 
 def test_a_time_limits_sigterm_saves_like_ctrl_c(tmp_path):
@@ -343,12 +345,12 @@ def test_compile_groups_keep_an_implementations_shape_on_one_lane_in_order():
 
     configs = [Config(impl, B, 32, 32, 128, 128, state_dtype=dtype, slot_pad=pad)
                for dtype in ("bfloat16", "float32") for impl in ("triton", "fla") for B in (1, 64) for pad in (0, 64)]
-    configs.append(Config("triton", 8, 32, 32, 128, 128, T=2))
+    configs += [Config("triton", 8, 32, 32, 128, 128, T=2), Config("triton", 8, 32, 32, 128, 128, T=2, mode="frozen")]
     groups = compile_groups(configs)
-    assert [len(g) for g in groups] == [4, 4, 4, 4, 1]
-    assert [(g[0].impl, g[0].state_dtype, g[0].T) for g in groups] == [
-        ("triton", "bfloat16", 1), ("fla", "bfloat16", 1), ("triton", "float32", 1), ("fla", "float32", 1),
-        ("triton", "bfloat16", 2)]
+    assert [len(g) for g in groups] == [4, 4, 4, 4, 1, 1]
+    assert [(g[0].impl, g[0].state_dtype, g[0].T, g[0].mode) for g in groups] == [
+        ("triton", "bfloat16", 1, "inplace"), ("fla", "bfloat16", 1, "inplace"), ("triton", "float32", 1, "inplace"),
+        ("fla", "float32", 1, "inplace"), ("triton", "bfloat16", 2, "inplace"), ("triton", "bfloat16", 2, "frozen")]
     assert sorted((c.key() for g in groups for c in g)) == sorted(c.key() for c in configs)
 
 
@@ -434,3 +436,34 @@ def test_a_cpu_run_of_a_gpu_sized_grid_warns_with_its_estimate(tmp_path):
     warning = [line for line in done.stderr.splitlines() if line.startswith("kda-sweep: warning:")]
     assert len(warning) == 1 and "1 rows to measure: about" in warning[0] and " h on the CPU" in warning[0], done.stderr
     assert done.returncode == 1 and "1 crashed" in done.stderr.splitlines()[-1]
+
+
+def test_mode_axis_measures_frozen_verify_beside_in_place_and_reads_older_rows_as_in_place(tmp_path):
+    """--mode inplace,frozen: a row per mode (frozen verify its own key, its checkpoints one spelling),
+    both checked against the reference (Triton interpreted), the summary naming the mode; a directory
+    whose rows predate the axis reads as in-place and resumes them."""
+    out = tmp_path / "s"
+    args = [*TINY, "--impls", "naive,triton", "--T", "2", "--checkpoints", "last", "--mode", "inplace,frozen",
+            "--out", str(out)]
+    done = run("sweep", *args, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = pd.read_csv(out / "results.csv")
+    assert (table.status == "ok").all(), table[["key", "status", "reason"]]
+    assert sorted(k.split("_")[6] for k in table.key) == ["T2frozen", "T2frozen", "T2last", "T2last"]
+    assert set(zip(table["mode"], table.checkpoints, strict=True)) == {("frozen", "all"), ("inplace", "last")}
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert ["checkpoints", "mode", "B"] in lines  # the summary's index: what varies (the rest said above it)
+    assert {("none", "frozen"), ("last", "inplace")} <= {tuple(line[:2]) for line in lines}
+
+    for path in (out / "rows").glob("*T2last*.json"):  # as a sweep from before the mode axis wrote them
+        row = json.loads(path.read_text())
+        del row["mode"]
+        path.write_text(json.dumps(row))
+    for path in (out / "rows").glob("*T2frozen*.json"):
+        path.unlink()
+    from kda_impls.bench.results import assemble, load
+
+    assemble(out)
+    assert load(out).table["mode"].tolist() == ["inplace", "inplace"]
+    again = run("sweep", *args[:-4], "--mode", "inplace", "--out", str(out))
+    assert again.returncode == 0 and "2 kept, 0 to measure" in again.stdout, again.stdout + again.stderr

@@ -8,9 +8,9 @@ import pandas as pd
 from kda_impls.tools import targets
 
 
-def row(impl, B, us, frac, state="bfloat16", slot_pad=0, spread=0.01, library=None, K=128, engine=""):
+def row(impl, B, us, frac, state="bfloat16", slot_pad=0, spread=0.01, library=None, K=128, engine="", mode="inplace"):
     return dict(impl=impl, library=library or impl, engine_call=engine, B=B, H=32, HV=32, K=K, V=K, pad_rows=0, T=1,
-                checkpoints="all",
+                checkpoints="all", mode=mode,
                 slot_pad=slot_pad, slots_per_row=1, slot_order="random", placements=3, state_dtype=state,
                 status="ok", kernel_us_mean=us, kernel_us_placement_min=us * (1 - spread / 2),
                 kernel_us_placement_max=us * (1 + spread / 2), roofline_frac=frac)
@@ -35,6 +35,9 @@ def table():
 def test_targets_are_judged():
     sections, summary = targets.judge(table(), "triton")
     assert summary == {"speed": "1/3 met", "bandwidth": "3/5 met", "placements": "5/6 met", "padding": "1/2 met"}
+    # a frozen-verify row (no state written: faster, more of the copy) is not in-place decode's target
+    frozen = pd.concat([table(), pd.DataFrame([row("triton", 256, 80.0, 0.99, mode="frozen")])], ignore_index=True)
+    assert targets.judge(frozen, "triton")[1] == summary
     speed = next(s for s in sections if s.startswith("## Faster"))
     assert "flashinfer-dense" in speed and "| fla " in speed  # each point against the best rival, named
 

@@ -181,11 +181,39 @@ def count_axis(ax, values, label: str) -> None:
 
 
 def shape_label(key: tuple) -> str:
-    H, HV, K, V, dtype, T, checkpoints = key
-    tokens = "" if T == 1 else f", T={T} ({checkpoints} checkpoints)"
+    H, HV, K, V, dtype, T, checkpoints, mode = key
+    tokens = (f", T={T} frozen verify" if mode == "frozen" else
+              "" if T == 1 else f", T={T} ({checkpoints} checkpoints)")
     return f"H={H} HV={HV} K={K} V={V}, {dtypes.short(dtype)} state{tokens}"
 
 
 def plasma(n: int):
     """``n`` distinct colours of one ordered series (slot paddings)."""
     return plt.get_cmap("plasma")(np.linspace(0.15, 0.75, n))
+
+
+class Lines:
+    """What a chart's lines are: ``rows`` with a ``line`` column, each line's style and legend label."""
+
+    def __init__(self, rows: pd.DataFrame, styles: dict[str, dict], labels: dict[str, str]):
+        self.rows, self.styles, self.labels = rows, styles, labels
+
+    def legend(self, names) -> tuple[list, list[str]]:
+        """Handles and labels of the lines ``names``, in the order of ``styles``."""
+        shown = [n for n in self.styles if n in set(names)]
+        marks, _ = handles({n: self.styles[n] for n in shown})
+        return marks, [self.labels[n] for n in shown]
+
+
+# (mode, checkpoints): line style and legend label
+STORES = {("inplace", "all"): ("-", "in place, the state stored after every token"),
+          ("inplace", "last"): ("--", "in place, after the last token only"),
+          ("frozen", "all"): (":", "frozen verify, nothing stored")}
+
+
+def store_legend(handles: list, labels: list, rows: pd.DataFrame) -> tuple[list, list]:
+    """``handles`` and ``labels`` with a line-style entry for each (mode, checkpoints) among ``rows``."""
+    for kind in [k for k in STORES if k in set(zip(rows["mode"], rows.checkpoints, strict=True))]:
+        handles.append(Line2D([], [], color="0.3", ls=STORES[kind][0]))
+        labels.append(STORES[kind][1])
+    return handles, labels

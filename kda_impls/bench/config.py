@@ -12,6 +12,9 @@ from ..inputs import DecodeInputs, make_inputs
 
 SLOT_ORDERS = ("random", "sorted")
 CHECKPOINTS = ("all", "last")
+# inplace: the pool updated in place; frozen: frozen verify (update_state=False), every token's output
+# from the row's start state, nothing stored
+MODES = ("inplace", "frozen")
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Config:
     pad_rows: int = 0  # batch rows with slot -1
     T: int = 1  # tokens per row (speculative verify: T > 1)
     checkpoints: str = "all"  # T > 1: the state stored after every token, or after the last only
+    mode: str = "inplace"  # one of MODES
     slot_pad: int = 0  # elements of padding after each state slot (slot stride HV*V*K + slot_pad)
     layout: PoolLayout = field(default_factory=PoolLayout)
 
@@ -65,12 +69,16 @@ class Config:
             raise ValueError(f"slot_pad must be >= 0; got {self.slot_pad}")
         if self.checkpoints not in CHECKPOINTS:
             raise ValueError(f"checkpoints must be one of {', '.join(CHECKPOINTS)}; got {self.checkpoints!r}")
-        if self.T == 1 and self.checkpoints != "all":  # one token: both store it; one spelling, one key
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        # one token: both store it; frozen verify: neither stores. One spelling, one key.
+        if (self.T == 1 or self.mode == "frozen") and self.checkpoints != "all":
             object.__setattr__(self, "checkpoints", "all")
 
     def key(self) -> str:
         """Stable id of this row (resume, samples.json, regression comparisons); safe as a file name."""
-        tokens = "T1" if self.T == 1 else f"T{self.T}{self.checkpoints}"
+        tokens = (f"T{self.T}frozen" if self.mode == "frozen" else
+                  "T1" if self.T == 1 else f"T{self.T}{self.checkpoints}")
         return (f"{self.impl}_B{self.B}_H{self.H}_HV{self.HV}_K{self.K}_V{self.V}_{tokens}_{self.state_dtype}"
                 f"_padrows{self.pad_rows}_slotpad{self.slot_pad}_{self.layout.key()}")
 
@@ -81,9 +89,11 @@ class Config:
 
     @classmethod
     def from_columns(cls, row: dict) -> "Config":
-        """The configuration a result row (:meth:`columns`, plus any other columns) was measured on."""
+        """The configuration a result row (:meth:`columns`, plus any other columns) was measured on; an
+        axis the row lacks (measured before the axis existed) takes its default."""
         layout = PoolLayout(**{f.name: _plain(row[f.name]) for f in fields(PoolLayout)})
-        return cls(**{f.name: _plain(row[f.name]) for f in fields(cls) if f.name != "layout"}, layout=layout)
+        return cls(**{f.name: _plain(row[f.name]) for f in fields(cls) if f.name != "layout" and f.name in row},
+                   layout=layout)
 
     @property
     def torch_state_dtype(self) -> torch.dtype:
@@ -93,12 +103,12 @@ class Config:
         """Random inputs of this shape (:func:`kda_impls.make_inputs`, drawn on ``device``): laid out
         as the layout says when ``timed``; for the correctness check (``timed=False``), in a pool of
         twice the slots the rows need, so that untouched slots exist to be checked."""
-        stored = self.B * (self.T if self.checkpoints == "all" else 1)
+        stored = self.B * (self.T if self.checkpoints == "all" and self.mode == "inplace" else 1)
         n_slots = self.layout.slots_per_row * stored if timed else None
         return make_inputs(self.B, self.H, self.HV, self.K, self.V, T=self.T, checkpoints=self.checkpoints,
                            state_dtype=self.torch_state_dtype, slot_pad=self.slot_pad, n_slots=n_slots,
                            pad_rows=self.pad_rows, sorted_slots=self.layout.slot_order == "sorted", device=device,
-                           seed=seed)
+                           seed=seed, update_state=self.mode == "inplace")
 
 
 def _plain(value):
@@ -111,3 +121,10 @@ def _plain(value):
 AXES = tuple(f.name for f in fields(Config) if f.name not in ("impl", "layout"))
 CONFIG_COLUMNS = ["impl", *AXES, *(f.name for f in fields(PoolLayout))]
 SORT_COLUMNS = [c for c in CONFIG_COLUMNS if c != "B"] + ["B"]
+NEWER_AXES = {f.name: f.default for f in fields(Config) if f.name == "mode"}  # absent from older results
+
+
+def with_newer_axes(table):
+    """``table`` (result rows) with the axes added since it was measured, at their defaults."""
+    return table.assign(**{axis: table[axis].astype(object).fillna(default) if axis in table else default
+                           for axis, default in NEWER_AXES.items()})

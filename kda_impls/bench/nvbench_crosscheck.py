@@ -21,6 +21,7 @@ import pandas as pd
 
 from .. import registry
 from ..cli import Parser, comma_list, fail, positive_float, positive_int, print_and_save
+from .config import with_newer_axes
 from .nvbench import (
     AGREEMENT,
     ROW_COLUMNS,
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (out / "crosscheck.csv").exists():
             fail(parser.prog, f"{out / 'crosscheck.csv'}: missing; --report-only rewrites the report of a "
                               f"cross-check made there")
-        return print_and_save(report(pd.read_csv(out / "crosscheck.csv"), read_meta(out)), out / "crosscheck.md")
+        checked = with_newer_axes(pd.read_csv(out / "crosscheck.csv"))  # one made before the mode axis: in place
+        return print_and_save(report(checked, read_meta(out)), out / "crosscheck.md")
     if (out / "crosscheck.csv").exists():
         fail(parser.prog, f"{out} already holds a cross-check: choose another --out (or remove {out} yourself)")
     rows = _rows_of(args, parser)

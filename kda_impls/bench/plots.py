@@ -10,7 +10,8 @@ of the library (:func:`results.best_per_library`), one colour per library:
 - heatmap: share of the copy roofline over HV x (K, V) at one batch;
 - slot_padding: kernel-time overhead of padded state slots over unpadded ones;
 - tokens_time, tokens_bandwidth: speculative verify, kernel time and bandwidth against the tokens
-  per row T (solid: the state stored after every token; dashed: after the last only).
+  per row T (solid: the state stored after every token; dashed: after the last only; dotted: frozen verify);
+- modes_time: frozen verify against in-place decode of the same T tokens, kernel time per step against batch.
 
 The variant charts (``variants_LIBRARY``, for each library with several variants in the run) draw the
 kernel time of each of its variants against batch, a colour per variant: which call of a library to make.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import matplotlib
@@ -39,25 +41,13 @@ from .. import dtypes  # noqa: E402
 from ..cli import Parser, comma_list, fail  # noqa: E402
 from . import chart_style as cs  # noqa: E402
 from .case import CONFIG_COLUMNS  # noqa: E402
+from .chart_style import Lines  # noqa: E402
 from .results import Sweep, SweepDirError, best_per_library, kernel_time_words, load  # noqa: E402
 
 SHAPE = ["H", "HV", "K", "V"]
 CONFIG = [c for c in CONFIG_COLUMNS if c not in ("impl", "B")]  # a panel's line: one configuration over B
 MAX_PANELS = 6
 FORMATS = ("png", "svg")
-
-
-class Lines:
-    """What a chart's lines are: ``rows`` with a ``line`` column, each line's style and legend label."""
-
-    def __init__(self, rows: pd.DataFrame, styles: dict[str, dict], labels: dict[str, str]):
-        self.rows, self.styles, self.labels = rows, styles, labels
-
-    def legend(self, names) -> tuple[list, list[str]]:
-        """Handles and labels of the lines ``names``, in the order of ``styles``."""
-        shown = [n for n in self.styles if n in set(names)]
-        handles, _ = cs.handles({n: self.styles[n] for n in shown})
-        return handles, [self.labels[n] for n in shown]
 
 
 def libraries(ok: pd.DataFrame) -> Lines:
@@ -82,7 +72,7 @@ def _batch_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     without padding rows; the most populated first."""
     base = ok[ok.pad_rows == 0]
     base = base[base.slot_pad == base.groupby(SHAPE)["slot_pad"].transform("min")]
-    panels = [(key, rows) for key, rows in base.groupby([*SHAPE, "state_dtype", "T", "checkpoints"])
+    panels = [(key, rows) for key, rows in base.groupby([*SHAPE, "state_dtype", "T", "checkpoints", "mode"])
               if rows.B.nunique() >= 2]
     panels.sort(key=lambda kr: -len(kr[1]))
     return panels[:MAX_PANELS]
@@ -245,13 +235,13 @@ def _token_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
 
 
 def _token_lines(rows: pd.DataFrame):
-    """(line, checkpoints, rows over T) per line; T = 1 starts the line of either checkpoint kind."""
-    for (name, kind), r in rows[rows["T"] > 1].groupby(["line", "checkpoints"]):
-        one = rows[(rows.line == name) & (rows["T"] == 1)]
-        yield name, kind, pd.concat([one, r]).sort_values("T")
+    """(line, (mode, checkpoints), rows over T) per line; T = 1 of the mode starts either checkpoint kind's."""
+    for (name, mode, kind), r in rows[rows["T"] > 1].groupby(["line", "mode", "checkpoints"]):
+        one = rows[(rows.line == name) & (rows["T"] == 1) & (rows["mode"] == mode)]
+        yield name, (mode, kind), pd.concat([one, r]).sort_values("T")
 
 
-def _tokens_chart(lines: Lines, table, meta, what: str):
+def _tokens_chart(lines: Lines, table, meta, what: str, **_):
     panels = _token_panels(lines.rows)
     if not panels:
         return None
@@ -260,7 +250,7 @@ def _tokens_chart(lines: Lines, table, meta, what: str):
     roof = meta.get("copy_bandwidth_Bps", 0) / 1e9
     for ax, ((dtype, B, *shape), rows) in zip(axes, panels, strict=True):
         for name, kind, r in _token_lines(rows):
-            look = lines.styles[name] | {"linestyle": "-" if kind == "all" else "--"}
+            look = lines.styles[name] | {"linestyle": cs.STORES[kind][0]}
             ax.plot(r["T"], r.kernel_us_mean if what == "time" else r.gbps, ms=3.5, **look)
         if what == "time":
             cs.log_axis(ax)
@@ -272,9 +262,8 @@ def _tokens_chart(lines: Lines, table, meta, what: str):
         cs.count_axis(ax, rows["T"].unique(), "tokens per row T")
         H, HV, K, V = shape
         ax.set_title(f"B={B}, {dtypes.short(dtype)} state (H={H} HV={HV} K={K} V={V})", fontsize=9)
-    handles, labels = lines.legend(pd.concat([r for _, r in panels]).line.unique())
-    handles += [Line2D([], [], color="0.3", ls="-"), Line2D([], [], color="0.3", ls="--")]
-    labels += ["state stored after every token", "after the last token only"]
+    drawn = pd.concat([r for _, r in panels])
+    handles, labels = cs.store_legend(*lines.legend(drawn.line.unique()), drawn)
     if what != "time":
         handles.append(Line2D([], [], color="k", ls=":", lw=1.2))
         labels.append(f"measured device copy: {roof:,.4g} GB/s")
@@ -282,16 +271,30 @@ def _tokens_chart(lines: Lines, table, meta, what: str):
     return fig
 
 
-def tokens_time(lines, table, meta, **_):
-    return _tokens_chart(lines, table, meta, "time")
-
-
-def tokens_bandwidth(lines, table, meta, **_):
-    return _tokens_chart(lines, table, meta, "bandwidth")
+def modes_time(lines: Lines, table, meta, **_):
+    """Per (shape, state dtype, T) with both modes at two batches or more, unpadded: a line per library and mode."""
+    rows = lines.rows[(lines.rows.pad_rows == 0) & (lines.rows.slot_pad == 0)]
+    panels = [(key, r) for key, r in rows.groupby([*SHAPE, "state_dtype", "T"])
+              if r["mode"].nunique() == 2 and r.B.nunique() >= 2][:2 * MAX_PANELS]
+    if not panels:
+        return None
+    fig, axes = cs.figure(len(panels), "frozen verify against in-place decode: kernel time per step against batch",
+                          meta, table, cols=4, width=4.2, height=3.4)
+    for ax, ((H, HV, K, V, dtype, T), r) in zip(axes, panels, strict=True):
+        for (name, mode, kind), line in r.sort_values("B").groupby(["line", "mode", "checkpoints"]):
+            ax.plot(line.B, line.kernel_us_mean, ms=3.5, **lines.styles[name] | {"linestyle": cs.STORES[mode, kind][0]})
+        cs.log_axis(ax)
+        cs.count_axis(ax, r.B.unique(), "batch B")
+        ax.set_ylabel("µs per step")
+        ax.set_title(f"T={T}, {dtypes.short(dtype)} state (H={H} HV={HV} K={K} V={V})", fontsize=9)
+    drawn = pd.concat([r for _, r in panels])
+    cs.legend(fig, *cs.store_legend(*lines.legend(drawn.line.unique()), drawn))
+    return fig
 
 
 CHARTS = {"latency": latency, "bandwidth": bandwidth, "speedup": speedup, "heatmap": heatmap,
-          "slot_padding": slot_padding, "tokens_time": tokens_time, "tokens_bandwidth": tokens_bandwidth}
+          "slot_padding": slot_padding, "tokens_time": partial(_tokens_chart, what="time"),
+          "tokens_bandwidth": partial(_tokens_chart, what="bandwidth"), "modes_time": modes_time}
 
 
 def figures(ok: pd.DataFrame, table: pd.DataFrame, meta: dict, *, baseline=None, batch=None):

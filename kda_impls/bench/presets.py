@@ -57,9 +57,9 @@ class Preset:
                 raise ValueError(f"preset {self.name}: unknown axes {sorted(unknown)}")
             for values in itertools.product(*grid.values()):
                 axes = dict(zip(grid, values, strict=True))
-                if axes.get("pad_rows", 0) > axes["B"] or (axes.get("T", 1) == 1 and axes.get("checkpoints") == "last"):
-                    continue  # more padding rows than rows; one token stores its one checkpoint either way
-                for impl in impls:
+                if axes.get("pad_rows", 0) > axes["B"]:
+                    continue  # more padding rows than rows
+                for impl in impls:  # one key for what Config spells one way (T = 1 or frozen: checkpoints all)
                     cfg = Config(impl=impl, **axes, layout=layout)
                     configs[cfg.key()] = cfg
         kept = [c for c in configs.values() if _matches(c, only or {})]
@@ -119,6 +119,13 @@ def _spec_decode_grids():
                  checkpoints=("all", "last"), state_dtype=BF16_FP32),)
 
 
+def _frozen_verify_grids():
+    # frozen verify beside an in-place step of the same T tokens storing the last state only (what a
+    # verify that commits afterwards writes), at Kimi-Linear's layer and twice its heads
+    return tuple(dict(B=(1, 16, 32, 64, 128, 256), H=(hv,), HV=(hv,), K=(128,), V=(128,), T=(1, 2, 4, 8),
+                      checkpoints=("last",), mode=("inplace", "frozen")) for hv in (32, 64))
+
+
 def _tiny(**axes):
     return dict(B=(4,), H=(2,), HV=(2,), K=(16,), V=(16,)) | {k: (v,) for k, v in axes.items()}
 
@@ -126,12 +133,13 @@ def _tiny(**axes):
 PRESETS = {
     p.name: p
     for p in (
-        # six rows an implementation: a batch axis, slot padding beside its unpadded row (the padding
-        # chart), grouped value heads with an fp32 state and a padding row, and both multi-token forms
+        # seven rows an implementation: a batch axis, slot padding beside its unpadded row (the padding
+        # chart), grouped value heads with an fp32 state and a padding row, both multi-token forms and
+        # frozen verify
         Preset("smoke", "CPU-sized: tiny shapes touching every axis; seconds, Triton under TRITON_INTERPRET=1",
                (_tiny() | {"B": (1, 4)}, _tiny(slot_pad=8), _tiny(H=1, HV=2, K=32, V=16, state_dtype="float32",
                                                                  pad_rows=1),
-                _tiny(T=2), _tiny(T=3, checkpoints="last")),
+                _tiny(T=2), _tiny(T=3, checkpoints="last"), _tiny(T=2, mode="frozen")),
                *CPU_SIZED),
         Preset("kimi-linear-48b", "Kimi-Linear-48B-A3B's KDA layer: H = HV = 32, K = V = 128, B 1..512, "
                "slot padding 0/16/64, bf16 and fp32 state", (_kimi_grid(),), *FAST),
@@ -142,6 +150,9 @@ PRESETS = {
         Preset("gva", "grouped value heads (H < HV), K = V = 128", _gva_grids(), *THOROUGH),
         Preset("spec-decode", "speculative verify at Kimi-Linear's layer: T 1/2/4/8 tokens per row, B 1/8/32/128, "
                "the state stored after every token or the last, bf16 and fp32 state", _spec_decode_grids(), *FAST),
+        Preset("frozen-verify", "frozen verify (update_state=False) beside in-place decode of the same T 1/2/4/8 "
+               "tokens storing the last state, H = HV 32/64, K = V = 128, B 1..256, bf16 state",
+               _frozen_verify_grids(), *THOROUGH),
         Preset("shapes", "HV 16/32/64 x K, V in 64/128/256, bf16 state", _shapes_grids(), *THOROUGH),
         Preset("full", "kimi-linear-48b, gva and shapes, plus padding rows (CUDA-graph batch padding)",
                (_kimi_grid(), *_gva_grids(), *_shapes_grids(),

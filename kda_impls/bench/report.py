@@ -13,6 +13,7 @@ import pandas as pd
 from .. import dtypes, registry
 from .case import STATUSES, Method
 from .config import CONFIG_COLUMNS, Config
+from .schedule import group_key
 
 WIDTH = 120
 FAILURES = ("wrong", "error", "crashed")  # a row in one of these fails the sweep; unsupported is reported
@@ -45,7 +46,8 @@ def summary_table(table: pd.DataFrame) -> str:
     """Kernel time, bandwidth and share of the copy roofline per configuration (rows) and
     implementation (columns); the status where nothing was timed. The configuration columns that
     take one value in the table are said once above it, and the columns wrap at :data:`WIDTH`."""
-    shown = table.assign(cell=table.apply(_cell, axis=1), state_dtype=table.state_dtype.map(dtypes.short))
+    shown = table.assign(cell=table.apply(_cell, axis=1), state_dtype=table.state_dtype.map(dtypes.short),
+                         checkpoints=table.checkpoints.where(table["mode"] != "frozen", "none"))  # frozen: no store
     axes = [c for c in CONFIG_COLUMNS if c not in ("impl", "B")] + ["B"]
     varying = [c for c in axes if shown[c].nunique() > 1 or c == "B"]
     fixed = " ".join(f"{c}={shown[c].iloc[0]}" for c in axes if c not in varying)
@@ -88,7 +90,7 @@ def estimate_seconds(configs: list[Config], method: Method, device_type: str) ->
     compile group; on the CPU a cost growing with the step's state elements (:data:`CPU_ROW_S`)."""
     if device_type == "cuda":
         per_row = method.kernel.max_seconds + (method.call.max_seconds if method.call else 0) + 0.2
-        groups = {(c.impl, c.H, c.HV, c.K, c.V, c.state_dtype, c.T) for c in configs}
+        groups = {group_key(c) for c in configs}
         return len(configs) * per_row * method.placement_processes + len(groups) * GPU_FIRST_CALL_S
     total = 0.0
     for cfg in configs:

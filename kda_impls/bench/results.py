@@ -23,7 +23,7 @@ import torch
 
 from . import clocks
 from .case import COLUMNS
-from .config import CONFIG_COLUMNS, SORT_COLUMNS
+from .config import CONFIG_COLUMNS, SORT_COLUMNS, with_newer_axes
 
 SAMPLE_FILES = {"samples.json": "kernel_samples_us", "call_samples.json": "call_samples_us",
                 "placements.json": "kernel_placement_us"}
@@ -96,7 +96,8 @@ def assemble(out_dir: Path) -> pd.DataFrame:
     rows = read_rows(out_dir)
     for name, column in SAMPLE_FILES.items():
         atomic_write(out_dir / name, json.dumps(rounded_samples({row["key"]: row.get(column) or [] for row in rows})))
-    table = pd.DataFrame(rows, columns=[*COLUMNS, *PROVENANCE]).sort_values(SORT_COLUMNS, ignore_index=True)
+    table = with_newer_axes(pd.DataFrame(rows, columns=[*COLUMNS, *PROVENANCE])).sort_values(SORT_COLUMNS,
+                                                                                           ignore_index=True)
     atomic_write(out_dir / "results.csv", table.to_csv(index=False))
     return table
 
@@ -239,5 +240,5 @@ def load(path: str | Path) -> Sweep:
     missing = [c for c in ("impl", "key", "status", "kernel_us_mean") if c not in table.columns]
     if missing:
         raise SweepDirError(f"{csv}: not a sweep's results (no column {', '.join(missing)})")
-    return Sweep(path, table, _read_json(path / "meta.json", {}), _read_json(path / "samples.json", {}),
-                 _read_json(path / "placements.json", {}))
+    return Sweep(path, with_newer_axes(table), _read_json(path / "meta.json", {}),
+                 _read_json(path / "samples.json", {}), _read_json(path / "placements.json", {}))

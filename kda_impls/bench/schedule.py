@@ -11,7 +11,8 @@ from .config import Config
 
 def compile_groups(configs: list[Config]) -> list[list[Config]]:
     """``configs`` in groups a lane measures together, in order of first appearance: one
-    implementation's rows of one shape, state dtype and tokens per row, which differ in batch size,
+    implementation's rows of one shape, state dtype, tokens per row and mode (frozen verify is a
+    kernel of its own), which differ in batch size,
     padding and pool layout. A kernel specialised on the shape is compiled once per worker, and a
     compiler without a cache on disk compiles it again in every process. (Groups alone did not
     remove the two-lane excess: FlashInfer's first calls took 113 s in all on two lanes against 69 s
@@ -20,8 +21,13 @@ def compile_groups(configs: list[Config]) -> list[list[Config]]:
     Most of a variant's first-call cost is per process, not per shape, hence :class:`GroupScheduler`.)"""
     groups: dict[tuple, list[Config]] = {}
     for cfg in configs:
-        groups.setdefault((cfg.impl, cfg.H, cfg.HV, cfg.K, cfg.V, cfg.state_dtype, cfg.T), []).append(cfg)
+        groups.setdefault(group_key(cfg), []).append(cfg)
     return list(groups.values())
+
+
+def group_key(cfg: Config) -> tuple:
+    """What a compiled kernel is specialised on: the implementation, shape, state dtype, T and mode."""
+    return cfg.impl, cfg.H, cfg.HV, cfg.K, cfg.V, cfg.state_dtype, cfg.T, cfg.mode
 
 
 class GroupScheduler:

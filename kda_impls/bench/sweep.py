@@ -39,7 +39,7 @@ from ..cli import (
     writable_dir,
 )
 from .case import Method
-from .config import AXES, CHECKPOINTS, SLOT_ORDERS, Config, PoolLayout
+from .config import AXES, CHECKPOINTS, MODES, SLOT_ORDERS, Config, PoolLayout
 from .driver import Sweep, settings_of
 from .l2 import DEFAULT_ENTRY, ENTRY_STATES
 from .merge import main as merge_main
@@ -75,10 +75,12 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-def _checkpoints(text: str) -> str:
-    if text not in CHECKPOINTS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(CHECKPOINTS)}")
-    return text
+def _one_of(choices: tuple[str, ...]):
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+    return parse
 
 
 def parser() -> Parser:
@@ -101,8 +103,11 @@ def parser() -> Parser:
     axes.add_argument("--pad-rows", type=comma_list(non_negative_int), metavar="N,...", help="batch rows with slot -1")
     axes.add_argument("--T", type=comma_list(positive_int), metavar="N,...",
                       help="tokens per row (speculative verify when > 1)")
-    axes.add_argument("--checkpoints", type=comma_list(_checkpoints), metavar="all,last",
+    axes.add_argument("--checkpoints", type=comma_list(_one_of(CHECKPOINTS)), metavar="all,last",
                       help="with T > 1: the state stored after every token (all) or the last only")
+    axes.add_argument("--mode", type=comma_list(_one_of(MODES)), metavar=",".join(MODES),
+                      help="inplace: the pool updated in place; frozen: frozen verify (update_state=False), "
+                           "every token's output from the row's start state, nothing stored")
     layout = p.add_argument_group("pool layout")
     layout.add_argument("--slots-per-row", type=positive_int, default=PoolLayout.slots_per_row, metavar="N",
                         help="timed pools hold N*B slots, the rows' drawn among them (default %(default)s)")

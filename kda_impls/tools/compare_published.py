@@ -39,7 +39,7 @@ def load_runs(dirs: list[Path]) -> pd.DataFrame:
     frames = []
     for run in dirs:
         table = load(run).ok
-        table = table[(table.slot_pad == 0) & (table.pad_rows == 0) & (table["T"] == 1)]
+        table = table[(table.slot_pad == 0) & (table.pad_rows == 0) & (table["T"] == 1) & (table["mode"] == "inplace")]
         best = best_per_library(table).rename(columns={"impl": "best_impl"}).rename(columns={"library": "impl"})
         frames.append(best[KEY + ["kernel_us_mean", "best_impl"]].assign(
             run=str(run), layout=[layout_label(r) for r in best.itertuples()]))

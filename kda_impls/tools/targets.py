@@ -78,6 +78,7 @@ def bandwidth_target(state_dtype: str, K: int, B: int) -> float | None:
 def judged(ok: pd.DataFrame, impl: str) -> dict[str, pd.DataFrame]:
     """Each target's points, judged: a frame per target (POINT, its figure in FIGURE, met), where the
     run has the rows to judge it (speed needs other libraries, padding padded pools)."""
+    ok = ok[ok["mode"] == "inplace"]  # the targets are in-place decode's: a frozen row must not meet them
     mine_all = ok[(ok.impl == impl) & (ok.H == ok.HV) & (ok.K == ok.V) & (ok.pad_rows == 0) & (ok["T"] == 1)]
     mine = mine_all[mine_all.slot_pad == 0]
     library = mine.library.dropna().iloc[0] if mine.library.notna().any() else impl

@@ -23,7 +23,7 @@ POINT = ["state_dtype", "H", "HV", "K", "V", "B"]
 
 def variants_table(table: pd.DataFrame, library: str) -> pd.DataFrame:
     rows = table[(table.library.fillna(table.impl) == library) & (table.slot_pad == 0) & (table.pad_rows == 0)
-                 & (table["T"] == 1)]
+                 & (table["T"] == 1) & (table["mode"] == "inplace")]
     ok = rows[rows.status == "ok"]
     base = ok[ok.impl == library].set_index(POINT).kernel_us_mean
     fastest = ok.loc[ok.groupby(POINT).kernel_us_mean.idxmin()].set_index(POINT).impl
