@@ -1,0 +1,249 @@
+"""Replay (``DecodeInputs(cache=ReplayCache)``): a slot's state is its checkpoint plus cached per-token records.
+
+Judged against in-place decode, an independent path: the float64 in-place reference carried from the
+slots' effective states. The effective state is checked against the recurrence applied record by
+record; one replay step against one in-place step; 3L one-token steps from random ring lengths (each
+slot flushing at its own step) against 3L in-place steps, outputs every step, the pool bit for bit
+except at a flush, the effective state at the end; a speculative verify and its commit, every edge of
+the ring. Planted implementations prove the checks: one that drifts 0.5% per step, one that loses the
+state at a flush, one that writes the pool every step (right outputs, wrong writes).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from kda_impls import effective_state, get, make_inputs, reference, rel_err
+from kda_impls.impls.naive import NaiveTorch
+from kda_impls.reference import l2_normalize, log_decay
+from kda_impls.verify import TOLERANCE
+
+CASES = {
+    "gva-padded-pool-pad-row-bf16": dict(B=4, H=1, HV=2, K=16, V=16, slot_pad=7, pad_rows=1),
+    "k>v-fp32": dict(B=3, H=2, HV=2, K=16, V=8, state_dtype=torch.float32, dtype=torch.float32),
+    "k<v-gva-fp32": dict(B=3, H=1, HV=4, K=8, V=16, state_dtype=torch.float32, dtype=torch.float32, pad_rows=1),
+}
+
+
+def bits(t):
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def tolerance(x):
+    return max(TOLERANCE[x.v.dtype], TOLERANCE[x.state.dtype])
+
+
+def poison_unused_records(x):
+    """NaN in every record at or past its slot's length: an implementation that reads one is caught."""
+    unused = torch.arange(x.cache.L)[None, :] >= x.cache.length[:, None]
+    x.cache.u[unused[:, None, :].expand(-1, x.HV, -1)] = float("nan")
+    x.cache.kg[unused[:, None, :].expand(-1, x.HV, -1)] = float("nan")
+
+
+def in_place(x, pool):
+    """The step as in-place decode on a float64 pool holding the effective states (one slot per row)."""
+    return dataclasses.replace(x, state=pool, cache=None, num_accepted=None)
+
+
+def fresh(x, gen):
+    def draw(t):
+        return torch.randn(t.shape, generator=gen).to(t.dtype)
+
+    return dataclasses.replace(x, q=draw(x.q), k=draw(x.k), v=draw(x.v), a=draw(x.a), b=draw(x.b))
+
+
+def slot_rows(x, span):
+    return span.as_strided((x.N, x.slot_elements), (x.slot_stride, 1), span.storage_offset())
+
+
+# ---- the effective state ------------------------------------------------------------------------
+def test_effective_state_is_the_recurrence_applied_record_by_record():
+    x = make_inputs(3, 1, 2, 16, 8, ring=5, slot_pad=3, seed=1)
+    x.cache.length[0] = 0  # a slot whose state is its checkpoint
+    poison_unused_records(x)
+    want = x.state.double().clone()
+    K = x.K
+    for s in range(x.N):
+        for j in range(int(x.cache.length[s])):
+            k = l2_normalize(x.cache.kg[s, :, j, :K].double())  # [HV, K]
+            g = log_decay(x, x.cache.kg[s:s + 1, :, j, K:], torch.float64)[0]
+            want[s] = want[s] * torch.exp(g)[:, None, :] + x.cache.u[s, :, j].double()[:, :, None] * k[:, None, :]
+    got = effective_state(x)
+    assert got.dtype == torch.float64 and got.shape == (x.N, x.HV, x.V, x.K)
+    assert (x.cache.length == 0).any() and (x.cache.length > 1).any()  # both kinds of slot
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+# ---- one step -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_one_replay_step_is_one_in_place_step_from_the_effective_state(case):
+    """The float64 reference: outputs and new states as in-place decode's from the effective state;
+    naive within tolerance of them, its new effective state too; -1 rows output zeros."""
+    x = make_inputs(**CASES[case], ring=4, seed=2)
+    poison_unused_records(x)
+    E = effective_state(x)
+    want_out, want_state = reference(in_place(x, E.clone()))
+    out, states = reference(x)
+    live = x.live_rows()
+    assert torch.allclose(out, want_out, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(states, want_state, rtol=1e-12, atol=1e-12)
+    y = x.clone()
+    got = get("naive").decode(y, torch.full(x.out_shape, float("nan"), dtype=x.v.dtype))
+    assert rel_err(got[live], want_out[live]) <= tolerance(x) and (got[~live] == 0).all()
+    slots = x.slots.long()[live]
+    assert rel_err(effective_state(y)[slots], want_state[live]) <= tolerance(x)
+
+
+# ---- 3L steps -----------------------------------------------------------------------------------
+def run_steps(impl, x, steps, seed=0):
+    """``steps`` one-token replay steps of ``impl`` on ``x`` (modified) against in-place decode carried
+    in float64 from the effective states; the problems found (empty: it runs replay right)."""
+    tol, L = tolerance(x), x.cache.L
+    live = x.live_rows()
+    slots = x.slots.long()[live]
+    pool = effective_state(x)
+    gen = torch.Generator().manual_seed(seed)
+    problems = []
+    for step in range(steps):
+        y = x if step == 0 else fresh(x, gen)
+        before, lengths = y.pool_span().clone(), y.cache.length.clone()
+        flushing = slots[lengths[slots] + 1 == L]
+        out = impl.decode(y, torch.full(y.out_shape, float("nan"), dtype=y.v.dtype))
+        want, states = reference(in_place(y, pool))
+        pool[slots] = states[live]
+        if not rel_err(out[live], want[live]) <= tol or (out[~live] != 0).any():
+            problems.append(f"step {step}: output error {rel_err(out[live], want[live]):.1e}")
+        kept = torch.ones(before.numel(), dtype=torch.bool)  # every slot but the flushing ones, and the padding
+        for s in flushing.tolist():
+            kept[s * x.slot_stride:s * x.slot_stride + x.slot_elements] = False
+        if not torch.equal(bits(before[kept]), bits(y.pool_span()[kept])):
+            problems.append(f"step {step}: the pool was written where no ring filled")
+        if len(flushing) and not rel_err(x.state[flushing], pool[flushing]) <= tol:
+            problems.append(f"step {step}: a flushed slot holds error {rel_err(x.state[flushing], pool[flushing]):.1e}")
+        expected = lengths.clone()
+        expected[slots] = (lengths[slots] + 1) % L
+        if not torch.equal(y.cache.length, expected):
+            problems.append(f"step {step}: lengths {y.cache.length.tolist()}, expected {expected.tolist()}")
+    err = rel_err(effective_state(x)[slots], pool[slots])
+    if not err <= tol:
+        problems.append(f"effective state error {err:.1e} after {steps} steps")
+    return problems
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_3L_replay_steps_are_3L_in_place_steps(case):
+    x = make_inputs(**CASES[case], ring=4, seed=3)
+    live = x.slots.long()[x.live_rows()]
+    x.cache.length[live] = torch.arange(len(live), dtype=torch.int32) % x.cache.L  # each flushes at its own step
+    poison_unused_records(x)
+    assert run_steps(get("naive"), x, 3 * x.cache.L) == []
+
+
+class Drifts(NaiveTorch):
+    """Planted: each record's delta 0.5% too large."""
+
+    name = "drifts"
+
+    def _replay_launcher(self, inputs, out):
+        launch = super()._replay_launcher(inputs, out)
+        cache, L = inputs.cache, inputs.cache.L
+
+        def drifting():
+            before = cache.length.clone()
+            launch()
+            rows = inputs.slots.long()[inputs.slots >= 0]
+            cache.u[rows, :, (before[rows].long()) % L] *= 1.005
+            return out
+        return drifting
+
+
+class LosesTheStateAtAFlush(NaiveTorch):
+    """Planted: a full ring is emptied without the checkpoint written."""
+
+    name = "loses-the-state"
+
+    def _replay_launcher(self, inputs, out):
+        launch = super()._replay_launcher(inputs, out)
+
+        def losing():
+            before = inputs.pool_span().clone()
+            launch()
+            inputs.pool_span().copy_(before)
+            return out
+        return losing
+
+
+class FlushesEveryStep(NaiveTorch):
+    """Planted: the effective state written into the pool after every step, the ring emptied: the same
+    outputs and states, but the pool written at every step."""
+
+    name = "flushes-every-step"
+
+    def _replay_launcher(self, inputs, out):
+        launch = super()._replay_launcher(inputs, out)
+        rows = inputs.slots.long()[inputs.slots >= 0]
+
+        def flushing():
+            launch()
+            inputs.state[rows] = effective_state(inputs)[rows].to(inputs.state.dtype)
+            inputs.cache.length[rows] = 0
+            return out
+        return flushing
+
+
+@pytest.mark.parametrize("plant, found", [(Drifts, "output error"), (LosesTheStateAtAFlush, "flushed slot holds error"),
+                                          (FlushesEveryStep, "pool was written")], ids=["drift", "loses", "writes"])
+def test_the_3L_steps_check_catches(plant, found):
+    x = make_inputs(**CASES["k>v-fp32"], ring=4, seed=3)
+    problems = run_steps(plant(), x, 3 * x.cache.L)
+    assert any(found in p for p in problems), problems
+
+
+# ---- speculative verify and its commit ----------------------------------------------------------
+def test_verify_then_commit_across_every_edge_of_the_ring():
+    """L = 4, T = 3, one row per edge: records fit (0 cached); a flush first (2 cached: 2 + 3 > 4); they
+    fit exactly (1 cached) and the commit then fills the ring, so the next step flushes first; and a
+    padding row. The verify outputs the in-place tokens from the effective state and commits nothing;
+    after the next step's commit of ``num_accepted`` and one token, every slot's effective state is the
+    in-place state after its accepted tokens and that token."""
+    x = make_inputs(4, 1, 2, 16, 8, T=3, ring=4, state_dtype=torch.float32, dtype=torch.float32, slot_pad=5,
+                    seed=4)
+    x.slots = torch.tensor([3, 0, 5, -1], dtype=torch.int32)
+    x.cache.length.copy_(torch.tensor([2, 3, 1, 0, 3, 1, 0, 2], dtype=torch.int32))
+    poison_unused_records(x)
+    E = effective_state(x)
+    pool_before, records_before = x.pool_span().clone(), x.cache.clone()
+    want, chain = reference(dataclasses.replace(in_place(x, E.clone()), update_state=False))  # frozen from E
+    out = get("naive").decode(x, torch.full(x.out_shape, float("nan")))
+    live = x.live_rows()
+    assert rel_err(out[live], want[live]) <= 1e-5 and (out[~live] == 0).all()
+    # only slot 0 flushed (2 + 3 > 4): its checkpoint is its effective state, its ring restarted
+    assert torch.equal(x.cache.length, torch.tensor([0, 3, 1, 0, 3, 1, 0, 2], dtype=torch.int32))
+    untouched = torch.tensor([s != 0 for s in range(x.N)])
+    assert torch.equal(bits(slot_rows(x, x.pool_span())[untouched]), bits(slot_rows(x, pool_before)[untouched]))
+    assert rel_err(x.state[0], E[0]) <= 1e-6
+    starts = {3: 0, 0: 0, 5: 1}
+    for s in range(x.N):
+        kept = [j for j in range(4) if not (s in starts and starts[s] <= j < starts[s] + 3)]
+        assert torch.equal(bits(x.cache.u[s, :, kept]), bits(records_before.u[s, :, kept])), s
+        assert torch.equal(bits(x.cache.kg[s, :, kept]), bits(records_before.kg[s, :, kept])), s
+    for i, s in enumerate(x.slots.tolist()[:3]):
+        k = x.k[i].repeat_interleave(2, dim=1).transpose(0, 1)  # [HV, T, K]
+        assert torch.equal(x.cache.kg[s, :, starts[s]:starts[s] + 3, :16], k)
+        assert torch.equal(x.cache.kg[s, :, starts[s]:starts[s] + 3, 16:], x.a[i].transpose(0, 1))
+
+    accepted = torch.tensor([3, 1, 3, 2], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(5)
+    step = dataclasses.replace(fresh(x.token(0), gen), num_accepted=accepted)
+    get("naive").check(step)
+    start = torch.stack([chain[i, int(accepted[i]) - 1] for i in range(x.B)])
+    # in place from each row's state after its accepted tokens, one row per slot
+    want1, after = reference(dataclasses.replace(in_place(step, start), slots=torch.arange(4, dtype=torch.int32)))
+    out1 = get("naive").decode(step, torch.full(step.out_shape, float("nan")))
+    assert rel_err(out1[live], want1[live]) <= 1e-5 and (out1[~live] == 0).all()
+    # slot 3: 0 + 3 + 1 = 4 fills the ring (flush after); slot 0: 0 + 1 + 1; slot 5: 1 + 3 = 4 flushes first
+    assert x.cache.length[[3, 0, 5]].tolist() == [0, 2, 1]
+    E1 = effective_state(x)
+    for i, s in enumerate(x.slots.tolist()[:3]):
+        assert rel_err(E1[s], after[i]) <= 1e-5, s
