@@ -91,7 +91,7 @@ def violations(x, dims: dict[str, int]):
     for name, want in (("u", torch.float32), ("kg", x.q.dtype), ("length", torch.int32)):
         t = getattr(cache, name)
         if t.dtype != want:
-            why = {"u": "the deltas are kept in fp32", "kg": "raw keys and gates are copies of the step's q/k/a",
+            why = {"u": "the deltas are kept in fp32", "kg": "raw keys and gate inputs: copies of the step's k and a",
                    "length": "record counts"}[name]
             yield "cache-dtype", f"cache.{name} dtype must be {dtype_name(want)} ({why}); got {dtype_name(t.dtype)}"
     for name, t in cache.tensors().items():
