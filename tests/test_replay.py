@@ -140,6 +140,34 @@ def test_3L_replay_steps_are_3L_in_place_steps(case):
     assert run_steps(get("naive"), x, 3 * x.cache.L) == []
 
 
+TRITON_CASES = {
+    "gva-padded-pool-pad-row-bf16": CASES["gva-padded-pool-pad-row-bf16"],
+    "k>v-fp32": dict(B=3, H=2, HV=2, K=32, V=16, state_dtype=torch.float32, dtype=torch.float32),
+    "two-v-tiles-gva-fp32": dict(B=2, H=1, HV=2, K=16, V=64, state_dtype=torch.float32, dtype=torch.float32,
+                                 slot_pad=4, pad_rows=1),
+}
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", TRITON_CASES, ids=list(TRITON_CASES))
+def test_3L_triton_replay_steps_are_3L_in_place_steps(case):
+    """Our kernel's replay path (interpreted on the CPU): the output from the checkpoint and the
+    records, the pool written only at a flush."""
+    x = make_inputs(**TRITON_CASES[case], ring=4, seed=3)
+    live = x.slots.long()[x.live_rows()]
+    x.cache.length[live] = torch.arange(len(live), dtype=torch.int32) % x.cache.L
+    poison_unused_records(x)
+    assert get("triton").unsupported(x) is None
+    assert run_steps(get("triton"), x, 3 * x.cache.L) == []
+
+
+def test_triton_refuses_a_verify_and_a_commit_with_its_reason():
+    x = make_inputs(2, 1, 2, 16, 16, T=2, ring=4, seed=6)
+    assert "T = 1, num_accepted None" in get("triton").unsupported(x)
+    y = dataclasses.replace(x.token(0), num_accepted=torch.zeros(2, dtype=torch.int32))
+    assert "T = 1, num_accepted None" in get("triton").unsupported(y)
+
+
 class Drifts(NaiveTorch):
     """Planted: each record's delta 0.5% too large."""
 
