@@ -23,14 +23,15 @@ import triton.language as tl
 
 from ..inputs import DecodeInputs
 from ..reference import L2_EPS
+from .triton_kda import SOFTPLUS_LINEAR_ABOVE
 
-SOFTPLUS_LINEAR_ABOVE = 20.0  # as the in-place kernel (torch's threshold too)
+_LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
 
 
 @triton.jit
 def _log_decay(a, dt_bias, A):
     x = a + dt_bias
-    return -A * tl.where(x > SOFTPLUS_LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
+    return -A * tl.where(x > _LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
 
 
 @triton.jit
