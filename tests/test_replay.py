@@ -39,7 +39,7 @@ def tolerance(x):
 
 def poison_unused_records(x):
     """NaN in every record at or past its slot's length: an implementation that reads one is caught."""
-    unused = torch.arange(x.cache.L)[None, :] >= x.cache.length[:, None]
+    unused = torch.arange(x.cache.L, device=x.device)[None, :] >= x.cache.length[:, None]
     x.cache.u[unused[:, None, :].expand(-1, x.HV, -1)] = float("nan")
     x.cache.kg[unused[:, None, :].expand(-1, x.HV, -1)] = float("nan")
 
@@ -51,7 +51,7 @@ def in_place(x, pool):
 
 def fresh(x, gen):
     def draw(t):
-        return torch.randn(t.shape, generator=gen).to(t.dtype)
+        return torch.randn(t.shape, generator=gen).to(device=t.device, dtype=t.dtype)
 
     return dataclasses.replace(x, q=draw(x.q), k=draw(x.k), v=draw(x.v), a=draw(x.a), b=draw(x.b))
 
@@ -117,7 +117,8 @@ def run_steps(impl, x, steps, seed=0):
         pool[slots] = states[live]
         if not rel_err(out[live], want[live]) <= tol or (out[~live] != 0).any():
             problems.append(f"step {step}: output error {rel_err(out[live], want[live]):.1e}")
-        kept = torch.ones(before.numel(), dtype=torch.bool)  # every slot but the flushing ones, and the padding
+        # every slot but the flushing ones, and the padding between slots
+        kept = torch.ones(before.numel(), dtype=torch.bool, device=x.device)
         for s in flushing.tolist():
             kept[s * x.slot_stride:s * x.slot_stride + x.slot_elements] = False
         if not torch.equal(bits(before[kept]), bits(y.pool_span()[kept])):
@@ -305,3 +306,57 @@ def test_verify_then_commit_across_every_edge_of_the_ring():
     E1 = effective_state(x)
     for i, s in enumerate(x.slots.tolist()[:3]):
         assert rel_err(E1[s], after[i]) <= 1e-5, s
+
+
+# ---- on the GPU (the H200 grid) -------------------------------------------------------------------
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("HV", [32, 64])
+def test_triton_replay_on_gpu(HV, state_dtype):
+    """Serving shapes (GVA, padded pool, -1 rows, L = 16): 2L steps against in-place decode."""
+    x = make_inputs(32, 16, HV, 128, 128, ring=16, state_dtype=state_dtype, slot_pad=64, pad_rows=4, device="cuda",
+                    seed=31)
+    poison_unused_records(x)
+    assert run_steps(get("triton"), x, 2 * x.cache.L) == []
+
+
+@gpu
+def test_triton_replay_graph_replay_and_no_allocation():
+    """Captured in a CUDA graph (as the harness times it) the replay launcher takes the eager step: its
+    output, every byte of the pool span and the whole cache; a launch allocates nothing."""
+    x = make_inputs(64, 32, 32, 128, 128, ring=16, slot_pad=16, pad_rows=8, device="cuda", seed=32)
+    y = x.clone()
+    eager = get("triton").decode(x)
+    launch = get("triton").bind(y)
+    pool, records = y.pool_span().clone(), y.cache.clone()
+
+    def restore():
+        y.pool_span().copy_(pool)
+        for name, t in y.cache.tensors().items():
+            t.copy_(records.tensors()[name])
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launch()
+    torch.cuda.current_stream().wait_stream(stream)
+    restore()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = launch()
+    restore()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    assert torch.equal(bits(y.pool_span()), bits(x.pool_span()))
+    for name, t in y.cache.tensors().items():
+        assert torch.equal(t, x.cache.tensors()[name]), name
+    launch()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    launch()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
