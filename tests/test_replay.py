@@ -174,7 +174,7 @@ fn = triton_replay._kda_replay_kernel
 params = list(inspect.signature(fn.fn).parameters)
 pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", u_ptr="*fp32", length_ptr="*i32")
 runtime = dict(slot_stride="i32", scale="fp32")
-meta = dict(HV=32, GROUP=2, K=128, V=128, BV=32, L=16, L2_EPS=1e-6)
+meta = dict(HV=32, GROUP=2, K=128, V=128, BV=32, L=16, LP=16, L2_EPS=1e-6)
 sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
 constants = {(params.index(n),): v for n, v in meta.items()}
 compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32))

@@ -7,10 +7,12 @@ decay from the checkpoint through this token's gate and ``w_j = k^_j * exp(G' - 
 
     E_dec x = S_0 (exp(G') * x) + sum_j u_j (w_j . x)        (x = k^ or q^)
 
-one pass over the checkpoint tile (two reductions) and, per cached record, two K-long dot products
-and a BV-long update. The output is ``E_dec q^ + u (k^ . q^)``. The record (``u`` fp32, the raw key
-and gate input) is written at ``length``; where that fills the ring the tile ``S_0 exp(G') + sum_j
-u_j w_j^T + u k^T`` is formed and stored into the pool (the flush), else the pool is not written.
+one pass over the checkpoint tile (two reductions) and one over the cached records, loaded as
+``[L, K]`` and ``[L, BV]`` tiles (the rows past ``length`` masked off): two K-long dot products and
+a BV-long update per record, all in parallel. The output is ``E_dec q^ + u (k^ . q^)``. The
+record (``u`` fp32, the raw key and gate input) is written at ``length``; where that fills the ring
+the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T`` is formed (a loop over the records, on the flush
+only) and stored into the pool, else the pool is not written.
 The lengths advance in a second launch (one program per row): the first launch's programs of a row
 all read its length, and no program can know when the others have.
 """
@@ -43,7 +45,7 @@ def _normalised(x, L2_EPS: tl.constexpr):
 def _kda_replay_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr, u_ptr, kg_ptr,
     length_ptr, slot_stride, scale, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, L: tl.constexpr, L2_EPS: tl.constexpr,
+    BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = (pid // (V // BV) // HV).to(tl.int64)
@@ -66,19 +68,20 @@ def _kda_replay_kernel(
         dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
         A = tl.exp(tl.load(A_log_ptr + hv))
         records = (s * HV + hv) * L  # record j of this slot and head: index records + j
-        G = _log_decay(a_raw.to(tl.float32), dt_bias, A)  # G': the records' decay and this token's
-        for j in range(0, n):
-            G += _log_decay(tl.load(kg_ptr + (records + j) * 2 * K + K + offs_k).to(tl.float32), dt_bias, A)
-        acc_k = tl.zeros([BV], dtype=tl.float32)
-        acc_q = tl.zeros([BV], dtype=tl.float32)
-        P = tl.zeros([K], dtype=tl.float32)
-        for j in range(0, n):
-            kg_row = kg_ptr + (records + j) * 2 * K
-            P += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
-            w = _normalised(tl.load(kg_row + offs_k).to(tl.float32), L2_EPS) * tl.exp(G - P)
-            u_j = tl.load(u_ptr + (records + j) * V + offs_v)
-            acc_k += u_j * tl.sum(w * k, axis=0)
-            acc_q += u_j * tl.sum(w * q, axis=0)
+        # every cached record at once, as [LP, K] and [LP, BV] tiles (the rows past n masked off, never read)
+        offs_l = tl.arange(0, LP)
+        cached = offs_l[:, None] < n
+        kg_rows = kg_ptr + (records + offs_l)[:, None] * (2 * K) + offs_k[None, :]
+        in_k = cached & (offs_k[None, :] < K)
+        a_j = tl.load(kg_rows + K, mask=in_k, other=0.0).to(tl.float32)
+        g_j = tl.where(in_k, _log_decay(a_j, dt_bias[None, :], A), 0.0)
+        G = _log_decay(a_raw.to(tl.float32), dt_bias, A) + tl.sum(g_j, axis=0)  # G': the records' and this token's
+        k_j = tl.load(kg_rows, mask=in_k, other=0.0).to(tl.float32)
+        w = k_j / tl.sqrt(tl.sum(k_j * k_j, axis=1) + L2_EPS)[:, None] * tl.exp(G[None, :] - tl.cumsum(g_j, axis=0))
+        in_v = cached & (offs_v[None, :] < V)
+        u_j = tl.load(u_ptr + (records + offs_l)[:, None] * V + offs_v[None, :], mask=in_v, other=0.0)
+        acc_k = tl.sum(u_j * tl.sum(w * k[None, :], axis=1)[:, None], axis=0)  # sum_j u_j (w_j . k^)
+        acc_q = tl.sum(u_j * tl.sum(w * q[None, :], axis=1)[:, None], axis=0)
         tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
         S0 = tl.load(tile).to(tl.float32)
         decay = tl.exp(G)
@@ -92,12 +95,12 @@ def _kda_replay_kernel(
             tl.store(kg_ptr + (records + n) * 2 * K + K + offs_k, a_raw)
         if n + 1 == L:  # the ring is full: the flush forms the new effective state's tile
             E = S0 * decay[None, :] + u[:, None] * k[None, :]
-            P = tl.zeros([K], dtype=tl.float32)
+            G_j = tl.zeros([K], dtype=tl.float32)
             for j in range(0, n):
                 kg_row = kg_ptr + (records + j) * 2 * K
-                P += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
-                w = _normalised(tl.load(kg_row + offs_k).to(tl.float32), L2_EPS) * tl.exp(G - P)
-                E += tl.load(u_ptr + (records + j) * V + offs_v)[:, None] * w[None, :]
+                G_j += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
+                w_j = _normalised(tl.load(kg_row + offs_k).to(tl.float32), L2_EPS) * tl.exp(G - G_j)
+                E += tl.load(u_ptr + (records + j) * V + offs_v)[:, None] * w_j[None, :]
             tl.store(tile, E.to(state_ptr.dtype.element_ty))
 
 
@@ -120,8 +123,8 @@ def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
     grid = (inputs.B * inputs.HV * (inputs.V // BV),)
     args = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
             inputs.slots, out, cache.u, cache.kg, cache.length, inputs.slot_stride, inputs.effective_scale)
-    meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=BV, L=cache.L, L2_EPS=L2_EPS,
-                num_warps=4)
+    meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=BV, L=cache.L,
+                LP=triton.next_power_of_2(cache.L), L2_EPS=L2_EPS, num_warps=4)
     step, advance = _kda_replay_kernel[grid], _advance_lengths[(inputs.B,)]
 
     def launch() -> torch.Tensor:
