@@ -174,22 +174,40 @@ fn = triton_replay._kda_replay_kernel
 params = list(inspect.signature(fn.fn).parameters)
 pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", u_ptr="*fp32", length_ptr="*i32")
 runtime = dict(slot_stride="i32", scale="fp32")
-meta = dict(HV=32, GROUP=2, K=128, V=128, BV=32, L=16, LP=16, L2_EPS=1e-6)
+BV, warps = triton_replay.replay_tile(128)
+meta = dict(HV=32, GROUP=2, K=128, V=128, BV=BV, L=16, LP=16, L2_EPS=1e-6)
 sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
 constants = {(params.index(n),): v for n, v in meta.items()}
-compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32))
+compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps))
 print(len(re.findall(r"st\\.global", compiled.asm["ptx"])))
 """
 
 
 def test_the_replay_kernel_compiles_for_sm90():
-    """Compiled for the H200 at a serving shape (Triton's own ptxas, no GPU needed): the interpreter
-    accepts what the compiler refuses (a plain global read inside a kernel, for one)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    """Compiled for the H200 at a serving shape and the default tile (Triton's own ptxas, no GPU
+    needed): the interpreter accepts what the compiler refuses (a plain global read inside a kernel,
+    a loop variable changing shape)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KDA_TRITON_REPLAY_CONFIG")}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.strip().splitlines()[-1]) > 0
+
+
+@pytest.mark.interpreter
+def test_triton_replay_tile_from_the_environment(monkeypatch):
+    from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV, replay_tile
+
+    assert replay_tile(128) == (16, 8)
+    monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4")
+    assert replay_tile(64) == (32, 4)
+    x = make_inputs(**TRITON_CASES["two-v-tiles-gva-fp32"], ring=2, seed=5)
+    assert run_steps(get("triton"), x, 2) == []
+    for bad in ("BV=24", "BV=128", "warps=4", "num_warps=3"):
+        monkeypatch.setenv(REPLAY_CONFIG_ENV, bad)
+        with pytest.raises(ValueError, match=REPLAY_CONFIG_ENV):
+            get("triton").bind(x)
 
 
 def test_triton_refuses_a_verify_and_a_commit_with_its_reason():

@@ -19,6 +19,8 @@ all read its length, and no program can know when the others have.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -28,6 +30,7 @@ from ..reference import L2_EPS
 from .triton_kda import SOFTPLUS_LINEAR_ABOVE
 
 _LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
+REPLAY_CONFIG_ENV = "KDA_TRITON_REPLAY_CONFIG"
 
 
 @triton.jit
@@ -112,19 +115,33 @@ def _advance_lengths(slots_ptr, length_ptr, L: tl.constexpr):
         tl.store(length_ptr + slot, tl.where(n == L, 0, n))
 
 
-def replay_block_rows(V: int) -> int:
-    """The V-tile's rows: 32 or all of V, whichever is smaller (one K-wide fp32 tile in registers)."""
-    return min(V, 32)
+def replay_tile(V: int) -> tuple[int, int]:
+    """``(BV, num_warps)``: the environment's ``KDA_TRITON_REPLAY_CONFIG`` (e.g. ``"BV=32,num_warps=4"``)
+    over the default, 16 rows and 8 warps (compiled for sm_90 at K = V = 128 and L = 16, no spills and
+    101 registers a thread, the fewest of BV 16/32 and 4/8 warps; untimed)."""
+    tile = {"BV": min(V, 16), "num_warps": 8}
+    text = os.environ.get(REPLAY_CONFIG_ENV, "")
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in tile or not value.isdigit():
+            raise ValueError(f"{REPLAY_CONFIG_ENV} items must be BV=<int> or num_warps=<int>; got {item!r}")
+        tile[name] = int(value)
+    BV, warps = tile["BV"], tile["num_warps"]
+    if BV < 1 or BV & (BV - 1) or V % BV or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"{REPLAY_CONFIG_ENV}: BV must be a power of two dividing V={V} and num_warps one of "
+                         f"1/2/4/8/16; got BV={BV}, num_warps={warps}")
+    return BV, warps
 
 
 def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
     """The zero-argument launch of a one-token replay step (two kernels: the step, then the lengths)."""
-    cache, BV = inputs.cache, replay_block_rows(inputs.V)
+    cache = inputs.cache
+    BV, warps = replay_tile(inputs.V)
     grid = (inputs.B * inputs.HV * (inputs.V // BV),)
     args = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
             inputs.slots, out, cache.u, cache.kg, cache.length, inputs.slot_stride, inputs.effective_scale)
     meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=BV, L=cache.L,
-                LP=triton.next_power_of_2(cache.L), L2_EPS=L2_EPS, num_warps=4)
+                LP=triton.next_power_of_2(cache.L), L2_EPS=L2_EPS, num_warps=warps)
     step, advance = _kda_replay_kernel[grid], _advance_lengths[(inputs.B,)]
 
     def launch() -> torch.Tensor:
