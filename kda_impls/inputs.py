@@ -140,7 +140,8 @@ class DecodeInputs:
         return self.slots.view(self.B, self.T)
 
     def accepted(self) -> torch.Tensor:
-        """``num_accepted``, or all ones where it is None (``[B]`` int32)."""
+        """``num_accepted``, or all ones where it is None (``[B]`` int32): where rows start from in a
+        multi-token step (a replay step's None commits nothing; ``replay_step`` reads it itself)."""
         if self.num_accepted is not None:
             return self.num_accepted
         return torch.ones(self.B, dtype=torch.int32, device=self.slots.device)
