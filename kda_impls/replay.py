@@ -3,7 +3,9 @@
 The records follow vLLM RecoverSSM's convention for Kimi, which FlashInfer 0.7.2.post1's frozen verify
 writes (``recurrent_kda(..., disable_state_update=True, correction_cache=, kg_cache=)``;
 ``flashinfer/kda_kernels/kda_decode_wy_output_only.py``, ``kda_recoverssm_verify``), so that an engine's
-cache is read as it is. The semantics of a step are in ``kda_impls/reference.py`` (``replay_step``).
+cache is read as it is: ``ReplayCache(u=correction_cache, kg=kg_cache, length=..., H=H)``. (That file's
+grouped-kernel emit path stores the normalised key instead; the RecoverSSM path, which vLLM's caches
+follow, stores the raw one.) The semantics of a step are in ``kda_impls/reference.py`` (``replay_step``).
 """
 
 from __future__ import annotations
