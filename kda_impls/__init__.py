@@ -4,11 +4,12 @@ from .bench.sweep import sweep
 from .contract import Capabilities, ContractError, Implementation, Unsupported
 from .engine import from_engine
 from .inputs import DecodeInputs, make_inputs
-from .reference import reference
+from .reference import effective_state, reference
 from .registry import get, names
+from .replay import ReplayCache
 from .verify import Verdict, rel_err, verify
 
 __all__ = [
-    "Capabilities", "ContractError", "DecodeInputs", "Implementation", "Unsupported", "Verdict",
-    "from_engine", "get", "make_inputs", "names", "reference", "rel_err", "sweep", "verify",
+    "Capabilities", "ContractError", "DecodeInputs", "Implementation", "ReplayCache", "Unsupported", "Verdict",
+    "effective_state", "from_engine", "get", "make_inputs", "names", "reference", "rel_err", "sweep", "verify",
 ]

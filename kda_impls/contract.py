@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from . import replay
 from .dtypes import dtype_name
 from .inputs import DecodeInputs
 
@@ -65,6 +66,8 @@ class Capabilities:
     max_tokens: int | None = 1
     # frozen verify (update_state=False): every token's output from the row's start state, nothing stored
     frozen: bool = False
+    # replay (a ReplayCache): the state is a checkpoint plus cached per-token records (kda_impls/replay.py)
+    replay: bool = False
 
     def describe(self) -> str:
         def dims(values):
@@ -81,6 +84,8 @@ class Capabilities:
         ]
         if self.frozen:
             parts.append("frozen verify")
+        if self.replay:
+            parts.append("replay")
         if self.slot_stride_multiple > 1:
             parts.append(f"slot stride % {self.slot_stride_multiple}")
         if self.base_alignment > 1:
@@ -156,6 +161,11 @@ class Implementation:
         if not isinstance(x.update_state, bool):
             self._fail("update-state", f"update_state must be a bool (True: the pool is updated in place; False: "
                                        f"frozen verify); got {x.update_state!r}")
+        if x.cache is not None and not isinstance(x.cache, replay.ReplayCache):
+            self._fail("cache", f"cache must be a kda_impls.ReplayCache (replay) or None; got {type(x.cache).__name__}")
+        if x.replay and not x.update_state:
+            self._fail("update-state", "update_state must be True with a cache (a replay step writes its records); "
+                                       "got False")
         if not x.update_state and x.num_accepted is not None:
             self._fail("num-accepted", "num_accepted must be None when update_state=False (frozen verify starts row i "
                                        f"from slots[i] and stores nothing); got a tensor of shape "
@@ -166,18 +176,19 @@ class Implementation:
         # The spelling (one token per row, or a token axis) is the one most of q, k, v, a, b and
         # slots use, and each dimension the value most of the tensors that carry it agree on: a
         # tensor that disagrees is then blamed itself, never a consistent one derived from it.
-        # Frozen verify's slots are [B] in both spellings, so they cast no vote.
-        voters = {n: r for n, r in _ONE_TOKEN_RANKS.items() if x.update_state or n != "slots"}
+        # Frozen verify's and replay's slots are [B] in both spellings, so they cast no vote.
+        voters = {n: r for n, r in _ONE_TOKEN_RANKS.items() if not x.one_slot_per_row or n != "slots"}
         per_token = sum(getattr(x, n).dim() == r + 1 for n, r in voters.items()) > \
             sum(getattr(x, n).dim() == r for n, r in voters.items())
         layouts = _PER_TOKEN_LAYOUTS if per_token else _ONE_TOKEN_LAYOUTS
-        if not x.update_state:
+        if x.one_slot_per_row:
             layouts = {**layouts, "slots": ("B",)}
         for name, layout in {**layouts, "state": ("N", "HV", "V", "K")}.items():
             t = getattr(x, name)
             if t.dim() != len(layout):
-                frozen = " (update_state=False: row i reads slot slots[i], nothing is stored)" \
-                    if name == "slots" and not x.update_state else ""
+                mode = "replay: row i's state is slot slots[i]'s" if x.replay else \
+                    "update_state=False: row i reads slot slots[i], nothing is stored"
+                frozen = f" ({mode})" if name == "slots" and x.one_slot_per_row else ""
                 self._fail("rank", f"{name} must be {len(layout)}-D {_spell(layout)}{frozen}; got shape "
                                    f"{tuple(t.shape)}")
         carriers = {**layouts, "A_log": ("HV",), "state": ("N", "HV", "V", "K")}
@@ -210,6 +221,9 @@ class Implementation:
         if x.H == 0 or HV % x.H:
             self._fail("gva", f"HV must be a multiple of H; got HV={HV}, H={x.H} "
                               f"(value head hv reads q/k head hv // (HV // H))")
+        if x.replay:
+            for rule, message in replay.violations(x, dims):
+                self._fail(rule, message)
 
     def _check_dtypes_devices(self, x: DecodeInputs) -> None:
         for name in ("q", "k", "v", "a", "b"):
@@ -269,6 +283,9 @@ class Implementation:
     def _capability_violations(self, x: DecodeInputs):
         """Yield ``(rule, contract message, short reason)`` for each declared capability broken."""
         caps = self.capabilities
+        if x.replay and not caps.replay:
+            reason = f"cache= (replay: the state a checkpoint plus cached records) not supported by {self.name}"
+            yield "replay", reason, reason
         if not x.update_state and not caps.frozen:
             reason = f"update_state=False (frozen verify: outputs only, no state stored) not supported by {self.name}"
             yield "update-state", reason, reason
@@ -306,7 +323,9 @@ class Implementation:
         lo, hi, *accepted = torch.stack(bounds).tolist()  # one device sync
         if lo < -1 or hi >= x.N:
             self._fail("slot-range", f"slots values must be in [-1, N={x.N}); got min {lo}, max {hi}")
-        if accepted and (accepted[0] < 1 or accepted[1] > x.T):
+        if x.replay:
+            self._check_lengths(x)
+        elif accepted and (accepted[0] < 1 or accepted[1] > x.T):
             self._fail("num-accepted", f"num_accepted values must be in [1, T={x.T}] (row i starts from slot "
                                        f"slots[i, num_accepted[i] - 1]); got min {accepted[0]}, max {accepted[1]}")
         named = x.slots[x.slots >= 0]
@@ -316,6 +335,23 @@ class Implementation:
             self._fail("slot-duplicate",
                        f"slots must name each non-negative slot at most once, across rows and tokens (two "
                        f"stores to one slot race); got repeated slots {repeated}")
+
+    def _check_lengths(self, x: DecodeInputs) -> None:
+        L, length = x.cache.L, x.cache.length
+        lo, hi = torch.stack([length.min(), length.max()]).tolist() if x.N else (0, 0)
+        if lo < 0 or hi >= L:
+            self._fail("cache-length", f"cache.length values must be in [0, L={L}) (a full ring is flushed); "
+                                       f"got min {lo}, max {hi}")
+        if x.num_accepted is None:
+            return
+        live = x.slots >= 0
+        accepted = x.num_accepted[live]
+        after = length[x.slots[live].long()] + accepted
+        bounds = torch.stack([accepted.min(), after.max()]).tolist() if accepted.numel() else (0, 0)
+        if bounds[0] < 0 or bounds[1] > L:
+            self._fail("num-accepted", f"num_accepted values must be >= 0 and leave length[slots[i]] + "
+                                       f"num_accepted[i] <= L={L} (a commit takes the records a verify left after "
+                                       f"the cached ones); got min {bounds[0]}, largest sum {bounds[1]}")
 
     # ---- where it can run -------------------------------------------------------------------
     def versions(self) -> dict[str, str]:
@@ -396,7 +432,8 @@ class Implementation:
     def _check_out_alias(self, inputs: DecodeInputs, out: torch.Tensor) -> None:
         # the launcher writes out while reading the inputs (and the pool): overlapping memory races
         start, end = out.data_ptr(), out.data_ptr() + out.nbytes
-        for name, t in inputs.tensors().items():
+        cached = inputs.cache.tensors() if inputs.replay else {}
+        for name, t in {**inputs.tensors(), **cached}.items():
             t_start = t.data_ptr()
             t_end = t_start + (inputs.pool_span().nbytes if name == "state" else t.nbytes)
             if t.device == out.device and start < t_end and t_start < end:

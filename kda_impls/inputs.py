@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from .replay import ReplayCache
+
 
 @dataclass
 class DecodeInputs:
@@ -32,6 +34,14 @@ class DecodeInputs:
     None; every token's output is computed and returned as above and no state is stored (the pool,
     its padding and every slot stay bit for bit as they were). A slot may be named by several rows:
     nothing is written, so nothing races.
+
+    Replay (``cache`` a :class:`~kda_impls.ReplayCache`, either spelling, T <= the ring's L): slots
+    ``[B]`` int32, row i's state being slot ``slots[i]``'s checkpoint plus its cached records (-1: a
+    padding row, zero output, nothing read or written); num_accepted ``[B]`` int32 or None (all 0):
+    how many of the records a previous verify left after the cached ones row i commits before its
+    tokens. A one-token step appends its token's record and writes the pool slot only when that fills
+    the ring; a T-token step (speculative verify) writes its T records without committing them.
+    ``kda_impls/reference.py`` (``replay_step``) defines it exactly.
     """
 
     q: torch.Tensor
@@ -46,6 +56,17 @@ class DecodeInputs:
     scale: float | None = None
     num_accepted: torch.Tensor | None = None
     update_state: bool = True
+    cache: ReplayCache | None = None
+
+    @property
+    def replay(self) -> bool:
+        """Whether this is a replay step (a :class:`~kda_impls.ReplayCache` given)."""
+        return self.cache is not None
+
+    @property
+    def one_slot_per_row(self) -> bool:
+        """Whether ``slots`` is ``[B]`` in either spelling (frozen verify and replay: the slot a row reads)."""
+        return not self.update_state or self.replay
 
     @property
     def per_token(self) -> bool:
@@ -105,29 +126,31 @@ class DecodeInputs:
         return (self.B, self.T, self.HV, self.V) if self.per_token else (self.B, self.HV, self.V)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor by field name (``num_accepted`` only where given)."""
+        """Every tensor by field name (``num_accepted`` only where given; the cache's are its own)."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("scale", "update_state") and getattr(self, f.name) is not None}
+                if f.name not in ("scale", "update_state", "cache") and getattr(self, f.name) is not None}
 
     # ---- the per-token view of a step ----------------------------------------------------------
     def token_slots(self) -> torch.Tensor:
         """``[B, T]``: the slot each token's state is stored in (-1: not stored). ``slots`` as ``[B, T]``
-        (a view) in either spelling; in frozen verify all -1 (a new tensor): nothing is stored."""
-        if not self.update_state:
+        (a view) in either spelling; in frozen verify and replay all -1 (a new tensor): no token's state
+        is stored (a replay step's flush is the ring's, not a token's)."""
+        if self.one_slot_per_row:
             return torch.full((self.B, self.T), -1, dtype=torch.int32, device=self.slots.device)
         return self.slots.view(self.B, self.T)
 
     def accepted(self) -> torch.Tensor:
-        """``num_accepted``, or all ones where it is None (``[B]`` int32)."""
+        """``num_accepted``, or all ones where it is None (``[B]`` int32): where rows start from in a
+        multi-token step (a replay step's None commits nothing; ``replay_step`` reads it itself)."""
         if self.num_accepted is not None:
             return self.num_accepted
         return torch.ones(self.B, dtype=torch.int32, device=self.slots.device)
 
     def start_slots(self) -> torch.Tensor:
         """The slot each row starts from, ``slots[i, num_accepted[i] - 1]`` (frozen verify:
-        ``slots[i]``) (``[B]`` int64; -1: a padding row). Assumes the contract holds (num_accepted in
-        [1, T])."""
-        if not self.update_state:
+        ``slots[i]``; replay: ``slots[i]``) (``[B]`` int64; -1: a padding row). Assumes the contract
+        holds (num_accepted in [1, T])."""
+        if self.one_slot_per_row:
             return self.slots.long()
         return self.token_slots().long().gather(1, (self.accepted().long() - 1).view(self.B, 1)).view(self.B)
 
@@ -144,7 +167,7 @@ class DecodeInputs:
         b and ``slots[:, t]`` (frozen verify: ``slots``, still frozen). Where rows start from is not
         part of it: that is ``start_slots``."""
         x = self.per_token_spelling()
-        slots = x.slots[:, t] if x.update_state else x.slots
+        slots = x.slots if x.one_slot_per_row else x.slots[:, t]
         return replace(x, q=x.q[:, t], k=x.k[:, t], v=x.v[:, t], a=x.a[:, t], b=x.b[:, t], slots=slots,
                        num_accepted=None)
 
@@ -162,7 +185,7 @@ class DecodeInputs:
         slots are ``[B]`` in both spellings)."""
         if self.per_token:
             return self
-        slots = self.slots[:, None] if self.update_state else self.slots
+        slots = self.slots if self.one_slot_per_row else self.slots[:, None]
         return replace(self, q=self.q[:, None], k=self.k[:, None], v=self.v[:, None], a=self.a[:, None],
                        b=self.b[:, None], slots=slots)
 
@@ -172,6 +195,8 @@ class DecodeInputs:
         step's outputs."""
         if not self.update_state:
             return self
+        if self.replay:
+            raise ValueError("a replay step has no frozen spelling (its state is not one slot's)")
         return replace(self, slots=self.start_slots().to(torch.int32), num_accepted=None, update_state=False)
 
     # ---- the pool --------------------------------------------------------------------------------
@@ -186,16 +211,44 @@ class DecodeInputs:
         span = self.pool_span().clone()
         state = span.as_strided(self.state.shape, self.state.stride(), 0)
         copies = {name: t.clone() for name, t in self.tensors().items() if name != "state"}
-        return DecodeInputs(**copies, state=state, scale=self.scale, update_state=self.update_state)
+        cache = self.cache.clone() if self.replay else None
+        return DecodeInputs(**copies, state=state, scale=self.scale, update_state=self.update_state, cache=cache)
 
     def nbytes(self) -> int:
         """Bytes a decode step must move: one state read per live row, one state write per stored
         slot, every other input read once, the output written once (in v's dtype). At T = 1 that is
         each live row's state read and written once; in frozen verify each live row's state read once
-        and nothing written."""
+        and nothing written; in replay each live row's checkpoint read once plus :meth:`replay_bytes`."""
         state_moves = int(self.live_rows().sum()) + int(self.stored().sum())
         out = math.prod(self.out_shape) * self.v.element_size()
-        return state_moves * self.slot_elements * self.state.element_size() + self.bytes_besides_pool() + out
+        replay = self.replay_bytes() if self.replay else 0
+        return state_moves * self.slot_bytes() + self.bytes_besides_pool() + out + replay
+
+    def slot_bytes(self) -> int:
+        """Bytes of one slot's state (its padding not counted)."""
+        return self.slot_elements * self.state.element_size()
+
+    def replay_bytes(self) -> int:
+        """A replay step's bytes besides the checkpoint read, per live row: its cached records read,
+        its T records written, its ``length`` read (and written where it changes), and the flush.
+
+        T = 1 is a step's average over the L steps of a ring cycle, as a run of one-token steps
+        moves them: (L-1)/2 records read, one written, ``length`` read and written, and the state
+        write of the flush, which one step in L does, as 1/L of it. T > 1 (a verify) is this step's
+        own: the records its commit leaves cached read, T written, and a state write where it
+        flushes (``kda_impls/reference.py``, ``replay_step``)."""
+        live = self.live_rows()
+        rows, L, record = int(live.sum()), self.cache.L, self.cache.record_bytes()
+        if self.T == 1:
+            return round(rows * (record * (L - 1) / 2 + record + 8 + self.slot_bytes() / L))
+        slots = self.slots.long().clamp(min=0)[live]
+        cached = self.cache.length.long()[slots]
+        if self.num_accepted is not None:
+            cached = cached + self.num_accepted.long()[live]
+        flushes = cached + self.T > L
+        length_writes = rows if self.num_accepted is not None else int(flushes.sum())
+        return (int(cached.sum()) + rows * self.T) * record + (rows + length_writes) * 4 + \
+            int(flushes.sum()) * self.slot_bytes()
 
     def bytes_besides_pool(self) -> int:
         """Bytes of every input but the pool: activations, gate parameters, slots, num_accepted."""
@@ -219,6 +272,7 @@ def make_inputs(
     T: int = 1,
     checkpoints: str = "all",
     update_state: bool = True,
+    ring: int | None = None,
     state_dtype: torch.dtype = torch.bfloat16,
     dtype: torch.dtype = torch.bfloat16,
     slot_pad: int = 0,
@@ -249,11 +303,23 @@ def make_inputs(
     ``update_state=False`` (frozen verify, any T): the ``"last"`` draw as :meth:`DecodeInputs.as_frozen`
     makes it, so the same tensors for a seed as ``checkpoints="last"``: ``slots`` ``[B]``, B distinct
     slots out of ``n_slots`` (default ``2*B``), ``pad_rows`` of them -1; ``checkpoints`` is not used.
+
+    ``ring=L`` (replay, T <= L): the same tensors with a :class:`~kda_impls.ReplayCache` of L records
+    per slot drawn after them (so the other tensors are those of the frozen draw): every slot's
+    ``length`` uniform in [0, L), its records as a step writes them (raw keys and gate inputs drawn
+    as k and a, deltas normal with standard deviation 0.5), the slots past ``length`` filled too.
     """
     for name, value, low in (("B", B, 0), ("H", H, 1), ("HV", HV, 1), ("K", K, 1), ("V", V, 1), ("T", T, 1),
                              ("slot_pad", slot_pad, 0)):
         if not (isinstance(value, numbers.Integral) and value >= low):  # numpy's integers too
             raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+    if ring is not None:
+        if not update_state:
+            raise ValueError("ring (replay) needs update_state=True: a replay step writes its records")
+        x = make_inputs(B, H, HV, K, V, T=T, update_state=False, state_dtype=state_dtype, dtype=dtype,
+                        slot_pad=slot_pad, n_slots=n_slots, pad_rows=pad_rows, sorted_slots=sorted_slots,
+                        device=device, seed=seed)
+        return replace(x, update_state=True, cache=_random_cache(x, ring, seed))
     if not update_state:
         return make_inputs(B, H, HV, K, V, T=T, checkpoints="last", state_dtype=state_dtype, dtype=dtype,
                            slot_pad=slot_pad, n_slots=n_slots, pad_rows=pad_rows, sorted_slots=sorted_slots,
@@ -309,3 +375,12 @@ def make_inputs(
     slots[torch.randperm(B, generator=gen, device=dev)[:pad_rows]] = -1
     return DecodeInputs(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state, slots=slots,
                         num_accepted=num_accepted)
+
+
+def _random_cache(x: DecodeInputs, L: int, seed: int) -> ReplayCache:
+    cache = ReplayCache.empty(x.N, L, x.H, x.HV, x.K, x.V, dtype=x.q.dtype, device=x.device)
+    gen = torch.Generator(device=x.device).manual_seed(seed + 7919)  # its own stream: the step's tensors unchanged
+    cache.length.copy_(torch.randint(0, L, (x.N,), generator=gen, device=x.device, dtype=torch.int32))
+    cache.u.normal_(generator=gen).mul_(0.5)
+    cache.kg.copy_(torch.randn(cache.kg.shape, generator=gen, device=x.device).to(cache.kg.dtype))
+    return cache

@@ -44,6 +44,8 @@ is handed -1 as it is) and its row outputs what that state gives, not zeros.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
@@ -56,24 +58,39 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
-def decode_step(inputs: DecodeInputs, S: torch.Tensor, compute_dtype: torch.dtype):
-    """The math of one step on gathered state rows ``S`` ``[B, HV, V, K]`` (any slot order).
+def log_decay(inputs: DecodeInputs, a: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
+    """``g = -exp(A_log) * softplus(a + dt_bias)`` for raw gate inputs ``a``: a step's ``[B, HV, K]``,
+    or records' ``[B, HV, L, K]``."""
+    HV = inputs.HV
+    dt_bias = inputs.dt_bias.to(compute_dtype).reshape(HV, inputs.K)
+    A = torch.exp(inputs.A_log.to(compute_dtype))
+    if a.dim() == 4:  # [B, HV, L, K]: value heads before the records
+        return -A[:, None, None] * F.softplus(a.to(compute_dtype) + dt_bias[:, None])
+    return -A[:, None] * F.softplus(a.to(compute_dtype) + dt_bias)
 
-    Returns ``(out [B, HV, V], new S)`` in ``compute_dtype``; rows are not masked here.
-    """
-    HV, H = inputs.HV, inputs.H
-    group = HV // H
+
+def _token_math(inputs: DecodeInputs, S: torch.Tensor, compute_dtype: torch.dtype):
+    """``(out [B, HV, V], new S, u [B, HV, V])`` of one token on gathered rows ``S``; u is the
+    beta-scaled delta (a replay record)."""
+    group = inputs.HV // inputs.H
     q = l2_normalize(inputs.q.to(compute_dtype)).repeat_interleave(group, dim=1) * inputs.effective_scale
     k = l2_normalize(inputs.k.to(compute_dtype)).repeat_interleave(group, dim=1)
-    dt_bias = inputs.dt_bias.to(compute_dtype).reshape(HV, inputs.K)
-    A = torch.exp(inputs.A_log.to(compute_dtype))[None, :, None]
-    g = -A * F.softplus(inputs.a.to(compute_dtype) + dt_bias[None])  # [B, HV, K]
+    g = log_decay(inputs, inputs.a, compute_dtype)  # [B, HV, K]
     beta = torch.sigmoid(inputs.b.to(compute_dtype))[..., None]  # [B, HV, 1]
 
     S = S.to(compute_dtype) * torch.exp(g)[:, :, None, :]  # decay along K
     u = beta * (inputs.v.to(compute_dtype) - torch.einsum("bhvk,bhk->bhv", S, k))
     S = S + u[..., None] * k[:, :, None, :]
     out = torch.einsum("bhvk,bhk->bhv", S, q)
+    return out, S, u
+
+
+def decode_step(inputs: DecodeInputs, S: torch.Tensor, compute_dtype: torch.dtype):
+    """The math of one step on gathered state rows ``S`` ``[B, HV, V, K]`` (any slot order).
+
+    Returns ``(out [B, HV, V], new S)`` in ``compute_dtype``; rows are not masked here.
+    """
+    out, S, _ = _token_math(inputs, S, compute_dtype)
     return out, S
 
 
@@ -89,8 +106,15 @@ def reference(inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
     Padding rows (start slot -1) have zeros in both. In frozen verify (``update_state=False``) row i
     starts from ``slots[i]`` and ``states[i, t]`` is the state after token t, which the step computes
     and does not store: nothing is compared with it.
+    In replay (``cache`` given) ``states[i, t]`` is row i's state after its token t from its slot's
+    effective state after its commit (T = 1: the slot's new effective state, before a flush rounds it
+    to the pool's dtype), and neither the pool
+    nor the cache of ``inputs`` is modified (:func:`replay_step` runs on a copy).
     Float64 on a GPU is IEEE double as on the CPU; computing there keeps large grids fast.
     """
+    if inputs.replay:
+        out, states = replay_step(inputs.clone(), torch.float64)
+        return (out, states) if inputs.per_token else (out[:, 0], states[:, 0])
     live = inputs.live_rows()
     x = inputs.per_token_spelling()
     out = torch.empty(x.B, x.T, x.HV, x.V, dtype=torch.float64, device=x.device)
@@ -104,3 +128,83 @@ def reference(inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
     if not inputs.per_token:
         return out[:, 0], states[:, 0]
     return out, states
+
+
+# ---- replay -------------------------------------------------------------------------------------
+def _effective(inputs: DecodeInputs, slots: torch.Tensor, n: torch.Tensor, compute_dtype: torch.dtype):
+    """The effective states ``[len(slots), HV, V, K]`` of ``slots`` (int64, >= 0) after the first ``n``
+    (int64 per slot) of their records: ``S_0 * exp(G_n) + sum_{j<n} u_j (k^_j * exp(G_n - G_j))^T``.
+    Records at and past ``n`` are never read into the result (they may hold anything, NaN included)."""
+    cache, K = inputs.cache, inputs.K
+    S0 = inputs.state[slots].to(compute_dtype)
+    kept = (torch.arange(cache.L, device=slots.device)[None, :] < n[:, None])[:, None, :, None]  # [B, 1, L, 1]
+    kg = cache.kg[slots]
+    k = torch.where(kept, l2_normalize(kg[..., :K].to(compute_dtype)), 0)
+    G = torch.where(kept, log_decay(inputs, kg[..., K:], compute_dtype), 0).cumsum(dim=2)  # [B, HV, L, K]
+    G_n = G[:, :, -1:]  # records past n add no decay
+    u = torch.where(kept, cache.u[slots].to(compute_dtype), 0)
+    return S0 * torch.exp(G_n) + torch.einsum("bhlv,bhlk->bhvk", u, k * torch.exp(G_n - G))
+
+
+def effective_state(inputs: DecodeInputs) -> torch.Tensor:
+    """Every slot's effective state in float64, ``[N, HV, V, K]``: its checkpoint in the pool carried
+    through its ``cache.length`` records."""
+    slots = torch.arange(inputs.N, device=inputs.device)
+    return _effective(inputs, slots, inputs.cache.length.long(), torch.float64)
+
+
+def replay_step(inputs: DecodeInputs, compute_dtype: torch.dtype):
+    """One replay step applied to ``inputs.state`` and ``inputs.cache`` in place: the semantics.
+
+    Returns ``(out [B, T, HV, V], states [B, T, HV, V, K])`` in ``compute_dtype``, zero at padding
+    rows. For each live row i, slot ``s = slots[i]``, ``n = length[s]`` cached records, in this order:
+
+    1. commit: ``n += num_accepted[i]`` (0 where num_accepted is None): the records a verify left at
+       ``[n, n + num_accepted)`` become part of the state (the contract holds ``n <= L``);
+    2. flush first: where ``n + T > L`` (the T records would not fit after the cached ones; at T = 1
+       only a commit that filled the ring) the effective state is written into the pool slot in the
+       pool's dtype and ``n = 0``: the state is from then on what the pool holds;
+    3. tokens: from the effective state, the T tokens in order with the one-token rule (the in-place
+       step's math), each token's output and state; token t's record (``u`` in fp32, its raw key and
+       raw gate input in the activations' dtype) is written at position ``n + t``;
+    4. T = 1 (decode): the record is committed, ``n += 1``, and where that fills the ring (n = L) the
+       new effective state is written into the pool slot in the pool's dtype and ``n = 0``. T > 1
+       (speculative verify): the records are left uncommitted for the next step's ``num_accepted``;
+    5. ``length[s] = n``. No other slot, record or length is written, and the pool slot only at a flush.
+    """
+    x = inputs.per_token_spelling()
+    cache, T, L = x.cache, x.T, x.cache.L
+    live = x.live_rows()
+    rows = torch.nonzero(live).flatten()
+    slots = x.slots.long()[rows]
+    n = cache.length.long()[slots]
+    if x.num_accepted is not None:
+        n = n + x.num_accepted.long()[rows]
+    S = _effective(x, slots, n, compute_dtype)
+    first = n + T > L
+    if first.any():
+        x.state[slots[first]] = S[first].to(x.state.dtype)
+        S[first] = x.state[slots[first]].to(compute_dtype)
+        n = torch.where(first, 0, n)
+    out = torch.zeros(x.B, T, x.HV, x.V, dtype=compute_dtype, device=x.device)
+    states = torch.zeros(x.B, T, x.HV, x.V, x.K, dtype=compute_dtype, device=x.device)
+    group = x.HV // x.H
+    for t in range(T):
+        token = x.token(t)
+        o, S, u = _token_math(_rows(token, rows), S, compute_dtype)
+        out[rows, t], states[rows, t] = o, S
+        cache.u[slots, :, n + t] = u.to(torch.float32)
+        cache.kg[slots, :, n + t, :x.K] = token.k[rows].repeat_interleave(group, dim=1)
+        cache.kg[slots, :, n + t, x.K:] = token.a[rows]
+    if T == 1:
+        n = n + 1
+        full = n == L
+        x.state[slots[full]] = S[full].to(x.state.dtype)
+        n = torch.where(full, 0, n)
+    cache.length[slots] = n.to(torch.int32)
+    return out, states
+
+
+def _rows(token: DecodeInputs, rows: torch.Tensor) -> DecodeInputs:
+    """A one-token step's rows ``rows`` (its activations indexed; the gate parameters shared)."""
+    return replace(token, q=token.q[rows], k=token.k[rows], v=token.v[rows], a=token.a[rows], b=token.b[rows])

@@ -1,9 +1,10 @@
 """Plain torch ops in float32: the reference semantics, vectorised over batch and heads.
 
 Runs wherever torch does (CPU and CUDA), any legal pool, any number of tokens per step (one
-vectorised step per token), in place or frozen verify (the same steps, no store). It is a
-correctness baseline and the floor any kernel must beat, not a fast path: each op materialises a
-[B, HV, V, K] temporary.
+vectorised step per token), in place or frozen verify (the same steps, no store), and replay (the
+reference's ``replay_step`` in float32: the effective state materialised from the checkpoint and the
+records, one host sync per launch to select the rows that flush). It is a correctness baseline and
+the floor any kernel must beat, not a fast path: each op materialises a [B, HV, V, K] temporary.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 
 from ..contract import Capabilities, Implementation
 from ..inputs import DecodeInputs
-from ..reference import decode_step
+from ..reference import decode_step, replay_step
 
 
 class NaiveTorch(Implementation):
@@ -21,9 +22,11 @@ class NaiveTorch(Implementation):
     variant = "the semantics as vectorised torch ops in float32 (a baseline, one calling convention)"
     capabilities = Capabilities(devices=("cpu", "cuda"),
                                 state_dtypes=(torch.bfloat16, torch.float16, torch.float32), max_tokens=None,
-                                frozen=True)
+                                frozen=True, replay=True)
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
+        if inputs.replay:
+            return self._replay_launcher(inputs, out)
         # Slot values were validated by bind(); resolving the rows and slots here keeps the launcher
         # free of the host sync that boolean masking would cost.
         x = inputs.per_token_spelling()
@@ -44,6 +47,15 @@ class NaiveTorch(Implementation):
                     state[slots] = S[rows].to(state.dtype)  # in place through the strided view
                 out_tokens[:, t].copy_(o)
             out_tokens.index_fill_(0, dead_rows, 0)
+            return out
+
+        return launch
+
+    def _replay_launcher(self, inputs: DecodeInputs, out: torch.Tensor):
+        out_tokens = out.view(inputs.per_token_spelling().out_shape)
+
+        def launch() -> torch.Tensor:
+            out_tokens.copy_(replay_step(inputs, torch.float32)[0])
             return out
 
         return launch

@@ -29,7 +29,8 @@ computes. It moves one state read per live row and one write per stored slot, th
 step. A T = 1 step, in either spelling, runs the one-token kernel (the math is shared through
 inlined helpers). Frozen verify (``update_state=False``, any T) runs the multi-token kernel with its
 stores compiled out (``STORES=0``): each tile read once from ``slots[row]``, the T tokens chained
-in registers, every token's output written and no state: one state read per live row.
+in registers, every token's output written and no state: one state read per live row. Replay
+(a ``ReplayCache``, one-token steps without a commit) has its own kernels in ``triton_replay.py``.
 
 The tile config (:class:`TileConfig`) comes from the committed table
 in :mod:`kda_impls.impls.triton_tuning`, keyed by shape, state dtype and batch size; the environment
@@ -661,7 +662,7 @@ class TritonKDA(Implementation):
                "updated in place through slots; the kernel has no other calling convention")
     capabilities = Capabilities(devices=("cuda", "cpu"),
                                 state_dtypes=(torch.bfloat16, torch.float16, torch.float32),
-                                k_values=HEAD_DIMS, v_values=HEAD_DIMS, max_tokens=None, frozen=True,
+                                k_values=HEAD_DIMS, v_values=HEAD_DIMS, max_tokens=None, frozen=True, replay=True,
                                 min_compute_capability=(8, 0), packages=("triton",))
 
     def __init__(self, config: TileConfig | None = None):
@@ -673,6 +674,8 @@ class TritonKDA(Implementation):
         return {**super().versions(), "triton": triton.__version__}
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
+        if inputs.replay and (inputs.T > 1 or inputs.num_accepted is not None):
+            return "replay runs one-token steps without a commit here (T = 1, num_accepted None); naive runs the rest"
         interpreted = bool(INTERPRETED)
         if inputs.device.type == "cpu":
             if interpreted:
@@ -705,9 +708,13 @@ class TritonKDA(Implementation):
         return config.fitted(inputs.HV, inputs.V, inputs.T if inputs.update_state else max(inputs.T, 2))
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
-        config = self.config_for(inputs)
         if inputs.B == 0:
             return lambda: out
+        if inputs.replay:
+            from .triton_replay import replay_launcher  # its kernels import this module's constants
+
+            return replay_launcher(inputs, out)
+        config = self.config_for(inputs)
         kernel, grid, args, meta = kernel_arguments(inputs, out, config)
         if inputs.device.type == "cuda":
             compile_kernel(inputs, out, config)

@@ -1,0 +1,380 @@
+"""Replay (``DecodeInputs(cache=ReplayCache)``): a slot's state is its checkpoint plus cached per-token records.
+
+Judged against in-place decode, an independent path: the float64 in-place reference carried from the
+slots' effective states. The effective state is checked against the recurrence applied record by
+record; one replay step against one in-place step; 3L one-token steps from random ring lengths (each
+slot flushing at its own step) against 3L in-place steps, outputs every step, the pool bit for bit
+except at a flush, the effective state at the end; a speculative verify and its commit, every edge of
+the ring. Planted implementations prove the checks: one that drifts 0.5% per step, one that loses the
+state at a flush, one that writes the pool every step (right outputs, wrong writes).
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kda_impls import effective_state, get, make_inputs, reference, rel_err
+from kda_impls.impls.naive import NaiveTorch
+from kda_impls.reference import l2_normalize, log_decay
+from kda_impls.verify import TOLERANCE
+
+CASES = {
+    "gva-padded-pool-pad-row-bf16": dict(B=4, H=1, HV=2, K=16, V=16, slot_pad=7, pad_rows=1),
+    "k>v-fp32": dict(B=3, H=2, HV=2, K=16, V=8, state_dtype=torch.float32, dtype=torch.float32),
+    "k<v-gva-fp32": dict(B=3, H=1, HV=4, K=8, V=16, state_dtype=torch.float32, dtype=torch.float32, pad_rows=1),
+}
+
+
+def bits(t):
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def tolerance(x):
+    return max(TOLERANCE[x.v.dtype], TOLERANCE[x.state.dtype])
+
+
+def poison_unused_records(x):
+    """NaN in every record at or past its slot's length: an implementation that reads one is caught."""
+    unused = torch.arange(x.cache.L, device=x.device)[None, :] >= x.cache.length[:, None]
+    x.cache.u[unused[:, None, :].expand(-1, x.HV, -1)] = float("nan")
+    x.cache.kg[unused[:, None, :].expand(-1, x.HV, -1)] = float("nan")
+
+
+def in_place(x, pool):
+    """The step as in-place decode on a float64 pool holding the effective states (one slot per row)."""
+    return dataclasses.replace(x, state=pool, cache=None, num_accepted=None)
+
+
+def fresh(x, gen):
+    def draw(t):
+        return torch.randn(t.shape, generator=gen).to(device=t.device, dtype=t.dtype)
+
+    return dataclasses.replace(x, q=draw(x.q), k=draw(x.k), v=draw(x.v), a=draw(x.a), b=draw(x.b))
+
+
+def slot_rows(x, span):
+    return span.as_strided((x.N, x.slot_elements), (x.slot_stride, 1), span.storage_offset())
+
+
+# ---- the effective state ------------------------------------------------------------------------
+def test_effective_state_is_the_recurrence_applied_record_by_record():
+    x = make_inputs(3, 1, 2, 16, 8, ring=5, slot_pad=3, seed=1)
+    x.cache.length[0] = 0  # a slot whose state is its checkpoint
+    poison_unused_records(x)
+    want = x.state.double().clone()
+    K = x.K
+    for s in range(x.N):
+        for j in range(int(x.cache.length[s])):
+            k = l2_normalize(x.cache.kg[s, :, j, :K].double())  # [HV, K]
+            g = log_decay(x, x.cache.kg[s:s + 1, :, j, K:], torch.float64)[0]
+            want[s] = want[s] * torch.exp(g)[:, None, :] + x.cache.u[s, :, j].double()[:, :, None] * k[:, None, :]
+    got = effective_state(x)
+    assert got.dtype == torch.float64 and got.shape == (x.N, x.HV, x.V, x.K)
+    assert (x.cache.length == 0).any() and (x.cache.length > 1).any()  # both kinds of slot
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+# ---- one step -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_one_replay_step_is_one_in_place_step_from_the_effective_state(case):
+    """The float64 reference: outputs and new states as in-place decode's from the effective state;
+    naive within tolerance of them, its new effective state too; -1 rows output zeros."""
+    x = make_inputs(**CASES[case], ring=4, seed=2)
+    poison_unused_records(x)
+    E = effective_state(x)
+    want_out, want_state = reference(in_place(x, E.clone()))
+    out, states = reference(x)
+    live = x.live_rows()
+    assert torch.allclose(out, want_out, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(states, want_state, rtol=1e-12, atol=1e-12)
+    y = x.clone()
+    got = get("naive").decode(y, torch.full(x.out_shape, float("nan"), dtype=x.v.dtype))
+    assert rel_err(got[live], want_out[live]) <= tolerance(x) and (got[~live] == 0).all()
+    slots = x.slots.long()[live]
+    assert rel_err(effective_state(y)[slots], want_state[live]) <= tolerance(x)
+
+
+# ---- 3L steps -----------------------------------------------------------------------------------
+def run_steps(impl, x, steps, seed=0):
+    """``steps`` one-token replay steps of ``impl`` on ``x`` (modified) against in-place decode carried
+    in float64 from the effective states; the problems found (empty: it runs replay right)."""
+    tol, L = tolerance(x), x.cache.L
+    live = x.live_rows()
+    slots = x.slots.long()[live]
+    pool = effective_state(x)
+    gen = torch.Generator().manual_seed(seed)
+    problems = []
+    for step in range(steps):
+        y = x if step == 0 else fresh(x, gen)
+        before, lengths = y.pool_span().clone(), y.cache.length.clone()
+        flushing = slots[lengths[slots] + 1 == L]
+        out = impl.decode(y, torch.full(y.out_shape, float("nan"), dtype=y.v.dtype))
+        want, states = reference(in_place(y, pool))
+        pool[slots] = states[live]
+        if not rel_err(out[live], want[live]) <= tol or (out[~live] != 0).any():
+            problems.append(f"step {step}: output error {rel_err(out[live], want[live]):.1e}")
+        # every slot but the flushing ones, and the padding between slots
+        kept = torch.ones(before.numel(), dtype=torch.bool, device=x.device)
+        for s in flushing.tolist():
+            kept[s * x.slot_stride:s * x.slot_stride + x.slot_elements] = False
+        if not torch.equal(bits(before[kept]), bits(y.pool_span()[kept])):
+            problems.append(f"step {step}: the pool was written where no ring filled")
+        if len(flushing) and not rel_err(x.state[flushing], pool[flushing]) <= tol:
+            problems.append(f"step {step}: a flushed slot holds error {rel_err(x.state[flushing], pool[flushing]):.1e}")
+        expected = lengths.clone()
+        expected[slots] = (lengths[slots] + 1) % L
+        if not torch.equal(y.cache.length, expected):
+            problems.append(f"step {step}: lengths {y.cache.length.tolist()}, expected {expected.tolist()}")
+    err = rel_err(effective_state(x)[slots], pool[slots])
+    if not err <= tol:
+        problems.append(f"effective state error {err:.1e} after {steps} steps")
+    return problems
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_3L_replay_steps_are_3L_in_place_steps(case):
+    x = make_inputs(**CASES[case], ring=4, seed=3)
+    live = x.slots.long()[x.live_rows()]
+    x.cache.length[live] = torch.arange(len(live), dtype=torch.int32) % x.cache.L  # each flushes at its own step
+    poison_unused_records(x)
+    assert run_steps(get("naive"), x, 3 * x.cache.L) == []
+
+
+TRITON_CASES = {
+    "gva-padded-pool-pad-row-bf16": CASES["gva-padded-pool-pad-row-bf16"],
+    "k>v-fp32": dict(B=3, H=2, HV=2, K=32, V=16, state_dtype=torch.float32, dtype=torch.float32),
+    "two-v-tiles-gva-fp32": dict(B=2, H=1, HV=2, K=16, V=64, state_dtype=torch.float32, dtype=torch.float32,
+                                 slot_pad=4, pad_rows=1),
+}
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", TRITON_CASES, ids=list(TRITON_CASES))
+def test_3L_triton_replay_steps_are_3L_in_place_steps(case):
+    """Our kernel's replay path (interpreted on the CPU): the output from the checkpoint and the
+    records, the pool written only at a flush."""
+    x = make_inputs(**TRITON_CASES[case], ring=4, seed=3)
+    live = x.slots.long()[x.live_rows()]
+    x.cache.length[live] = torch.arange(len(live), dtype=torch.int32) % x.cache.L
+    poison_unused_records(x)
+    assert get("triton").unsupported(x) is None
+    assert run_steps(get("triton"), x, 3 * x.cache.L) == []
+
+
+COMPILE_FOR_SM90 = """
+import inspect, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kda_impls.impls import triton_replay
+fn = triton_replay._kda_replay_kernel
+params = list(inspect.signature(fn.fn).parameters)
+pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", u_ptr="*fp32", length_ptr="*i32")
+runtime = dict(slot_stride="i32", scale="fp32")
+BV, warps = triton_replay.replay_tile(128)
+meta = dict(HV=32, GROUP=2, K=128, V=128, BV=BV, L=16, LP=16, L2_EPS=1e-6)
+sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
+constants = {(params.index(n),): v for n, v in meta.items()}
+compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=warps))
+print(len(re.findall(r"st\\.global", compiled.asm["ptx"])))
+"""
+
+
+def test_the_replay_kernel_compiles_for_sm90():
+    """Compiled for the H200 at a serving shape and the default tile (Triton's own ptxas, no GPU
+    needed): the interpreter accepts what the compiler refuses (a plain global read inside a kernel,
+    a loop variable changing shape)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KDA_TRITON_REPLAY_CONFIG")}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.strip().splitlines()[-1]) > 0
+
+
+@pytest.mark.interpreter
+def test_triton_replay_tile_from_the_environment(monkeypatch):
+    from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV, replay_tile
+
+    assert replay_tile(128) == (16, 8)
+    monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4")
+    assert replay_tile(64) == (32, 4)
+    x = make_inputs(**TRITON_CASES["two-v-tiles-gva-fp32"], ring=2, seed=5)
+    assert run_steps(get("triton"), x, 2) == []
+    for bad in ("BV=24", "BV=128", "warps=4", "num_warps=3"):
+        monkeypatch.setenv(REPLAY_CONFIG_ENV, bad)
+        with pytest.raises(ValueError, match=REPLAY_CONFIG_ENV):
+            get("triton").bind(x)
+
+
+def test_triton_refuses_a_verify_and_a_commit_with_its_reason():
+    x = make_inputs(2, 1, 2, 16, 16, T=2, ring=4, seed=6)
+    assert "T = 1, num_accepted None" in get("triton").unsupported(x)
+    y = dataclasses.replace(x.token(0), num_accepted=torch.zeros(2, dtype=torch.int32))
+    assert "T = 1, num_accepted None" in get("triton").unsupported(y)
+
+
+class Drifts(NaiveTorch):
+    """Planted: each record's delta 0.5% too large."""
+
+    name = "drifts"
+
+    def _replay_launcher(self, inputs, out):
+        launch = super()._replay_launcher(inputs, out)
+        cache, L = inputs.cache, inputs.cache.L
+
+        def drifting():
+            before = cache.length.clone()
+            launch()
+            rows = inputs.slots.long()[inputs.slots >= 0]
+            cache.u[rows, :, (before[rows].long()) % L] *= 1.005
+            return out
+        return drifting
+
+
+class LosesTheStateAtAFlush(NaiveTorch):
+    """Planted: a full ring is emptied without the checkpoint written."""
+
+    name = "loses-the-state"
+
+    def _replay_launcher(self, inputs, out):
+        launch = super()._replay_launcher(inputs, out)
+
+        def losing():
+            before = inputs.pool_span().clone()
+            launch()
+            inputs.pool_span().copy_(before)
+            return out
+        return losing
+
+
+class FlushesEveryStep(NaiveTorch):
+    """Planted: the effective state written into the pool after every step, the ring emptied: the same
+    outputs and states, but the pool written at every step."""
+
+    name = "flushes-every-step"
+
+    def _replay_launcher(self, inputs, out):
+        launch = super()._replay_launcher(inputs, out)
+        rows = inputs.slots.long()[inputs.slots >= 0]
+
+        def flushing():
+            launch()
+            inputs.state[rows] = effective_state(inputs)[rows].to(inputs.state.dtype)
+            inputs.cache.length[rows] = 0
+            return out
+        return flushing
+
+
+@pytest.mark.parametrize("plant, found", [(Drifts, "output error"), (LosesTheStateAtAFlush, "flushed slot holds error"),
+                                          (FlushesEveryStep, "pool was written")], ids=["drift", "loses", "writes"])
+def test_the_3L_steps_check_catches(plant, found):
+    x = make_inputs(**CASES["k>v-fp32"], ring=4, seed=3)
+    problems = run_steps(plant(), x, 3 * x.cache.L)
+    assert any(found in p for p in problems), problems
+
+
+# ---- speculative verify and its commit ----------------------------------------------------------
+def test_verify_then_commit_across_every_edge_of_the_ring():
+    """L = 4, T = 3, one row per edge: records fit (0 cached); a flush first (2 cached: 2 + 3 > 4); they
+    fit exactly (1 cached) and the commit then fills the ring, so the next step flushes first; and a
+    padding row. The verify outputs the in-place tokens from the effective state and commits nothing;
+    after the next step's commit of ``num_accepted`` and one token, every slot's effective state is the
+    in-place state after its accepted tokens and that token."""
+    x = make_inputs(4, 1, 2, 16, 8, T=3, ring=4, state_dtype=torch.float32, dtype=torch.float32, slot_pad=5,
+                    seed=4)
+    x.slots = torch.tensor([3, 0, 5, -1], dtype=torch.int32)
+    x.cache.length.copy_(torch.tensor([2, 3, 1, 0, 3, 1, 0, 2], dtype=torch.int32))
+    poison_unused_records(x)
+    E = effective_state(x)
+    pool_before, records_before = x.pool_span().clone(), x.cache.clone()
+    want, chain = reference(dataclasses.replace(in_place(x, E.clone()), update_state=False))  # frozen from E
+    out = get("naive").decode(x, torch.full(x.out_shape, float("nan")))
+    live = x.live_rows()
+    assert rel_err(out[live], want[live]) <= 1e-5 and (out[~live] == 0).all()
+    # only slot 0 flushed (2 + 3 > 4): its checkpoint is its effective state, its ring restarted
+    assert torch.equal(x.cache.length, torch.tensor([0, 3, 1, 0, 3, 1, 0, 2], dtype=torch.int32))
+    untouched = torch.tensor([s != 0 for s in range(x.N)])
+    assert torch.equal(bits(slot_rows(x, x.pool_span())[untouched]), bits(slot_rows(x, pool_before)[untouched]))
+    assert rel_err(x.state[0], E[0]) <= 1e-6
+    starts = {3: 0, 0: 0, 5: 1}
+    for s in range(x.N):
+        kept = [j for j in range(4) if not (s in starts and starts[s] <= j < starts[s] + 3)]
+        assert torch.equal(bits(x.cache.u[s, :, kept]), bits(records_before.u[s, :, kept])), s
+        assert torch.equal(bits(x.cache.kg[s, :, kept]), bits(records_before.kg[s, :, kept])), s
+    for i, s in enumerate(x.slots.tolist()[:3]):
+        k = x.k[i].repeat_interleave(2, dim=1).transpose(0, 1)  # [HV, T, K]
+        assert torch.equal(x.cache.kg[s, :, starts[s]:starts[s] + 3, :16], k)
+        assert torch.equal(x.cache.kg[s, :, starts[s]:starts[s] + 3, 16:], x.a[i].transpose(0, 1))
+
+    accepted = torch.tensor([3, 1, 3, 2], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(5)
+    step = dataclasses.replace(fresh(x.token(0), gen), num_accepted=accepted)
+    get("naive").check(step)
+    start = torch.stack([chain[i, int(accepted[i]) - 1] for i in range(x.B)])
+    # in place from each row's state after its accepted tokens, one row per slot
+    want1, after = reference(dataclasses.replace(in_place(step, start), slots=torch.arange(4, dtype=torch.int32)))
+    out1 = get("naive").decode(step, torch.full(step.out_shape, float("nan")))
+    assert rel_err(out1[live], want1[live]) <= 1e-5 and (out1[~live] == 0).all()
+    # slot 3: 0 + 3 + 1 = 4 fills the ring (flush after); slot 0: 0 + 1 + 1; slot 5: 1 + 3 = 4 flushes first
+    assert x.cache.length[[3, 0, 5]].tolist() == [0, 2, 1]
+    E1 = effective_state(x)
+    for i, s in enumerate(x.slots.tolist()[:3]):
+        assert rel_err(E1[s], after[i]) <= 1e-5, s
+
+
+# ---- on the GPU (the H200 grid) -------------------------------------------------------------------
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("HV", [32, 64])
+def test_triton_replay_on_gpu(HV, state_dtype):
+    """Serving shapes (GVA, padded pool, -1 rows, L = 16): 2L steps against in-place decode."""
+    x = make_inputs(32, 16, HV, 128, 128, ring=16, state_dtype=state_dtype, slot_pad=64, pad_rows=4, device="cuda",
+                    seed=31)
+    poison_unused_records(x)
+    assert run_steps(get("triton"), x, 2 * x.cache.L) == []
+
+
+@gpu
+def test_triton_replay_graph_replay_and_no_allocation():
+    """Captured in a CUDA graph (as the harness times it) the replay launcher takes the eager step: its
+    output, every byte of the pool span and the whole cache; a launch allocates nothing."""
+    x = make_inputs(64, 32, 32, 128, 128, ring=16, slot_pad=16, pad_rows=8, device="cuda", seed=32)
+    y = x.clone()
+    eager = get("triton").decode(x)
+    launch = get("triton").bind(y)
+    pool, records = y.pool_span().clone(), y.cache.clone()
+
+    def restore():
+        y.pool_span().copy_(pool)
+        for name, t in y.cache.tensors().items():
+            t.copy_(records.tensors()[name])
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launch()
+    torch.cuda.current_stream().wait_stream(stream)
+    restore()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = launch()
+    restore()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    assert torch.equal(bits(y.pool_span()), bits(x.pool_span()))
+    for name, t in y.cache.tensors().items():
+        assert torch.equal(t, x.cache.tensors()[name]), name
+    launch()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    launch()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
