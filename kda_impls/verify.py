@@ -67,6 +67,8 @@ def default_steps(inputs: DecodeInputs) -> int:
     """How many consecutive steps :func:`verify` runs on ``inputs``: :data:`MAX_STEPS`, fewer where
     a step's state elements (B*T*HV*V*K) would make them slow (on the CPU, where kernels are
     interpreted, down to :data:`MIN_CPU_STEPS`)."""
+    if not inputs.update_state:
+        return 1  # frozen verify stores nothing: no error carries over to a next step
     on_cpu = inputs.device.type == "cpu"
     budget, floor = (CPU_STEP_ELEMENTS, MIN_CPU_STEPS) if on_cpu else (GPU_STEP_ELEMENTS, MIN_GPU_STEPS)
     elements = max(inputs.B * inputs.T * inputs.slot_elements, 1)
@@ -121,11 +123,13 @@ class _RoundingReference:
 
     def __init__(self, inputs: DecodeInputs, stored_slots: torch.Tensor, store):
         self.store = store
-        # one slot at least: padding rows read index 0 (their results are discarded)
-        self.pool = inputs.state[stored_slots].double() if len(stored_slots) else \
+        # the slots stored and those rows start from (frozen verify stores none); one slot at least:
+        # padding rows read index 0 (their results are discarded)
+        kept = torch.cat([stored_slots, inputs.start_slots()[inputs.live_rows()]]).unique()
+        self.pool = inputs.state[kept].double() if len(kept) else \
             torch.zeros(1, *inputs.state.shape[1:], dtype=torch.float64, device=inputs.device)
         remap = torch.full((max(inputs.N, 1),), -1, dtype=torch.int32, device=inputs.device)
-        remap[stored_slots] = torch.arange(len(stored_slots), dtype=torch.int32, device=inputs.device)
+        remap[kept] = torch.arange(len(kept), dtype=torch.int32, device=inputs.device)
         slots = inputs.slots.long()
         self.slots = torch.where(slots >= 0, remap[slots.clamp(min=0)], -1).to(torch.int32)
 
@@ -138,6 +142,8 @@ class _RoundingReference:
         return out, states
 
     def stored_index(self, inputs: DecodeInputs, stored: torch.Tensor) -> torch.Tensor:
+        if not inputs.update_state:  # frozen verify: [B] start slots, nothing stored
+            return self.slots[:0].long()
         return self.slots.view(inputs.B, inputs.T).long()[stored]
 
 
@@ -171,6 +177,9 @@ def verify(impl: Implementation, inputs: DecodeInputs, steps: int | None = None)
     :func:`steps_tolerance` after every step. The steps stop at the first that has a problem.
     Raises what ``bind`` raises (ContractError, Unsupported) before anything runs.
     """
+    if inputs.cache is not None:
+        raise ValueError("verify judges in-place decode and frozen verify; a replay step (inputs.cache) is judged "
+                         "against kda_impls.reference and kda_impls.effective_state (tests/test_replay.py)")
     steps = default_steps(inputs) if steps is None else steps
     if steps < 1:
         raise ValueError(f"steps must be >= 1; got {steps}")

@@ -153,7 +153,7 @@ def test_padding_rows_naming_slots_store_nothing(modelled):
     x.num_accepted[1] = 1
     verdict = verify(modelled("flashinfer"), x)
     assert verdict.ok, verdict
-    (kw,) = modelled.calls
+    kw = modelled.calls[0]  # the first step's (verify runs several on the pool)
     assert (kw["ssm_state_indices"][1] == -1).all() and (x.slots[1, 1:] >= 0).all()
 
 
@@ -165,7 +165,7 @@ def test_dense_form(modelled):
     assert torch.equal(x.slots.flatten(), torch.arange(B * T, dtype=torch.int32))
     verdict = verify(modelled("flashinfer-dense"), x)
     assert verdict.ok, verdict
-    (kw,) = modelled.calls
+    kw = modelled.calls[0]  # the first step's (verify runs several on the pool)
     assert "ssm_state_indices" not in kw and "cu_seqlens" not in kw
     assert kw["initial_state"].shape[0] == B * T and kw["initial_state"].data_ptr() == x.state.data_ptr()
 
