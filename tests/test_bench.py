@@ -304,14 +304,14 @@ def test_rotation_plan_by_entry_state(monkeypatch):
     per_set = working_set_bytes(x)
     assert per_set == x.pool_span().nbytes + sum(t.nbytes for n, t in x.tensors().items() if n != "state")
     assert rotation_plan("previous-step", x, "cpu") == ("none", 1)  # the CPU's caches: not modelled
-    monkeypatch.setattr(timing, "as_device", lambda device: torch.device("cuda", 0))
-    monkeypatch.setattr(timing, "l2_bytes", lambda device: 100 * per_set)  # 3 L2s = 300 sets: over the cap
+    monkeypatch.setattr(l2, "as_device", lambda device: torch.device("cuda", 0))
+    monkeypatch.setattr(l2, "l2_bytes", lambda device: 100 * per_set)  # 3 L2s = 300 sets: over the cap
     assert rotation_plan("previous-step", x, "cuda") == ("dirty", 1)
-    monkeypatch.setattr(timing, "l2_bytes", lambda device: 85 * per_set)  # 255 sets: under it
+    monkeypatch.setattr(l2, "l2_bytes", lambda device: 85 * per_set)  # 255 sets: under it
     assert rotation_plan("previous-step", x, "cuda") == ("previous-step", 255)
-    monkeypatch.setattr(timing, "l2_bytes", lambda device: 2 * per_set)
+    monkeypatch.setattr(l2, "l2_bytes", lambda device: 2 * per_set)
     assert rotation_plan("previous-step", x, "cuda") == ("previous-step", 6)
-    monkeypatch.setattr(timing, "l2_bytes", lambda device: per_set // 10)  # tiny L2: still two pools
+    monkeypatch.setattr(l2, "l2_bytes", lambda device: per_set // 10)  # tiny L2: still two pools
     assert rotation_plan("previous-step", x, "cuda") == ("previous-step", l2.MIN_INPUT_SETS)
     for entry in ("clean", "dirty", "hot"):
         assert rotation_plan(entry, x, "cuda") == (entry, 1)

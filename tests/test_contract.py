@@ -6,6 +6,7 @@ import re
 import pytest
 import torch
 
+from helpers import expect_refusal
 from kda_impls import Capabilities, ContractError, Unsupported, get, make_inputs
 from kda_impls.impls.naive import NaiveTorch
 
@@ -23,21 +24,6 @@ def inputs(**kw):
     shape = dict(B=4, H=2, HV=2, K=16, V=16)
     shape.update({k: kw.pop(k) for k in list(kw) if k in shape})
     return make_inputs(**shape, slot_pad=kw.pop("slot_pad", 16), pad_rows=kw.pop("pad_rows", 1), seed=7, **kw)
-
-
-def expect_refusal(impl, x, rule, pattern):
-    before = {n: t.clone() for n, t in x.tensors().items()}
-    pool = x.pool_span().clone() if x.state.dim() == 4 else None
-    with pytest.raises(ContractError) as err:
-        impl.bind(x)
-    assert err.value.rule == rule and err.value.impl == impl.label
-    assert str(err.value).startswith(impl.label + " ")
-    assert re.search(pattern, str(err.value)), str(err.value)
-    for n, t in x.tensors().items():
-        assert t.is_meta or torch.equal(t, before[n]), f"{n} was modified"
-    if pool is not None:
-        assert torch.equal(x.pool_span().view(torch.int16), pool.view(torch.int16))
-    return err.value
 
 
 def test_valid_inputs_pass():
