@@ -78,7 +78,7 @@ DEFAULT_ALPHA = 0.01
 # times moved by a factor of up to 1.6 in the first and up to 1.9 in the second.
 # A one-row step (B = 1, 2-15 us) moves between processes by more than 5% with nothing changed: in
 # three `published` runs FlashInfer's dense call took 6.99, 7.03 and 7.40 us (5.9%, every placement
-# of the third run above the other two's) and in three of timing method 2 FlashInfer moved by 5.8%,
+# of the slowest above the other two's) and in three of timing method 2 FlashInfer moved by 5.8%,
 # while every row at B >= 16 stayed within 5.3% (results/h200/gate-validation/sweep/spread.csv,
 # docs/timing.md). So B = 1 kernel time is gated at 10%: what two runs of one commit can tell apart;
 # and its bandwidth, the same measurement as a rate, with it.

@@ -20,7 +20,7 @@ environment's results only under ``--set-commit-hash`` and names the file after 
 environment, so the runs of one commit go to separate results directories (one generated copy of
 asv.conf.json each). Runs already in OUT are kept, so a validation cut off by a call's time limit
 resumes (``--max-runs`` bounds the new runs of one call; exit 3 when it stopped before the last).
-``asv publish`` renders the first run into ``OUT/html``.
+``asv publish`` renders the a1 run into ``OUT/html``.
 
 **sweep form**: the same checks on four sweep directories (three of one commit, one with the
 planted config).
@@ -117,7 +117,7 @@ def asv_run(out: Path, label: str, conf: dict, machine: str, commit: str, env: d
     (seconds None): a validation cut short by a call's time limit resumes where it stopped.
     ``runs_left`` ([n], decremented) bounds the new runs of this call: with none left,
     RunLimitReached is raised instead of starting one that a time limit would cut off."""
-    conf_path = out / f"{label}.conf.json"  # written anew: asv publish reads the first run's
+    conf_path = out / f"{label}.conf.json"  # written anew: asv publish reads run a1's
     conf_path.write_text(json.dumps({**conf, "results_dir": str(out / f"results-{label}")}, indent=1))
     done_before = list((out / f"results-{label}" / machine).glob(f"{commit[:8]}-existing-*.json"))
     if len(done_before) == 1:

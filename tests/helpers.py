@@ -84,8 +84,8 @@ class AsvRun:
 @functools.cache
 def cpu_asv_run() -> AsvRun:
     """One real ``asv run --record-samples`` of the repository's suite on the CPU profile
-    (:data:`CPU_RUN_BENCH` of it), made once per test session and shared by the modules that read
-    its output and result file (its directory is the session's to keep)."""
+    (:data:`CPU_RUN_BENCH` of it), made once per pytest process and shared by the modules that read
+    its output and result file (its directory lives as long as the pytest process)."""
     root = Path(tempfile.mkdtemp(prefix="kda-asv-cpu-"))
     env = asv_env(root, KDA_ASV_PROFILE="cpu", KDA_ASV_IMPLS=CPU_RUN_IMPLS)
     register_machine(env)

@@ -1,6 +1,7 @@
 """The nvbench cross-check: nvbench's JSON read, the comparison and its report on the CPU; the command's
 bad inputs (one line, exit 2); and, on a GPU with cuda-bench, nvbench timing real launchers."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -177,5 +178,5 @@ def test_nvbench_times_a_preset_and_its_copies_on_the_gpu(tmp_path):
     timed = table[table.kind == "row"].dropna(subset=["nvbench_us"])
     assert len(timed) >= 2 and (timed.nvbench_us > 0).all() and (timed.of_copy > 0).all()
     assert (table[table.kind == "copy"].nvbench_us > 0).all()
-    assert json.loads((out / "nvbench.json").read_text())["benchmarks"]
+    assert json.loads(gzip.decompress((out / "nvbench.json.gz").read_bytes()))["benchmarks"]
     assert json.loads((out / "meta.json").read_text())["versions"]["cuda-bench"] != "not installed"

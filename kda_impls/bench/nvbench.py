@@ -259,7 +259,7 @@ def report(table: pd.DataFrame, meta: dict) -> str:
         f"Sources: {', '.join(f'`{s}`' for s in rows.source.unique())}. ratio = harness kernel time / nvbench's "
         f"cold GPU mean; within: |ratio - 1| <= {AGREEMENT:.0%}. nvbench settings: "
         + (", ".join(f"{k} {v}" for k, v in settings.items()) or "its defaults")
-        + ". nvbench's own JSON: `nvbench.json`.",
+        + ". nvbench's own JSON: `nvbench.json.gz`.",
         f"**{int(timed.agrees.sum())} of {len(timed)} rows within {AGREEMENT:.0%}; at B >= {SETTLED_B}: "
         f"{int(settled.agrees.sum())} of {len(settled)}.** Rows nvbench did not time: "
         f"{int(rows.nvbench_us.isna().sum())}. Configurations ranked the same by both: {same} of {configs}.",

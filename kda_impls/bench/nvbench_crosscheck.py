@@ -1,7 +1,7 @@
 """The nvbench cross-check command (scripts/nvbench_crosscheck.py): a sweep's ok rows (or a preset's
 configurations) timed by nvbench (:mod:`kda_impls.bench.nvbench`), beside the harness's kernel times.
 
-Writes OUT/nvbench.json (nvbench's own), OUT/crosscheck.csv, OUT/crosscheck.md and OUT/meta.json (commit,
+Writes OUT/nvbench.json.gz (nvbench's own), OUT/crosscheck.csv, OUT/crosscheck.md and OUT/meta.json (commit,
 device, versions of cuda-bench, cuda-bindings, torch and triton, nvbench's settings). Bad input (no rows,
 an unknown implementation, an OUT that already holds a cross-check or cannot be written, no CUDA or no
 cuda-bench) is one line and exit status 2 before anything runs. ``--report-only`` rewrites crosscheck.md
@@ -11,8 +11,10 @@ from crosscheck.csv on any machine.
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -94,6 +96,13 @@ def _impl_versions(name: str) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
 
 
+def _gzip(path: Path) -> None:
+    """``path`` replaced by ``path.gz``: nvbench's JSON holds every sample's time, megabytes a run."""
+    with open(path, "rb") as plain, gzip.open(f"{path}.gz", "wb") as packed:
+        shutil.copyfileobj(plain, packed)
+    path.unlink()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="nvbench_crosscheck", description=__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -159,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     table = compare(pd.concat([rows, copies], ignore_index=True), summaries(out / "nvbench.json"),
                     args.max_noise / 100)
     table.to_csv(out / "crosscheck.csv", index=False)
+    _gzip(out / "nvbench.json")
     from .roofline import copy_bandwidth
 
     meta = environment(device, out, shlex.join(sys.argv)) | {
