@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from kda_impls import ContractError, DecodeInputs, get
+from kda_impls import ContractError, DecodeInputs, get, verify
 from kda_impls.bench.case import COLUMNS
 from kda_impls.bench.config import Config
 from kda_impls.bench.results import assemble, write_meta, write_row
@@ -210,3 +210,16 @@ def expect_refusal(impl, x: DecodeInputs, rule: str, pattern: str) -> ContractEr
     if pool is not None:
         assert torch.equal(x.pool_span().view(torch.int16), pool.view(torch.int16))
     return err.value
+
+
+def assert_verified_or_refuses_gva(impl, x: DecodeInputs) -> None:
+    """``impl`` computes the reference on ``x`` (verify), or, an in-kernel gate variant given GVA, refuses
+    it saying the library reads the gate parameters per q/k head."""
+    reason = impl.unsupported(x)
+    if x.H != x.HV and impl.gate_in_kernel:
+        assert reason is not None and "per q/k head" in reason, reason
+        return
+    assert reason is None, reason
+    verdict = verify(impl, x)
+    assert verdict.ok, verdict
+

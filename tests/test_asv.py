@@ -175,8 +175,13 @@ def test_asv_machine_names_the_gpu(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(results, "_command", lambda *args: None)  # no nvidia-smi: no driver field
     monkeypatch.setattr(sys, "argv", ["asv_machine.py", "--suffix", "ci"])
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KDA_ASV_IMPLS", raising=False)  # the default set: the GPU's name alone
 
     assert asv_machine.main() == 0
     assert capsys.readouterr().out == "nvidia-h200-ci\n"
     machine = json.loads((tmp_path / ".asv-machine.json").read_text())["nvidia-h200-ci"]
     assert machine["arch"].split(" ", 1)[1] == "NVIDIA H200 sm_90 140GiB CUDA " + str(asv_machine.torch.version.cuda)
+    monkeypatch.setenv("KDA_ASV_IMPLS", "triton,fla")  # another set: another machine, registered as such
+    assert asv_machine.main() == 0
+    assert capsys.readouterr().out == "nvidia-h200-ci-fla+triton\n"
+    assert "nvidia-h200-ci-fla+triton" in json.loads((tmp_path / ".asv-machine.json").read_text())

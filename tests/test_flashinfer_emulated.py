@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import assert_verified_or_refuses_gva
 from kda_impls import make_inputs, reference, rel_err, verify
 from kda_impls.impls.flashinfer_kda import FlashInferKDA, FlashInferLogGate, FlashInferLogGateSigmoid, FlashInferSigmoid
 
@@ -139,13 +140,7 @@ def test_adapter_arguments_compute_the_reference(emulated_flashinfer, case, vari
     scale = case.pop("scale", None)
     x = make_inputs(**case, seed=12)
     x.scale = scale
-    reason = impl.unsupported(x)  # the adapter's own reasons, with the emulation importable
-    if x.H != x.HV and variant.gate_in_kernel:
-        assert reason is not None and "per q/k head" in reason
-        return
-    assert reason is None
-    verdict = verify(impl, x)
-    assert verdict.ok, verdict
+    assert_verified_or_refuses_gva(impl, x)  # the adapter's own reasons, with the emulation importable
 
 
 def test_padding_rows_read_slot_0_and_leave_it_alone(emulated_flashinfer):

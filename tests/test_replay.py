@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+from helpers import assert_launch_allocates_nothing
 from kda_impls import effective_state, get, make_inputs, reference, rel_err
 from kda_impls.impls.naive import NaiveTorch
 from kda_impls.reference import l2_normalize, log_decay
@@ -379,9 +380,4 @@ def test_triton_replay_graph_replay_and_no_allocation():
     assert torch.equal(bits(y.pool_span()), bits(x.pool_span()))
     for name, t in y.cache.tensors().items():
         assert torch.equal(t, x.cache.tensors()[name]), name
-    launch()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    launch()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() == before
+    assert_launch_allocates_nothing("triton", y)
