@@ -11,8 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kda_impls.bench import nvbench
+from kda_impls.bench import nvbench, nvbench_report
 from kda_impls.bench.nvbench_crosscheck import main
+from kda_impls.bench.nvbench_report import with_causes
+from kda_impls.bench.timing import Budget
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,71 +29,121 @@ def summary(tag: str, value) -> dict:
     return {"tag": tag, "name": tag, "data": [{"name": "value", "type": "float64", "value": str(value)}]}
 
 
-def nvbench_json(path: Path, states: dict[str, tuple[float, float] | str]) -> Path:
-    """nvbench's JSON of one state per benchmark: (cold mean seconds, relative noise), or a skip reason."""
+def nvbench_json(path: Path, states: dict[str, tuple | str]) -> Path:
+    """nvbench's JSON of one state per benchmark: (cold mean seconds, relative noise[, walltime s]), or a
+    skip reason."""
     benchmarks = []
     for name, state in states.items():
         if isinstance(state, str):
             benchmarks.append({"name": name, "states": [{"name": "", "is_skipped": True, "skip_reason": state}]})
             continue
-        mean, noise = state
+        mean, noise, walltime = (*state, 1.0)[:3]
         benchmarks.append({"name": name, "states": [{"name": "Device=0", "is_skipped": False, "summaries": [
             summary("nv/cold/time/gpu/mean", mean), summary("nv/cold/time/gpu/stdev/relative", noise),
-            summary("nv/cold/sample_size", 1000), {"tag": "nv/cold/sample_times", "data": []}]}]})
+            summary("nv/cold/sample_size", 1000), summary("nv/cold/walltime", walltime),
+            {"tag": "nv/cold/sample_times", "data": []}]}]})
     path.write_text(json.dumps({"meta": {}, "devices": [], "benchmarks": benchmarks}))
     return path
 
 
 def rows(*specs) -> pd.DataFrame:
-    """Cross-check rows of (impl, B, harness us, bytes); HV 32 K = V = 128 bf16, unpadded."""
-    frame = pd.DataFrame([{"impl": impl, "B": B, "kernel_us_mean": us, "bytes": nbytes}
-                          for impl, B, us, nbytes in specs])
+    """Cross-check rows of (impl, B, sweep us, bytes); HV 32 K = V = 128 bf16, unpadded."""
+    frame = pd.DataFrame([{"impl": impl, "B": B, "sweep_us": us, "bytes": nbytes} for impl, B, us, nbytes in specs])
     for column, value in {"H": 32, "HV": 32, "K": 128, "V": 128, "state_dtype": "bfloat16", "T": 1,
                           "checkpoints": "all", "mode": "inplace", "slot_pad": 0, "pad_rows": 0, "slots_per_row": 1,
-                          "slot_order": "random", "source": "sweep"}.items():
+                          "slot_order": "random", "placements": 3, "source": "sweep"}.items():
         frame[column] = value
     return frame.assign(kind="row", name=[f"{i:04d}" for i in range(len(frame))])
 
 
+SETTINGS = {"max-noise": 10.0, "min-time": 0.05, "timeout": 5.0}
+
+
+def crosscheck(tmp_path, specs, empty=(4.0, 2.0), sweep: dict[int, float] | None = None) -> pd.DataFrame:
+    """The cross-check table of rows (impl, B, harness us, harness dirty us, nvbench us, noise[, walltime]),
+    with an empty launch (nvbench us, harness us) unless ``empty`` is None; the sweep's time is the harness's
+    but where ``sweep`` (row index -> us) says otherwise."""
+    table_rows = rows(*[(impl, B, (sweep or {}).get(i, harness), 1000 * B)
+                        for i, (impl, B, harness, *_) in enumerate(specs)])
+    states = {f"{i:04d}": (nv * 1e-6, *rest) for i, (_, _, _, _, nv, *rest) in enumerate(specs)}
+    harness = pd.DataFrame({"name": [f"{i:04d}" for i in range(len(specs))], "harness_us": [s[2] for s in specs],
+                            "harness_dirty_us": [s[3] for s in specs]})
+    if empty is not None:
+        table_rows = pd.concat([pd.DataFrame({"kind": ["empty"], "name": [nvbench.EMPTY], "bytes": [2]}),
+                                table_rows], ignore_index=True)
+        states[nvbench.EMPTY] = (empty[0] * 1e-6, 0.05)
+        harness = pd.concat([harness, pd.DataFrame({"name": [nvbench.EMPTY], "harness_us": [empty[1]]})])
+    times = nvbench.summaries(nvbench_json(tmp_path / "n.json", states))
+    return with_causes(nvbench.compare(table_rows, times, harness), SETTINGS)
+
+
 def test_summaries_read_nvbench_json_in_microseconds_and_skips(tmp_path):
-    times = nvbench.summaries(nvbench_json(tmp_path / "n.json", {"a": (12.5e-6, 0.004), "b": "Unsupported: K"}))
+    times = nvbench.summaries(nvbench_json(tmp_path / "n.json", {"a": (12.5e-6, 0.004, 0.7), "b": "Unsupported: K"}))
     a, b = times.set_index("name").loc["a"], times.set_index("name").loc["b"]
     assert a.nvbench_us == pytest.approx(12.5) and a.nvbench_noise == pytest.approx(0.004)
-    assert a.nvbench_samples == 1000 and pd.isna(a.nvbench_batch_us) and pd.isna(a.error)
+    assert a.nvbench_samples == 1000 and a.nvbench_walltime_s == pytest.approx(0.7)
+    assert pd.isna(a.nvbench_batch_us) and pd.isna(a.error)
     assert b.error == "Unsupported: K" and pd.isna(b.nvbench_us)
 
 
-def test_compare_flags_a_planted_slowdown_and_names_the_fixed_overhead(tmp_path):
-    # nvbench pays ~2 us per sample: the B = 1 rows differ by it, as does one B = 16 row; a harness row
-    # 5% under nvbench at B = 256 beyond that must not agree, and a 1% one must
-    table_rows = rows(("triton", 1, 4.0, 100), ("fla", 1, 5.0, 100), ("triton", 16, 30.0, 200),
-                      ("triton", 256, 380.0, 400), ("fla", 256, 396.0, 400))
-    table_rows = pd.concat([table_rows, pd.DataFrame({"kind": "copy", "name": ["c100", "c200", "c400"],
-                                                      "bytes": [100, 200, 400]})], ignore_index=True)
-    times = nvbench.summaries(nvbench_json(tmp_path / "n.json", {
-        "0000": (6.0e-6, 0.002), "0001": (7.1e-6, 0.002), "0002": (32.0e-6, 0.001), "0003": (400e-6, 0.001),
-        "0004": (399e-6, 0.001), "c100": (3e-6, 0.001), "c200": (16e-6, 0.001), "c400": (300e-6, 0.001)}))
-    table = nvbench.compare(table_rows, times, max_noise=0.005).set_index("name")
-    assert table.loc["0003", "ratio"] == pytest.approx(0.95) and not table.loc["0003", "agrees"]
-    assert table.loc["0004", "agrees"] and table.loc["0004", "cause"] == ""
-    assert "beyond its fixed overhead" in table.loc["0003", "cause"]
-    assert "fixed per-sample overhead" in table.loc["0002", "cause"]
-    assert nvbench.fixed_overhead_us(table[table.kind == "row"]) == (pytest.approx(2.05), 1)
-    assert table.loc["0003", "of_copy"] == pytest.approx(0.75) and pd.isna(table.loc["c400", "ratio"])
-    text = nvbench.report(table.reset_index(), {"nvbench": {"max-noise": 0.5}, "copy_gbps": 4000.0})
-    assert "**1 of 5 rows within 3%; at B >= 16: 1 of 3.**" in text
-    assert "Configurations ranked the same by both: 1 of 2" in text  # B = 1 agrees, B = 256 swaps
-    assert "nvbench - harness at B = 1 (median): 2.05 us" in text and "its roofline" in text
+# (impl, B, harness us, harness dirty us, nvbench us, noise[, walltime s]); the empty launch: nvbench 4, harness 2
+PLANTED = [
+    ("triton", 256, 380.0, 381.0, 400.0, 0.01),  # 5% under nvbench beyond the overhead and the flush: unexplained
+    ("fla", 256, 396.0, 396.0, 399.0, 0.01),  # within 3%
+    ("triton", 16, 30.0, 30.0, 32.1, 0.02),  # the overhead's 2 us
+    ("triton", 64, 50.0, 56.0, 58.2, 0.02),  # the overhead and 6 us of flushed L2
+    ("fla", 64, 50.0, 50.0, 60.0, 0.2),  # noisy beyond the limit, and unexplained
+    ("fla", 16, 30.0, 30.0, 40.0, 0.02, 5.0),  # timed out, and unexplained
+]
 
 
-def test_the_fixed_overhead_is_named_before_noise_and_noise_before_the_rest(tmp_path):
-    """B = 1 sets the overhead (2 us); a noisy row off by that much is the overhead's, one off by more is unsettled."""
-    table_rows = rows(("triton", 1, 2.0, 100), ("triton", 64, 100.0, 100), ("triton", 64, 20.0, 100))
-    times = nvbench.summaries(nvbench_json(tmp_path / "n.json", {
-        "0000": (4e-6, 0.04), "0001": (120e-6, 0.04), "0002": (22e-6, 0.04)}))
-    causes = nvbench.compare(table_rows, times, max_noise=0.005).cause
-    assert causes[1].startswith("nvbench did not settle: noise 4.0%"), causes[1]
-    assert causes[2].startswith("nvbench's fixed per-sample overhead"), causes[2]
+def test_each_difference_is_explained_by_a_measured_quantity_or_counted_unexplained(tmp_path):
+    table = crosscheck(tmp_path, PLANTED).set_index("name")
+    assert nvbench_report.fixed_overhead_us(table.reset_index()) == pytest.approx(2.0)
+    assert list(table.loc[[f"{i:04d}" for i in range(6)], "cause"]) == [
+        "unexplained", "", "overhead", "overhead + L2 flush", "unexplained", "unexplained"]
+    assert table.loc["0000", "ratio"] == pytest.approx(0.95) and not table.loc["0000", "agrees"]
+    assert table.loc["0000", "why"] == ("nvbench - harness +20.00 us; less the overhead (2.00 us) +4.5%, "
+                                        "less the flushed L2 too (+1.00 us) +4.2%")
+    assert table.loc["0003", "why"].startswith("overhead 2.00 us and the flushed L2 +6.00 us")
+    assert not table.loc["0004", "settled"] and "noise 20.0% over its limit 10.0%" in table.loc["0004", "why"]
+    assert not table.loc["0005", "settled"] and "its 5 s timeout reached after 1000 samples" in table.loc["0005", "why"]
+    assert table.loc[["0000", "0001", "0002", "0003"], "settled"].all()
+    # no empty launch, no overhead measured: the same rows explain nothing
+    bare = crosscheck(tmp_path, PLANTED, empty=None)
+    assert set(bare.cause) == {"", "unexplained"} and (bare.cause == "unexplained").sum() == 5
+
+
+def test_the_report_counts_causes_and_shows_the_sweep_and_unsettled_rows(tmp_path):
+    table = crosscheck(tmp_path, PLANTED, sweep={1: 420.0})  # the sweep's run 6% over this one's harness
+    meta = {"nvbench": SETTINGS, "copy_gbps": 4000.0, "sweeps": {"results/h200/targets": "abc123"}}
+    text = nvbench_report.report(table, meta)
+    assert ("**All rows: 1 of 6 within 3%; the others: overhead 1, overhead + L2 flush 1, unexplained 3. "
+            "At B >= 16: 1 of 6 within 3%") in text
+    assert "did not settle: 2" in text and "## Rows nvbench did not settle" in text
+    assert "nvbench's fixed per-sample overhead: 2.00 us (its cold mean of the empty launch" in text
+    assert "`results/h200/targets` (commit abc123)" in text
+    assert "sweep_us" in text.split("## The largest differences")[1].splitlines()[2]  # the table's header
+    b256 = next(line for line in text.split("## By batch")[1].splitlines() if line.startswith("| 256"))
+    assert "| 1.03 |" in b256.replace("  ", "")  # the median sweep / harness ratio at B = 256: (420/396 + 1) / 2
+
+
+def test_nvbench_argv_names_the_criterion_before_its_parameters():
+    argv = nvbench.nvbench_argv({"max-noise": 10.0, "min-time": 0.05, "timeout": 5.0}, ["--min-samples", "20"])
+    assert argv == ["--stopping-criterion", "stdrel", "--max-noise", "10.0", "--min-time", "0.05", "--timeout", "5.0",
+                    "--min-samples", "20"]
+
+
+def test_the_harness_times_the_bound_launcher_and_the_empty_launch_on_the_cpu():
+    """The CPU's clock (perf_counter, no cache modelled): the code path a GPU row takes, on a naive step."""
+    budget = Budget(min_samples=2, max_samples=4, max_seconds=0.02)
+    row = rows(("naive", 1, float("nan"), 0)).iloc[0].to_dict() | {"H": 1, "HV": 1, "K": 16, "V": 16}
+    bound = nvbench.row_job("r", row, "cpu", 1, "previous-step", budget).setup()
+    times = bound.harness()
+    assert times["harness_us"] > 0 and times["harness_dirty_us"] > 0
+    assert times["harness_entry"] == times["harness_dirty_entry"] == "none"  # the CPU makes no L2 state
+    empty = nvbench.copy_job(nvbench.EMPTY, 2, "cpu", harness=budget).setup()
+    assert empty.harness()["harness_us"] > 0 and nvbench.copy_job("c", 64, "cpu").setup().harness() == {}
 
 
 def one_line(capsys, argv, expected: str) -> None:
@@ -104,8 +156,9 @@ def one_line(capsys, argv, expected: str) -> None:
 def sweep_dir(path: Path) -> Path:
     """A sweep directory of one ok row (what load() needs)."""
     path.mkdir()
-    row = rows(("naive", 4, 10.0, 1000)).drop(columns=["kind", "name", "source"]).assign(
-        status="ok", key="naive_B4", placements=1, library="naive", l2_entry="previous-step")
+    row = rows(("naive", 4, 10.0, 1000)).drop(columns=["kind", "name", "source"]).rename(
+        columns={"sweep_us": "kernel_us_mean"}).assign(status="ok", key="naive_B4", placements=1, library="naive",
+                                                       l2_entry="previous-step")
     row.to_csv(path / "results.csv", index=False)
     (path / "meta.json").write_text("{}")
     return path
@@ -121,8 +174,13 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys)
     one_line(capsys, [str(sweep), "--B", "64", "--out", str(out)], "no rows to time")
     one_line(capsys, [str(sweep), "--B", "0", "--out", str(out)], "must be a whole number >= 1")
     one_line(capsys, ["--preset", "nosuch", "--out", str(out)], "not a preset")
+    one_line(capsys, [str(sweep), "--max-noise", "0", "--out", str(out)], "must be a number > 0")
     one_line(capsys, ["--report-only", "--out", str(out)], "crosscheck.csv: missing")
     assert not out.exists()  # nothing written
+    (tmp_path / "old").mkdir()  # a table made before the harness timed each row beside nvbench
+    rows(("triton", 16, 30.0, 200)).to_csv(tmp_path / "old" / "crosscheck.csv", index=False)
+    one_line(capsys, ["--report-only", "--out", str(tmp_path / "old")], "no harness_us, harness_dirty_us, nvbench_us")
+    assert not (tmp_path / "old" / "crosscheck.md").exists()
     (tmp_path / "done").mkdir()
     (tmp_path / "done" / "crosscheck.csv").write_text("kept")
     one_line(capsys, [str(sweep), "--out", str(tmp_path / "done")], "already holds a cross-check")
@@ -144,13 +202,13 @@ def test_the_script_runs_without_path_edits_and_says_what_is_missing(tmp_path):
 
 
 def test_report_only_rewrites_the_report_from_the_table(tmp_path, capsys):
-    table_rows = rows(("triton", 16, 30.0, 200))
-    times = nvbench.summaries(nvbench_json(tmp_path / "n.json", {"0000": (30.3e-6, 0.001)}))
     out = tmp_path / "out"
     out.mkdir()
-    nvbench.compare(table_rows, times, max_noise=0.005).to_csv(out / "crosscheck.csv", index=False)
+    crosscheck(tmp_path, PLANTED[:3]).to_csv(out / "crosscheck.csv", index=False)
+    (out / "meta.json").write_text(json.dumps({"nvbench": SETTINGS}))
     assert main(["--report-only", "--out", str(out)]) == 0
-    assert "**1 of 1 rows within 3%" in (out / "crosscheck.md").read_text()
+    assert "**All rows: 1 of 3 within 3%; the others: overhead 1, overhead + L2 flush 0, unexplained 1." in (
+        out / "crosscheck.md").read_text()
 
 
 def _has_bench() -> bool:
@@ -177,6 +235,9 @@ def test_nvbench_times_a_preset_and_its_copies_on_the_gpu(tmp_path):
     table = pd.read_csv(out / "crosscheck.csv")
     timed = table[table.kind == "row"].dropna(subset=["nvbench_us"])
     assert len(timed) >= 2 and (timed.nvbench_us > 0).all() and (timed.of_copy > 0).all()
+    assert (timed.harness_us > 0).all() and (timed.harness_dirty_us > 0).all() and timed.sweep_us.isna().all()
+    empty = table[table.kind == "empty"].iloc[0]
+    assert empty.nvbench_us > 0 and empty.harness_us > 0
     assert (table[table.kind == "copy"].nvbench_us > 0).all()
     assert json.loads(gzip.decompress((out / "nvbench.json.gz").read_bytes()))["benchmarks"]
     assert json.loads((out / "meta.json").read_text())["versions"]["cuda-bench"] != "not installed"

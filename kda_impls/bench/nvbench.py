@@ -1,18 +1,20 @@
 """A third clock: NVIDIA's nvbench (its Python package ``cuda-bench``: ``pip install 'kda-impls[nvbench]'``)
-timing a sweep's rows with the implementations' own bound launchers, beside the harness's kernel time.
+timing a sweep's rows with the implementations' own bound launchers, beside the harness's kernel time of the
+same launcher on the same inputs, taken in the same process just before.
 
 Each row becomes one nvbench benchmark: its inputs drawn again (the first placement's seed), bound, called
-once (compilation, autotuning), then handed to ``State.exec`` and launched on nvbench's stream
-(``torch.cuda.ExternalStream`` over ``launch.get_stream()``). nvbench's *cold* measurement flushes the L2
-by writing a buffer of its size before every sample and brackets one launch with events, until its
-relative noise is under ``--max-noise`` and ``--min-time`` of GPU time has accumulated (or ``--timeout``);
-samples taken while the SM clock throttles are dropped. Each distinct byte count also gets a ``copy``
-benchmark (a device copy reading half those bytes and writing the other half), so that nvbench's own
-roofline stands in the same report. nvbench's JSON is kept as it wrote it; :func:`summaries` reads it.
+once (compilation, autotuning), timed by the harness (:func:`harness_times`: ``timing.kernel_time``, the
+sweep's timer, with the sweep's budget and entry state, and once more in the ``dirty`` entry state, whose
+L2 is written over before each call as nvbench's flush leaves it), then handed to ``State.exec`` and
+launched on nvbench's stream (``torch.cuda.ExternalStream`` over ``launch.get_stream()``). nvbench's *cold*
+measurement writes a buffer of the L2's size before every sample and brackets one launch with events,
+until its relative noise is under ``--max-noise`` after ``--min-time`` of GPU time (or the noise stops
+changing, or ``--timeout``); samples taken while the SM clock throttles are dropped. An *empty launch* (a
+copy of one byte), timed by both, measures what nvbench's method adds to every sample; each distinct byte
+count gets a ``copy`` benchmark (half those bytes read, half written): nvbench's own roofline.
 
-:func:`compare` sets each row's cold mean beside the harness's kernel time (``ratio`` = harness /
-nvbench) and names the likely cause of each difference over AGREEMENT; :func:`report` is the markdown.
-``cuda-bench`` is imported only when something is timed (:func:`import_bench`).
+:func:`compare` joins the three; :mod:`.nvbench_report` names the cause of each difference and writes
+the report. ``cuda-bench`` is imported only when something is timed (:func:`import_bench`).
 """
 
 from __future__ import annotations
@@ -25,19 +27,21 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .case import CONFIG_COLUMNS
+from .config import CONFIG_COLUMNS
+from .timing import Budget, Launcher, kernel_time
 
-AGREEMENT = 0.03  # |harness / nvbench - 1|, as for the CUPTI cross-check
-SETTLED_B = 16  # batches from which the fixed per-sample overhead is a small share of the time
 # nvbench's summary tags (nvbench/json_printer.cu, detail/measure_cold.cu) -> our columns; times in seconds
 TAGS = {"nvbench_us": "nv/cold/time/gpu/mean", "nvbench_median_us": "nv/cold/time/gpu/median",
         "nvbench_noise": "nv/cold/time/gpu/stdev/relative", "nvbench_samples": "nv/cold/sample_size",
+        "nvbench_walltime_s": "nv/cold/walltime",
         "nvbench_batch_us": "nv/batch/time/gpu/mean", "nvbench_batch_samples": "nv/batch/sample_size"}
-SECONDS = {"nvbench_us", "nvbench_median_us", "nvbench_batch_us"}
-# what a cross-check row keeps of its sweep's row
-ROW_COLUMNS = (*CONFIG_COLUMNS, "library", "l2_entry", "kernel_us_mean", "kernel_us_placement_min",
-               "kernel_us_placement_max", "bytes", "roofline_frac", "key")
-CONFIGURATION = [c for c in CONFIG_COLUMNS if c not in ("impl", "placements")]  # whose implementations rank
+MICROSECONDS = {"nvbench_us", "nvbench_median_us", "nvbench_batch_us"}
+# what a cross-check row keeps of its sweep's row (kernel_us_mean as sweep_us: the sweep's run, not this one)
+ROW_COLUMNS = (*CONFIG_COLUMNS, "library", "sweep_us", "kernel_us_placement_min", "kernel_us_placement_max",
+               "bytes", "key")
+EMPTY = "empty launch"  # the name of the benchmark of a one-byte copy
+# the harness's kernel-time columns of a row: in the sweep's entry state, and in the one nvbench's flush makes
+HARNESS_COLUMNS = ("harness_us", "harness_dirty_us")
 
 
 class NvbenchMissing(RuntimeError):
@@ -53,19 +57,59 @@ def import_bench():
     return bench
 
 
+def nvbench_argv(settings: dict, extra: list[str]) -> list[str]:
+    """nvbench's command line for ``settings`` (max-noise in %, min-time and timeout in seconds): its
+    stdrel criterion named first, since nvbench accepts a criterion's parameters only after it."""
+    return ["--stopping-criterion", "stdrel", *(a for k, v in settings.items() for a in (f"--{k}", str(v))), *extra]
+
+
+@dataclass
+class Bound:
+    """A job's launcher, and the harness's kernel times of it (``harness()``: columns -> values)."""
+
+    launcher: Launcher
+    harness: Callable[[], dict]
+
+
 @dataclass
 class Job:
-    """One nvbench benchmark: ``setup`` makes the zero-argument launcher (or returns a reason it cannot
-    run, which nvbench records as a skip); ``reads``/``writes`` are the bytes nvbench's bandwidth counts."""
+    """One nvbench benchmark: ``setup`` binds the launcher (or returns a reason it cannot run, which
+    nvbench records as a skip); ``reads``/``writes`` are the bytes nvbench's bandwidth counts."""
 
     name: str
-    setup: Callable[[], Callable[[], object] | str]
+    setup: Callable[[], Bound | str]
     reads: int
     writes: int
 
 
-def row_job(name: str, row: dict, device, seed: int) -> Job:
-    """The benchmark of a sweep row: its configuration's inputs, bound by its implementation."""
+class _Buffers:
+    """A launch's tensors as ``kernel_time`` sees inputs: outside the previous-step rotation (which
+    copies DecodeInputs) it asks them only for their bytes."""
+
+    def __init__(self, *tensors):
+        self.tensors = tensors
+
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def harness_times(inputs, launcher: Launcher, bind, device, budget: Budget, entries: dict[str, str]) -> dict:
+    """The harness's kernel time (``timing.kernel_time``, as a sweep times a row) of ``launcher`` on
+    ``inputs`` in each entry state of ``entries`` (column -> state), in us, and the state each made
+    (``<column without _us>_entry``): one placement, these inputs; the other input sets of a rotation
+    are copies of them bound by ``bind``, as in a sweep."""
+    times = {}
+    for column, entry in entries.items():
+        timing = kernel_time(lambda _: inputs, lambda x: launcher if x is inputs else bind(x), device, budget,
+                             placements=1, entry=entry)
+        times[column] = timing.time * 1e6
+        times[column.removesuffix("_us") + "_entry"] = timing.entry
+    return times
+
+
+def row_job(name: str, row: dict, device, seed: int, entry: str, budget: Budget) -> Job:
+    """The benchmark of a sweep row: its configuration's inputs, bound by its implementation, timed by the
+    harness in ``entry`` (the sweep's) and in ``dirty`` with ``budget`` (the sweep's kernel budget)."""
     from ..registry import get
     from .config import Config
 
@@ -74,14 +118,20 @@ def row_job(name: str, row: dict, device, seed: int) -> Job:
         impl = get(cfg.impl)
         inputs = cfg.make_inputs(device, seed)
         reason = impl.unsupported(inputs)
-        return reason if reason else impl.bind(inputs)
+        if reason:
+            return reason
+        launcher = impl.bind(inputs)
+        entries = dict(zip(HARNESS_COLUMNS, (entry, "dirty"), strict=True))
+        return Bound(launcher, lambda: harness_times(inputs, launcher, impl.bind, device, budget, entries))
 
     # the whole step's bytes as reads: nvbench adds reads and writes up for its bandwidth
     return Job(name, setup, int(row["bytes"]), 0)
 
 
-def copy_job(name: str, nbytes: int, device) -> Job:
-    """A device copy of ``nbytes / 2`` bytes, so that as many bytes are read and written as a step moves."""
+def copy_job(name: str, nbytes: int, device, harness: Budget | None = None) -> Job:
+    """A device copy of ``nbytes / 2`` bytes, so that as many bytes are read and written as a step moves;
+    with a ``harness`` budget the harness times it too, in the ``hot`` state (the empty launch: its
+    time is the launch's, not the memory's)."""
     import torch
 
     half = max(1, nbytes // 2)
@@ -89,19 +139,29 @@ def copy_job(name: str, nbytes: int, device) -> Job:
     def setup():
         src = torch.ones(half, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
-        return lambda: dst.copy_(src)
+
+        def launcher():
+            return dst.copy_(src)
+
+        if harness is None:
+            return Bound(launcher, dict)
+        return Bound(launcher, lambda: harness_times(_Buffers(src, dst), launcher, None, device, harness,
+                                                     {"harness_us": "hot"}))
 
     return Job(name, setup, half, half)
 
 
-def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], batched: bool = False) -> None:
+def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], batched: bool = False
+             ) -> pd.DataFrame:
     """Register every job with nvbench and run them all (nvbench runs its registry once per process),
-    its JSON written to ``json_path``; ``nvbench_args`` go to nvbench's own command line."""
+    its JSON written to ``json_path``; ``nvbench_args`` go to nvbench's own command line. Returns the
+    harness's times of each job (a ``name`` column and its ``harness()`` columns)."""
     import torch
 
     bench = import_bench()
     device = torch.device(device)
     streams: dict[int, torch.cuda.ExternalStream] = {}
+    harness: list[dict] = []
 
     def on(stream) -> torch.cuda.ExternalStream:
         address = stream.addressof()
@@ -111,18 +171,20 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
 
     def measure(state, job: Job) -> None:
         try:
-            launcher = job.setup()
-            if not isinstance(launcher, str):
+            bound = job.setup()
+            if not isinstance(bound, str):
                 with torch.cuda.stream(on(state.get_stream())):
-                    launcher()  # compilation, autotuning, lazy workspaces: before nvbench's warm-up
+                    bound.launcher()  # compilation, autotuning, lazy workspaces: before either clock
                 torch.cuda.synchronize(device)
+                harness.append({"name": job.name} | bound.harness())  # the harness's clock, just before nvbench's
         except Exception as exc:  # a row that will not run: nvbench records the skip and goes on
-            launcher = f"{type(exc).__name__}: {exc}"
-        if isinstance(launcher, str):
-            state.skip(" ".join(launcher.split())[:300])
+            bound = f"{type(exc).__name__}: {exc}"
+        if isinstance(bound, str):
+            state.skip(" ".join(bound.split())[:300])
             return
         state.add_global_memory_reads(job.reads)
         state.add_global_memory_writes(job.writes)
+        launcher = bound.launcher
 
         def launch(nvbench_launch) -> None:
             with torch.cuda.stream(on(nvbench_launch.get_stream())):
@@ -142,6 +204,7 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
     with torch.cuda.device(device):
         bench.run_all_benchmarks(["kda-nvbench", "--json", str(json_path), "--devices", str(device.index or 0),
                                   *nvbench_args])
+    return pd.DataFrame(harness) if harness else pd.DataFrame(columns=["name", *HARNESS_COLUMNS])
 
 
 def _value(summary: dict) -> float | None:
@@ -153,7 +216,7 @@ def _value(summary: dict) -> float | None:
 
 def summaries(json_path: Path) -> pd.DataFrame:
     """One row per benchmark state of nvbench's JSON: ``name``, the TAGS columns (microseconds; noise a
-    fraction), ``error`` (nvbench's skip reason)."""
+    fraction; walltime in seconds), ``error`` (nvbench's skip reason)."""
     root = json.loads(Path(json_path).read_text())
     rows = []
     for benchmark in root.get("benchmarks", []):
@@ -163,135 +226,29 @@ def summaries(json_path: Path) -> pd.DataFrame:
                    "error": state.get("skip_reason") if state.get("is_skipped") else None}
             for column, tag in TAGS.items():
                 value = values.get(tag)
-                row[column] = np.nan if value is None else value * (1e6 if column in SECONDS else 1)
+                row[column] = np.nan if value is None else value * (1e6 if column in MICROSECONDS else 1)
             rows.append(row)
     return pd.DataFrame(rows, columns=["name", "error", *TAGS])
 
 
-def fixed_overhead_us(rows: pd.DataFrame) -> tuple[float, int]:
-    """(median of nvbench - harness over the rows at the smallest batch, that batch): the per-sample
-    cost nvbench's cold method adds to any kernel (one launch between events), NaN without rows."""
-    timed = rows.dropna(subset=["diff_us"])
-    if timed.empty:
-        return float("nan"), 0
-    least = int(timed.B.min())
-    return float(timed[timed.B == least].diff_us.median()), least
-
-
-def _cause(row, overhead: float, max_noise: float) -> str:
-    if pd.isna(row.ratio) or row.agrees:
-        return ""
-    # the fixed overhead first: a difference of its size is explained by it whether or not nvbench settled
-    if np.isfinite(overhead) and abs(row.diff_us - overhead) <= max(0.25 * abs(overhead), 0.3):
-        return f"nvbench's fixed per-sample overhead (nvbench - harness {row.diff_us:.2f} us, as at the least B)"
-    if row.nvbench_noise > max_noise:
-        return f"nvbench did not settle: noise {row.nvbench_noise:.1%} over its max-noise {max_noise:.1%}"
-    if row.diff_us > 0:
-        return "nvbench slower beyond its fixed overhead: its write-flushed L2 or one pool called back to back"
-    return "harness slower than nvbench: look at the row with CUPTI (scripts/cupti_crosscheck.py)"
-
-
-def compare(rows: pd.DataFrame, times: pd.DataFrame, max_noise: float) -> pd.DataFrame:
-    """``rows`` (a ``name`` per row; ``kind`` "row" or "copy") joined with nvbench's ``times``
-    (:func:`summaries`): ``ratio`` harness / nvbench, ``diff_us`` nvbench - harness, ``agrees``,
-    ``nvbench_copy_us`` (the copy of the same bytes) and ``of_copy`` (its share: nvbench's roofline),
-    and ``cause`` for each row beyond AGREEMENT."""
+def compare(rows: pd.DataFrame, times: pd.DataFrame, harness: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` (a ``name`` each; ``kind`` "row", "copy" or "empty") joined with nvbench's ``times``
+    (:func:`summaries`) and the harness's (:func:`run_jobs`): ``ratio`` harness / nvbench,
+    ``diff_us`` nvbench - harness, ``sweep_ratio`` the sweep's time / the harness's, ``nvbench_copy_us``
+    (the copy of the same bytes) and ``of_copy`` (its share: nvbench's roofline). The causes:
+    :func:`.nvbench_report.with_causes`."""
     table = rows.merge(times, on="name", how="left", suffixes=("", "_nvbench"))
+    table = table.merge(harness, on="name", how="left", suffixes=("", "_harness"))
     if "error_nvbench" in table:
         table["error"] = table.error.fillna(table.pop("error_nvbench"))
+    for column in HARNESS_COLUMNS:
+        if column not in table:
+            table[column] = np.nan
+    row = table.kind == "row"
     copies = table[table.kind == "copy"].set_index("bytes").nvbench_us
-    table["nvbench_copy_us"] = table.bytes.map(copies).where(table.kind == "row")
+    table["nvbench_copy_us"] = table.bytes.map(copies).where(row)
     table["of_copy"] = table.nvbench_copy_us / table.nvbench_us
-    table["ratio"] = (table.kernel_us_mean / table.nvbench_us).where(table.kind == "row")
-    table["diff_us"] = table.nvbench_us - table.kernel_us_mean
-    table["agrees"] = (table.ratio - 1).abs() <= AGREEMENT
-    overhead, _ = fixed_overhead_us(table[table.kind == "row"])
-    table["cause"] = [_cause(r, overhead, max_noise) for r in table.itertuples()]
+    table["ratio"] = (table.harness_us / table.nvbench_us).where(row)
+    table["diff_us"] = table.nvbench_us - table.harness_us
+    table["sweep_ratio"] = table.sweep_us / table.harness_us
     return table
-
-
-def _batch_table(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows.groupby("B").agg(rows=("ratio", "count"), within=("agrees", "sum"), ratio_min=("ratio", "min"),
-                                 ratio_median=("ratio", "median"), ratio_max=("ratio", "max"),
-                                 diff_us_median=("diff_us", "median"), noise_max=("nvbench_noise", "max")
-                                 ).reset_index()
-
-
-def same_ranking(rows: pd.DataFrame) -> tuple[int, int]:
-    """(configurations whose implementations the harness and nvbench put in the same order, those with
-    at least two implementations timed by both)."""
-    timed = rows.dropna(subset=["ratio"])
-    same = total = 0
-    for _, group in timed.groupby(CONFIGURATION):
-        if len(group) < 2:
-            continue
-        total += 1
-        same += list(group.sort_values("kernel_us_mean").impl) == list(group.sort_values("nvbench_us").impl)
-    return same, total
-
-
-def _markdown(frame: pd.DataFrame, **kwargs) -> str:
-    """A table with whole numbers whole and the rest to 4 significant digits (tabulate's floatfmt is
-    per column, and a column of whole numbers read from a CSV is float)."""
-    def cell(value):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        return float(f"{value:.4g}") if isinstance(value, float) else value
-
-    return frame.map(cell).astype(object).to_markdown(**kwargs)
-
-
-def report(table: pd.DataFrame, meta: dict) -> str:
-    """crosscheck.md from the cross-check table (:func:`compare`) and the run's meta.json."""
-    rows = table[table.kind == "row"]
-    overhead, least = fixed_overhead_us(rows)
-    max_noise = meta.get("nvbench", {}).get("max-noise", 0.5) / 100
-    rows = rows.assign(cause=[_cause(r, overhead, max_noise) for r in rows.itertuples()])  # the rules as they are now
-    timed = rows.dropna(subset=["ratio"])
-    settled = timed[timed.B >= SETTLED_B]
-    same, configs = same_ranking(rows)
-    copies = table[table.kind == "copy"].dropna(subset=["nvbench_us"])
-    copies = copies.assign(nvbench_copy_gbps=copies.bytes / copies.nvbench_us / 1e3)
-    worst = timed.assign(off=(timed.ratio - 1).abs()).sort_values("off", ascending=False).head(20)
-    settings = meta.get("nvbench", {})
-    parts = [
-        "# Harness kernel time against nvbench's cold GPU time",
-        f"Sources: {', '.join(f'`{s}`' for s in rows.source.unique())}. ratio = harness kernel time / nvbench's "
-        f"cold GPU mean; within: |ratio - 1| <= {AGREEMENT:.0%}. nvbench settings: "
-        + (", ".join(f"{k} {v}" for k, v in settings.items()) or "its defaults")
-        + ". nvbench's own JSON: `nvbench.json.gz`.",
-        f"**{int(timed.agrees.sum())} of {len(timed)} rows within {AGREEMENT:.0%}; at B >= {SETTLED_B}: "
-        f"{int(settled.agrees.sum())} of {len(settled)}.** Rows nvbench did not time: "
-        f"{int(rows.nvbench_us.isna().sum())}. Configurations ranked the same by both: {same} of {configs}.",
-    ]
-    if np.isfinite(overhead):
-        parts.append(f"nvbench - harness at B = {least} (median): {overhead:.2f} us, the cost of one launch between "
-                     f"events in each of nvbench's samples, which the harness's replayed passes do not pay.")
-    if not timed.empty:
-        parts.append("## By batch\n\n" + _markdown(_batch_table(timed), index=False))
-        causes = settled[~settled.agrees].cause.str.split(r"[:(]", n=1).str[0].str.strip().value_counts()
-        if not causes.empty:
-            parts.append(f"## Why rows at B >= {SETTLED_B} differ by more than {AGREEMENT:.0%}\n\n"
-                         + _markdown(causes.rename_axis("cause").reset_index(name="rows"), index=False))
-        by_impl = timed.astype({"B": int}).pivot_table(index="impl", columns="B", values="ratio", aggfunc="median")
-        parts.append("## Median ratio by implementation and batch\n\n" + _markdown(by_impl))
-        parts.append("## The largest differences\n\nof_copy: nvbench's copy of the same bytes over the row's time "
-                     "(a share of nvbench's own roofline).\n\n" + _markdown(worst[
-                         ["impl", "state_dtype", "HV", "K", "B", "slot_pad", "kernel_us_mean", "nvbench_us",
-                          "nvbench_noise", "ratio", "of_copy", "cause"]], index=False))
-    elif not rows.empty:
-        parts.append("## nvbench's times (no harness times to compare: a preset)\n\n" + _markdown(rows[
-            ["impl", "state_dtype", "HV", "K", "B", "slot_pad", "nvbench_us", "nvbench_noise", "of_copy"]],
-            index=False))
-    if not copies.empty:
-        parts.append("## nvbench's copy of the same bytes (its roofline)\n\nHalf the bytes read, half written. "
-                     "The harness's copy bandwidth on this device (a 1 GiB copy): "
-                     f"{meta.get('copy_gbps', float('nan')):,.4g} GB/s.\n\n" + _markdown(copies[
-                         ["bytes", "nvbench_us", "nvbench_noise", "nvbench_copy_gbps"]].sort_values("bytes"),
-                         index=False))
-    errors = rows[rows.error.notna()]
-    if not errors.empty:
-        parts.append("## Not timed\n\n" + _markdown(errors[["impl", "state_dtype", "HV", "K", "B", "error"]],
-                                                       index=False))
-    return "\n\n".join(parts) + "\n"
-

@@ -1,11 +1,13 @@
 """The nvbench cross-check command (scripts/nvbench_crosscheck.py): a sweep's ok rows (or a preset's
-configurations) timed by nvbench (:mod:`kda_impls.bench.nvbench`), beside the harness's kernel times.
+configurations) timed by nvbench and by the harness, one launcher in one process (:mod:`kda_impls.bench.nvbench`),
+the sweep's own time beside them.
 
 Writes OUT/nvbench.json.gz (nvbench's own), OUT/crosscheck.csv, OUT/crosscheck.md and OUT/meta.json (commit,
-device, versions of cuda-bench, cuda-bindings, torch and triton, nvbench's settings). Bad input (no rows,
-an unknown implementation, an OUT that already holds a cross-check or cannot be written, no CUDA or no
-cuda-bench) is one line and exit status 2 before anything runs. ``--report-only`` rewrites crosscheck.md
-from crosscheck.csv on any machine.
+device, versions of cuda-bench, cuda-bindings, torch and triton, nvbench's settings, the harness's budget
+and entry state per source). The harness times each row with its sweep's kernel budget and entry state
+(a preset's: the preset's budget, the default state). Bad input (no rows, an unknown implementation, an
+OUT that already holds a cross-check or cannot be written, no CUDA or no cuda-bench) is one line and exit
+status 2 before anything runs. ``--report-only`` rewrites crosscheck.md from crosscheck.csv on any machine.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import shlex
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -24,30 +27,43 @@ import pandas as pd
 from .. import registry
 from ..cli import Parser, comma_list, fail, positive_float, positive_int, print_and_save
 from .config import with_newer_axes
+from .l2 import DEFAULT_ENTRY
 from .nvbench import (
-    AGREEMENT,
+    EMPTY,
     ROW_COLUMNS,
     NvbenchMissing,
     compare,
     copy_job,
     import_bench,
-    report,
+    nvbench_argv,
     row_job,
     run_jobs,
     summaries,
 )
+from .nvbench_report import AGREEMENT, REQUIRED, report, with_causes
 from .results import SweepDirError, environment, load, read_meta, write_meta
+from .timing import Budget
+
+# nvbench's stopping rule, chosen so that rows settle: its per-sample noise on a step of microseconds is the
+# jitter of one launch between events, which more samples do not lower (the noise column of
+# results/h200/nvbench/crosscheck.md), so the limit sits above it and min-time ends the row; the mean's
+# own uncertainty is noise / sqrt(samples), thousands of samples at min-time.
+MAX_NOISE = 10.0  # %
+MIN_TIME = 0.05  # s of GPU time (nvbench's own 0.5: hundreds of thousands of samples of a 5 us step)
+TIMEOUT = 5.0  # s a row at most
 
 
-def _rows_of(args, parser) -> pd.DataFrame:
-    """The rows to time, each with its ``source``, ``name`` and the ``seed`` its inputs are drawn with,
-    from the sweep directories or the preset, narrowed by --impls and --B; a bad input fails here."""
+def _rows_of(args, parser) -> tuple[pd.DataFrame, dict[str, tuple[str, Budget]]]:
+    """The rows to time, each with its ``source``, ``name``, the ``seed`` its inputs are drawn with and
+    ``sweep_us`` (its sweep's kernel time), from the sweep directories or the preset, narrowed by --impls and
+    --B; and for each source the entry state and kernel budget the harness times its rows with. A bad
+    input fails here."""
     if bool(args.sweeps) == bool(args.preset):
         parser.error("name the sweep directories to cross-check, or --preset NAME (one of the two)")
     unknown = sorted(set(args.impls or ()) - set(registry.names()))
     if unknown:
         parser.error(f"--impls: unknown implementation {', '.join(unknown)} (known: {', '.join(registry.names())})")
-    frames = []
+    frames, methods = [], {}
     if args.preset:
         from .presets import PRESETS
 
@@ -55,15 +71,19 @@ def _rows_of(args, parser) -> pd.DataFrame:
             parser.error(f"--preset {args.preset}: not a preset (one of {', '.join(PRESETS)})")
         impls = list(args.impls or registry.names())
         configs = PRESETS[args.preset].configs(impls)
-        frames.append(pd.DataFrame([c.columns() | {"key": c.key(), "source": f"preset {args.preset}", "seed": 1}
-                                    for c in configs]))
+        source = f"preset {args.preset}"
+        frames.append(pd.DataFrame([c.columns() | {"key": c.key(), "source": source, "seed": 1} for c in configs]))
+        methods[source] = (DEFAULT_ENTRY, PRESETS[args.preset].kernel)
     for sweep_dir in args.sweeps:
         try:
             sweep = load(sweep_dir)
         except SweepDirError as exc:
             fail(parser.prog, str(exc))
-        seed = sweep.meta.get("settings", {}).get("method", {}).get("seed", 0)
-        frames.append(sweep.ok.assign(source=str(sweep_dir), seed=seed + 1))  # the first placement's seed
+        method = sweep.meta.get("settings", {}).get("method", {})
+        frames.append(sweep.ok.rename(columns={"kernel_us_mean": "sweep_us"}).assign(
+            source=str(sweep_dir), seed=method.get("seed", 0) + 1))  # the first placement's seed
+        budget = {k: v for k, v in method.get("kernel", {}).items() if k in Budget.__dataclass_fields__}
+        methods[str(sweep_dir)] = (method.get("entry", DEFAULT_ENTRY), Budget(**budget))
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if args.impls and not rows.empty:
         rows = rows[rows.impl.isin(args.impls)]
@@ -74,7 +94,7 @@ def _rows_of(args, parser) -> pd.DataFrame:
     if rows.empty:
         fail(parser.prog, "no rows to time: the sweeps have no ok rows that match --impls/--B/--unpadded-only")
     rows = rows.reindex(columns=[*ROW_COLUMNS, "source", "seed"]).reset_index(drop=True)
-    return rows.assign(kind="row", name=[f"{i:04d} {key}" for i, key in enumerate(rows.key)])
+    return rows.assign(kind="row", name=[f"{i:04d} {key}" for i, key in enumerate(rows.key)]), methods
 
 
 def _versions() -> dict:
@@ -115,11 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--B", type=comma_list(positive_int), help="only these batch sizes (comma-separated)")
     parser.add_argument("--unpadded-only", action="store_true", help="skip rows with slot padding or padding rows")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--max-noise", type=positive_float, default=0.5,
-                        help="nvbench's stopping rule: relative noise of the cold mean under this, in %% (default 0.5)")
-    parser.add_argument("--min-time", type=positive_float, default=0.05,
-                        help="and at least this many seconds of GPU time per row (default 0.05; nvbench's own 0.5)")
-    parser.add_argument("--timeout", type=positive_float, default=5.0, help="seconds per row at most (default 5)")
+    parser.add_argument("--max-noise", type=positive_float, default=MAX_NOISE,
+                        help=f"nvbench's stdrel stopping rule: the relative noise of its samples under this, in %% "
+                             f"(default {MAX_NOISE:g}); a row over it is reported with its noise")
+    parser.add_argument("--min-time", type=positive_float, default=MIN_TIME,
+                        help=f"and at least this many seconds of GPU time per row (default {MIN_TIME:g})")
+    parser.add_argument("--timeout", type=positive_float, default=TIMEOUT,
+                        help=f"seconds per row at most (default {TIMEOUT:g}); a row that reaches it did not settle")
     parser.add_argument("--batch", action="store_true",
                         help="also run nvbench's batch measurement (launches back to back, no flush; with Python "
                              "launches the GPU waits on the host, so not a kernel time for microsecond kernels)")
@@ -131,10 +153,14 @@ def main(argv: list[str] | None = None) -> int:
             fail(parser.prog, f"{out / 'crosscheck.csv'}: missing; --report-only rewrites the report of a "
                               f"cross-check made there")
         checked = with_newer_axes(pd.read_csv(out / "crosscheck.csv"))  # one made before the mode axis: in place
+        missing = [c for c in REQUIRED if c not in checked]
+        if missing:
+            fail(parser.prog, f"{out / 'crosscheck.csv'}: no {', '.join(missing)} column (made before the harness "
+                              f"timed each row beside nvbench); run the cross-check again")
         return print_and_save(report(checked, read_meta(out)), out / "crosscheck.md")
     if (out / "crosscheck.csv").exists():
         fail(parser.prog, f"{out} already holds a cross-check: choose another --out (or remove {out} yourself)")
-    rows = _rows_of(args, parser)
+    rows, methods = _rows_of(args, parser)
     import torch
 
     if not torch.cuda.is_available():
@@ -158,22 +184,25 @@ def main(argv: list[str] | None = None) -> int:
                          for r in rows.to_dict("records")]
     copies = pd.DataFrame({"bytes": sorted(rows.bytes.dropna().astype(int).unique())})
     copies = copies.assign(kind="copy", name=[f"copy {n}B" for n in copies.bytes], source="copy")
+    empty = pd.DataFrame({"kind": ["empty"], "name": [EMPTY], "bytes": [2], "source": ["empty"]})
     rows["bytes"] = rows.bytes.astype(int)
-    jobs = [row_job(r["name"], r, device, int(r["seed"])) for r in rows.to_dict("records")]
+    # the empty launch first, with the first source's budget: the overhead it measures is every row's
+    jobs = [copy_job(EMPTY, 2, device, harness=next(iter(methods.values()))[1])]
+    jobs += [row_job(r["name"], r, device, int(r["seed"]), *methods[r["source"]]) for r in rows.to_dict("records")]
     jobs += [copy_job(r["name"], int(r["bytes"]), device) for r in copies.to_dict("records")]
     settings = {"max-noise": args.max_noise, "min-time": args.min_time, "timeout": args.timeout}
-    nvbench_args = [a for k, v in settings.items() for a in (f"--{k}", str(v))] + shlex.split(args.nvbench)
     started = time.perf_counter()
-    run_jobs(jobs, out / "nvbench.json", device, nvbench_args, batched=args.batch)
-    table = compare(pd.concat([rows, copies], ignore_index=True), summaries(out / "nvbench.json"),
-                    args.max_noise / 100)
-    table.to_csv(out / "crosscheck.csv", index=False)
+    harness = run_jobs(jobs, out / "nvbench.json", device, nvbench_argv(settings, shlex.split(args.nvbench)),
+                       batched=args.batch)
+    table = compare(pd.concat([empty, rows, copies], ignore_index=True), summaries(out / "nvbench.json"), harness)
+    with_causes(table, settings).to_csv(out / "crosscheck.csv", index=False)
     _gzip(out / "nvbench.json")
     from .roofline import copy_bandwidth
 
     meta = environment(device, out, shlex.join(sys.argv)) | {
         "versions": _versions(), "impls": {name: _impl_versions(name) for name in sorted(rows.impl.unique())},
         "nvbench": settings | {"batch": args.batch, "extra": args.nvbench},
+        "harness": {source: {"entry": entry, "kernel": asdict(budget)} for source, (entry, budget) in methods.items()},
         "wall_s": round(time.perf_counter() - started, 1), "agreement": AGREEMENT,
         "copy_gbps": copy_bandwidth(device) / 1e9,
         "sweeps": {str(s): read_meta(s).get("git", {}).get("sha") for s in args.sweeps}}

@@ -1,0 +1,175 @@
+"""The nvbench cross-check's verdicts and report: which rows agree, what explains each that does not, and
+crosscheck.md (:func:`report`).
+
+A difference is explained only by quantities measured in the same run: nvbench's fixed per-sample
+overhead (its cold mean of the empty launch less the harness's kernel time of it), and the cost of the
+L2 state nvbench's flush leaves (the harness's kernel time of the row in the ``dirty`` entry state less
+its time in the sweep's). A row beyond AGREEMENT that neither brings within AGREEMENT is counted as
+unexplained, with the numbers; a row nvbench did not settle (its noise over the limit, or its timeout
+reached) says so with the noise and the limit.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .config import CONFIG_COLUMNS
+
+AGREEMENT = 0.03  # |harness / nvbench - 1|, as for the CUPTI cross-check
+SETTLED_B = 16  # batches from which the fixed per-sample overhead is a small share of the time
+CAUSES = ("overhead", "overhead + L2 flush", "unexplained")
+CONFIGURATION = [c for c in CONFIG_COLUMNS if c not in ("impl", "placements")]  # whose implementations rank
+# the columns a cross-check table needs for its report (a table made before the harness timed each row
+# beside nvbench lacks the harness's)
+REQUIRED = ("kind", "name", "B", "impl", "harness_us", "harness_dirty_us", "nvbench_us", "nvbench_noise",
+            "nvbench_samples", "nvbench_walltime_s", "sweep_us")
+
+
+def fixed_overhead_us(table: pd.DataFrame) -> float:
+    """nvbench's cold mean of the empty launch less the harness's kernel time of it: what nvbench's
+    method adds to every sample whatever the kernel (NaN where either did not time it)."""
+    empty = table[table.kind == "empty"]
+    return float((empty.nvbench_us - empty.harness_us).iloc[0]) if len(empty) else float("nan")
+
+
+def _settled(row, settings: dict) -> tuple[bool, str]:
+    """(whether nvbench settled on the row, and if not, why, in numbers)."""
+    limit, timeout = settings.get("max-noise", float("nan")) / 100, settings.get("timeout", float("inf"))
+    reasons = []
+    if not row.nvbench_noise <= limit:
+        reasons.append(f"noise {row.nvbench_noise:.1%} over its limit {limit:.1%}")
+    if row.nvbench_walltime_s >= timeout:
+        reasons.append(f"its {timeout:g} s timeout reached after {row.nvbench_samples:.0f} samples")
+    return not reasons, ", ".join(reasons)
+
+
+def _cause(row, overhead: float, unsettled: str) -> tuple[str, str]:
+    """(CAUSES entry, the numbers) of a row beyond AGREEMENT; ("", "") for one within or untimed."""
+    if pd.isna(row.ratio) or abs(row.ratio - 1) <= AGREEMENT:
+        return "", ""
+    tolerance = AGREEMENT * row.nvbench_us
+    rest = row.nvbench_us - row.harness_us - overhead  # NaN without the empty launch: nothing explained
+    if abs(rest) <= tolerance:
+        return CAUSES[0], (f"nvbench's fixed per-sample overhead, {overhead:.2f} us on the empty launch; "
+                           f"{rest / row.nvbench_us:+.1%} left")
+    flush = row.harness_dirty_us - row.harness_us
+    left = rest - flush
+    if abs(left) <= tolerance:
+        return CAUSES[1], (f"overhead {overhead:.2f} us and the flushed L2 {flush:+.2f} us (the harness in the "
+                           f"dirty entry state); {left / row.nvbench_us:+.1%} left")
+    why = (f"nvbench - harness {row.diff_us:+.2f} us; less the overhead ({overhead:.2f} us) "
+           f"{rest / row.nvbench_us:+.1%}, less the flushed L2 too ({flush:+.2f} us) {left / row.nvbench_us:+.1%}")
+    return CAUSES[2], why + (f"; nvbench did not settle: {unsettled}" if unsettled else "")
+
+
+def with_causes(table: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """``table`` (:func:`.nvbench.compare`) with ``agrees``, ``settled``, ``unsettled`` (why not, in
+    numbers), ``flush_us`` (harness dirty - harness), ``cause`` (a CAUSES entry or "") and ``why``,
+    by the rules as they are now; ``settings`` are nvbench's (max-noise in %, timeout in s)."""
+    overhead = fixed_overhead_us(table)
+    table = table.assign(agrees=(table.ratio - 1).abs() <= AGREEMENT,
+                         flush_us=table.harness_dirty_us - table.harness_us)
+    settled = [_settled(r, settings) for r in table.itertuples()]
+    table["settled"] = [s for s, _ in settled]
+    table["unsettled"] = [why for _, why in settled]
+    causes = [_cause(r, overhead, why) for r, (_, why) in zip(table.itertuples(), settled, strict=True)]
+    table["cause"] = [c for c, _ in causes]
+    table["why"] = [w for _, w in causes]
+    return table
+
+
+def same_ranking(rows: pd.DataFrame) -> tuple[int, int]:
+    """(configurations whose implementations the harness and nvbench put in the same order, those with
+    at least two implementations timed by both)."""
+    timed = rows.dropna(subset=["ratio"])
+    same = total = 0
+    for _, group in timed.groupby(CONFIGURATION):
+        if len(group) < 2:
+            continue
+        total += 1
+        same += list(group.sort_values("harness_us").impl) == list(group.sort_values("nvbench_us").impl)
+    return same, total
+
+
+def _markdown(frame: pd.DataFrame, **kwargs) -> str:
+    """A table with whole numbers whole and the rest to 4 significant digits (tabulate's floatfmt is
+    per column, and a column of whole numbers read from a CSV is float)."""
+    def cell(value):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return float(f"{value:.4g}") if isinstance(value, float) else value
+
+    return frame.map(cell).astype(object).to_markdown(**kwargs)
+
+
+def _batch_table(rows: pd.DataFrame) -> pd.DataFrame:
+    counts = {cause: (rows.cause == cause).groupby(rows.B).sum() for cause in CAUSES}
+    table = rows.groupby("B").agg(rows=("ratio", "count"), within=("agrees", "sum"), ratio_min=("ratio", "min"),
+                                  ratio_median=("ratio", "median"), ratio_max=("ratio", "max"),
+                                  diff_us_median=("diff_us", "median"), flush_us_median=("flush_us", "median"),
+                                  noise_max=("nvbench_noise", "max"), sweep_ratio_median=("sweep_ratio", "median"))
+    return table.assign(**counts).reset_index()
+
+
+def _tally(rows: pd.DataFrame) -> str:
+    within = int(rows.agrees.sum())
+    named = ", ".join(f"{c} {int((rows.cause == c).sum())}" for c in CAUSES)
+    return f"{within} of {len(rows)} within {AGREEMENT:.0%}; the others: {named}"
+
+
+def report(table: pd.DataFrame, meta: dict) -> str:
+    """crosscheck.md from the cross-check table (:func:`.nvbench.compare`) and the run's meta.json."""
+    settings = meta.get("nvbench", {})
+    table = with_causes(table, settings)
+    rows = table[table.kind == "row"]
+    timed = rows.dropna(subset=["ratio"])
+    settled_b = timed[timed.B >= SETTLED_B]
+    same, configs = same_ranking(rows)
+    empty = table[table.kind == "empty"]
+    sweeps = ", ".join(f"`{s}` (commit {sha})" for s, sha in meta.get("sweeps", {}).items())
+    parts = [
+        "# Harness kernel time against nvbench's cold GPU time, one launcher, one process",
+        f"harness: the harness's kernel time (`timing.kernel_time`, the sweep's budget and L2 entry state, one "
+        f"placement) of the launcher nvbench times, on the same inputs, in this process just before nvbench. "
+        f"ratio = harness / nvbench's cold GPU mean; within: |ratio - 1| <= {AGREEMENT:.0%}. sweep: the "
+        f"source row's kernel time from its own run ({sweeps or 'none: a preset'}); sweep_ratio = sweep / "
+        f"harness, the difference between the two runs (box, commit, placements) kept apart from the clocks'. "
+        f"nvbench settings: " + (", ".join(f"{k} {v}" for k, v in settings.items()) or "its defaults")
+        + ". nvbench's own JSON: `nvbench.json.gz`.",
+        f"**All rows: {_tally(timed)}. At B >= {SETTLED_B}: {_tally(settled_b)}.** Rows nvbench did not "
+        f"time: {int(rows.nvbench_us.isna().sum())}; did not settle: {int((~timed.settled).sum())}. "
+        f"Configurations ranked the same by both: {same} of {configs}.",
+    ]
+    if len(empty):
+        e = empty.iloc[0]
+        parts.append(f"nvbench's fixed per-sample overhead: {fixed_overhead_us(table):.2f} us (its cold mean of "
+                     f"the empty launch, a one-byte copy, {e.nvbench_us:.2f} us, less the harness's "
+                     f"{e.harness_us:.2f} us): one launch between events in each sample, which the harness's "
+                     f"replayed passes do not pay.")
+    if not timed.empty:
+        parts.append("## By batch\n\nflush_us: the harness in the dirty entry state less the harness in the "
+                     "sweep's.\n\n" + _markdown(_batch_table(timed), index=False))
+        by_impl = timed.astype({"B": int}).pivot_table(index="impl", columns="B", values="ratio", aggfunc="median")
+        parts.append("## Median ratio by implementation and batch\n\n" + _markdown(by_impl))
+        worst = timed.assign(off=(timed.ratio - 1).abs()).sort_values("off", ascending=False).head(20)
+        parts.append("## The largest differences\n\n" + _markdown(worst[
+            ["impl", "state_dtype", "HV", "K", "B", "harness_us", "nvbench_us", "nvbench_noise", "ratio",
+             "sweep_us", "cause", "why"]], index=False))
+    unsettled = timed[~timed.settled]
+    if not unsettled.empty:
+        parts.append("## Rows nvbench did not settle\n\n" + _markdown(unsettled[
+            ["impl", "state_dtype", "HV", "K", "B", "nvbench_us", "nvbench_samples", "nvbench_walltime_s",
+             "unsettled"]], index=False))
+    copies = table[table.kind == "copy"].dropna(subset=["nvbench_us"])
+    if not copies.empty:
+        copies = copies.assign(nvbench_copy_gbps=copies.bytes / copies.nvbench_us / 1e3)
+        parts.append("## nvbench's copy of the same bytes (its roofline)\n\nHalf the bytes read, half written. "
+                     "The harness's copy bandwidth on this device (a 1 GiB copy): "
+                     f"{meta.get('copy_gbps', float('nan')):,.4g} GB/s.\n\n" + _markdown(copies[
+                         ["bytes", "nvbench_us", "nvbench_noise", "nvbench_copy_gbps"]].sort_values("bytes"),
+                         index=False))
+    errors = table[table.error.notna()] if "error" in table else table.iloc[:0]
+    if not errors.empty:
+        parts.append("## Not timed\n\n" + _markdown(errors[["name", "error"]], index=False))
+    return "\n\n".join(parts) + "\n"
+
