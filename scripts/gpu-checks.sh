@@ -11,7 +11,8 @@
 #   targets     the targets preset on every visible GPU, then our kernel's targets judged (targets.md)
 #   cupti       CUPTI's second clock on the targets run's unpadded rows (after `targets`)
 #   asv         one asv run of the suite (KDA_ASV_PROFILE, default full), published as HTML
-#   nvbench     NVIDIA's nvbench on the targets run's rows of B = 1, 64 and 256 (after `targets`)
+#   nvbench     NVIDIA's nvbench beside the harness, one process, on the unpadded targets rows of four
+#               implementations: this call's targets run, else the committed one
 #   pytest-gpu  the tests marked gpu (python3 -m pytest -m gpu)
 #
 # Each step writes its log to $OUT/logs/STEP.log and its results to results/h200/STEP/ ($RES; each with a
@@ -83,7 +84,8 @@ step_targets() {
 
 needs_targets() {  # needs_targets STEP: the targets run is there, or STEP fails with one line
   [ -f "$RES/targets/results.csv" ] && return 0
-  echo "== $1: needs $RES/targets/results.csv (run the targets step first)"; FAILED+=("$1"); return 1
+  echo "== $1: needs $RES/targets/results.csv (the committed targets run, or the targets step first)"
+  FAILED+=("$1"); return 1
 }
 
 step_cupti() {
@@ -91,10 +93,10 @@ step_cupti() {
     run_step cupti python3 scripts/cupti_crosscheck.py "$RES/targets" --unpadded-only --calls 20 --out "$RES/cupti"
 }
 
-step_nvbench() {
+step_nvbench() {  # nvbench's stopping rule at the script's defaults, chosen so that rows settle
   needs_targets nvbench && fresh "$RES/nvbench" &&
-    run_step nvbench python3 scripts/nvbench_crosscheck.py "$RES/targets" --unpadded-only --B 1,64,256 \
-      --out "$RES/nvbench"
+    run_step nvbench python3 scripts/nvbench_crosscheck.py "$RES/targets" --unpadded-only --out "$RES/nvbench" \
+      --impls triton,fla-batched,flashinfer,flashinfer-loggate-sigmoid
 }
 
 step_asv() {  # asv files results under a commit of a git repository: this tree's, or a scratch one's
