@@ -109,6 +109,7 @@ def test_each_difference_is_explained_by_a_measured_quantity_or_counted_unexplai
     assert not table.loc["0004", "settled"] and "noise 20.0% over its limit 10.0%" in table.loc["0004", "why"]
     assert not table.loc["0005", "settled"] and "its 5 s timeout reached after 1000 samples" in table.loc["0005", "why"]
     assert table.loc[["0000", "0001", "0002", "0003"], "settled"].all()
+    assert table.loc["0004", "nvbench_mean_error"] == pytest.approx(0.2 / 1000 ** 0.5)  # noise / sqrt(samples)
     # no empty launch, no overhead measured: the same rows explain nothing
     bare = crosscheck(tmp_path, PLANTED, empty=None)
     assert set(bare.cause) == {"", "unexplained"} and (bare.cause == "unexplained").sum() == 5

@@ -11,6 +11,7 @@ reached) says so with the noise and the limit.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from .config import CONFIG_COLUMNS
@@ -64,11 +65,13 @@ def _cause(row, overhead: float, unsettled: str) -> tuple[str, str]:
 
 def with_causes(table: pd.DataFrame, settings: dict) -> pd.DataFrame:
     """``table`` (:func:`.nvbench.compare`) with ``agrees``, ``settled``, ``unsettled`` (why not, in
-    numbers), ``flush_us`` (harness dirty - harness), ``cause`` (a CAUSES entry or "") and ``why``,
+    numbers), ``flush_us`` (harness dirty - harness), ``nvbench_mean_error`` (the relative standard error
+    of nvbench's mean: noise / sqrt(samples)), ``cause`` (a CAUSES entry or "") and ``why``,
     by the rules as they are now; ``settings`` are nvbench's (max-noise in %, timeout in s)."""
     overhead = fixed_overhead_us(table)
     table = table.assign(agrees=(table.ratio - 1).abs() <= AGREEMENT,
-                         flush_us=table.harness_dirty_us - table.harness_us)
+                         flush_us=table.harness_dirty_us - table.harness_us,
+                         nvbench_mean_error=table.nvbench_noise / np.sqrt(table.nvbench_samples))
     settled = [_settled(r, settings) for r in table.itertuples()]
     table["settled"] = [s for s, _ in settled]
     table["unsettled"] = [why for _, why in settled]
@@ -107,7 +110,8 @@ def _batch_table(rows: pd.DataFrame) -> pd.DataFrame:
     table = rows.groupby("B").agg(rows=("ratio", "count"), within=("agrees", "sum"), ratio_min=("ratio", "min"),
                                   ratio_median=("ratio", "median"), ratio_max=("ratio", "max"),
                                   diff_us_median=("diff_us", "median"), flush_us_median=("flush_us", "median"),
-                                  noise_max=("nvbench_noise", "max"), sweep_ratio_median=("sweep_ratio", "median"))
+                                  noise_max=("nvbench_noise", "max"), mean_error_max=("nvbench_mean_error", "max"),
+                                  sweep_ratio_median=("sweep_ratio", "median"))
     return table.assign(**counts).reset_index()
 
 
@@ -143,12 +147,14 @@ def report(table: pd.DataFrame, meta: dict) -> str:
     if len(empty):
         e = empty.iloc[0]
         parts.append(f"nvbench's fixed per-sample overhead: {fixed_overhead_us(table):.2f} us (its cold mean of "
-                     f"the empty launch, a one-byte copy, {e.nvbench_us:.2f} us, less the harness's "
+                     f"the empty launch, a one-byte copy, {e.nvbench_us:.2f} us at noise {e.nvbench_noise:.1%}, "
+                     f"less the harness's "
                      f"{e.harness_us:.2f} us): one launch between events in each sample, which the harness's "
                      f"replayed passes do not pay.")
     if not timed.empty:
         parts.append("## By batch\n\nflush_us: the harness in the dirty entry state less the harness in the "
-                     "sweep's.\n\n" + _markdown(_batch_table(timed), index=False))
+                     "sweep's; mean_error: nvbench's noise / sqrt(samples), the relative standard error of its "
+                     "mean.\n\n" + _markdown(_batch_table(timed), index=False))
         by_impl = timed.astype({"B": int}).pivot_table(index="impl", columns="B", values="ratio", aggfunc="median")
         parts.append("## Median ratio by implementation and batch\n\n" + _markdown(by_impl))
         worst = timed.assign(off=(timed.ratio - 1).abs()).sort_values("off", ascending=False).head(20)
@@ -159,7 +165,7 @@ def report(table: pd.DataFrame, meta: dict) -> str:
     if not unsettled.empty:
         parts.append("## Rows nvbench did not settle\n\n" + _markdown(unsettled[
             ["impl", "state_dtype", "HV", "K", "B", "nvbench_us", "nvbench_samples", "nvbench_walltime_s",
-             "unsettled"]], index=False))
+             "nvbench_mean_error", "unsettled"]], index=False))
     copies = table[table.kind == "copy"].dropna(subset=["nvbench_us"])
     if not copies.empty:
         copies = copies.assign(nvbench_copy_gbps=copies.bytes / copies.nvbench_us / 1e3)
