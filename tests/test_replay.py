@@ -154,7 +154,6 @@ def test_3L_replay_steps_are_3L_in_place_steps(case):
 
 TRITON_CASES = {
     "gva-padded-pool-pad-row-bf16": CASES["gva-padded-pool-pad-row-bf16"],
-    "k>v-fp32": dict(B=3, H=2, HV=2, K=32, V=16, state_dtype=torch.float32, dtype=torch.float32),
     "two-v-tiles-gva-fp32": dict(B=2, H=1, HV=2, K=16, V=64, state_dtype=torch.float32, dtype=torch.float32,
                                  slot_pad=4, pad_rows=1),
 }
