@@ -441,7 +441,7 @@ class FlashInferRecoverSSM(FlashInferKDA):
     capabilities = Capabilities(devices=("cuda",), state_dtypes=(torch.bfloat16,), k_values=(128,), v_values=(128,),
                                 k_equals_v=True, gva=False, slot_stride_multiple=8, base_alignment=16,
                                 min_compute_capability=(9, 0), packages=("flashinfer", "cutlass", "tvm_ffi"),
-                                max_tokens=None, replay=True)  # 2 <= T <= 16: _form_unsupported says why
+                                max_tokens=16, replay=True)  # T = 1: _form_unsupported says why
 
     def _as_read(self, inputs: DecodeInputs) -> DecodeInputs:
         return inputs  # the [B, T] call only; a T = 1 step is refused in either spelling
@@ -458,8 +458,6 @@ class FlashInferRecoverSSM(FlashInferKDA):
         if inputs.T == 1:
             return ("a one-token replay step commits its record (length 0 -> 1), which recurrent_kda's verify leaves "
                     "to a commit kernel: T >= 2 only")
-        if inputs.T > 16:
-            return f"recurrent_kda's verify takes at most 16 tokens per row (kda_recoverssm_verify); got T={inputs.T}"
         if inputs.num_accepted is not None:
             return ("recurrent_kda's verify takes no num_accepted (it reads no cached record and commits none): "
                     "num_accepted must be None")
