@@ -30,6 +30,7 @@ BUILTIN = {
     "flashinfer-loggate-sigmoid": "kda_impls.impls.flashinfer_kda:FlashInferLogGateSigmoid",
     "flashinfer-gather": "kda_impls.impls.flashinfer_kda:FlashInferGather",
     "flashinfer-dense": "kda_impls.impls.flashinfer_kda:FlashInferDense",
+    "flashinfer-recoverssm": "kda_impls.impls.flashinfer_kda:FlashInferRecoverSSM",
     "triton": "kda_impls.impls.triton_kda:TritonKDA",
 }
 

@@ -20,7 +20,7 @@ import torch
 from helpers import assert_launch_allocates_nothing
 from kda_impls import effective_state, get, make_inputs, reference, rel_err
 from kda_impls.impls.naive import NaiveTorch
-from kda_impls.reference import l2_normalize, log_decay
+from kda_impls.reference import l2_normalize, log_decay, replay_step
 from kda_impls.verify import TOLERANCE, verify
 
 CASES = {
@@ -154,7 +154,6 @@ def test_3L_replay_steps_are_3L_in_place_steps(case):
 
 TRITON_CASES = {
     "gva-padded-pool-pad-row-bf16": CASES["gva-padded-pool-pad-row-bf16"],
-    "k>v-fp32": dict(B=3, H=2, HV=2, K=32, V=16, state_dtype=torch.float32, dtype=torch.float32),
     "two-v-tiles-gva-fp32": dict(B=2, H=1, HV=2, K=16, V=64, state_dtype=torch.float32, dtype=torch.float32,
                                  slot_pad=4, pad_rows=1),
 }
@@ -178,29 +177,32 @@ import inspect, re, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kda_impls.impls import triton_replay
-fn = triton_replay._kda_replay_kernel
-params = list(inspect.signature(fn.fn).parameters)
-pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", u_ptr="*fp32", length_ptr="*i32")
+pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accepted_ptr="*i32", u_ptr="*fp32",
+                length_ptr="*i32")
 runtime = dict(slot_stride="i32", scale="fp32")
 BV, warps = triton_replay.replay_tile(128)
-meta = dict(HV=32, GROUP=2, K=128, V=128, BV=BV, L=16, LP=16, L2_EPS=1e-6)
-sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
-constants = {(params.index(n),): v for n, v in meta.items()}
-compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=warps))
-print(len(re.findall(r"st\\.global", compiled.asm["ptx"])))
+shape = dict(HV=32, GROUP=2, K=128, V=128, BV=BV, L=16, LP=16, L2_EPS=1e-6)
+for fn, T in ((triton_replay._kda_replay_kernel, 1), (triton_replay._kda_replay_kernel, 4),
+              (triton_replay._flush_first_kernel, 4)):
+    params = list(inspect.signature(fn.fn).parameters)
+    meta = {n: v for n, v in dict(shape, T=T).items() if n in params}
+    sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
+    constants = {(params.index(n),): v for n, v in meta.items()}
+    compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=warps))
+    print(len(re.findall(r"st\\.global", compiled.asm["ptx"])))
 """
 
 
 def test_the_replay_kernel_compiles_for_sm90():
-    """Compiled for the H200 at a serving shape and the default tile (Triton's own ptxas, no GPU
-    needed): the interpreter accepts what the compiler refuses (a plain global read inside a kernel,
-    a loop variable changing shape)."""
+    """Compiled for the H200 at a serving shape and the default tile, the step at T = 1 and 4 and the flush
+    first (Triton's own ptxas, no GPU needed): the interpreter accepts what the compiler refuses (a plain
+    global read inside a kernel, a loop variable changing shape)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KDA_TRITON_REPLAY_CONFIG")}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert int(done.stdout.strip().splitlines()[-1]) > 0
+    assert all(int(stores) > 0 for stores in done.stdout.split()), done.stdout
 
 
 @pytest.mark.interpreter
@@ -218,11 +220,121 @@ def test_triton_replay_tile_from_the_environment(monkeypatch):
             get("triton").bind(x)
 
 
-def test_triton_refuses_a_verify_and_a_commit_with_its_reason():
-    x = make_inputs(2, 1, 2, 16, 16, T=2, ring=4, seed=6)
-    assert "T = 1, num_accepted None" in get("triton").unsupported(x)
-    y = dataclasses.replace(x.token(0), num_accepted=torch.zeros(2, dtype=torch.int32))
-    assert "T = 1, num_accepted None" in get("triton").unsupported(y)
+def step_problems(impl, x, tol):
+    """One replay step of ``impl`` on ``x`` (modified) against the reference's ``replay_step`` from the same
+    state, in float64: the outputs, every record it writes (the key/gate copies and the lengths exactly, the
+    deltas within ``tol``), every other record, length and pool byte unchanged, a flushed slot within tol."""
+    want = x.clone()
+    before = x.clone()
+    want_out, _ = replay_step(want, torch.float64)
+    out = impl.decode(x, torch.full(x.out_shape, float("nan"), dtype=x.v.dtype)).reshape(want_out.shape)
+    live, problems = x.live_rows(), []
+    if not rel_err(out[live], want_out[live]) <= tol or (out[~live] != 0).any():
+        problems.append(f"output error {rel_err(out[live], want_out[live]):.1e}")
+    if not torch.equal(x.cache.length, want.cache.length):
+        problems.append(f"lengths {x.cache.length.tolist()}, expected {want.cache.length.tolist()}")
+    if not torch.equal(bits(x.cache.kg), bits(want.cache.kg)):
+        problems.append("key/gate records differ from the step's k and a where written, or were written elsewhere")
+    written = bits(want.cache.u) != bits(before.cache.u)
+    if not torch.equal(bits(x.cache.u)[~written], bits(before.cache.u)[~written]):
+        problems.append("a delta record was written where the step writes none")
+    if not rel_err(x.cache.u[written], want.cache.u[written]) <= tol:
+        problems.append(f"delta records error {rel_err(x.cache.u[written], want.cache.u[written]):.1e}")
+    flushed = [s for s in range(x.N) if not torch.equal(bits(want.state[s]), bits(before.state[s]))]
+    kept = torch.ones(x.N, dtype=torch.bool, device=x.device)
+    kept[flushed] = False
+    if not torch.equal(bits(slot_rows(x, x.pool_span())[kept]), bits(slot_rows(x, before.pool_span())[kept])):
+        problems.append("the pool was written where no slot flushes")
+    if flushed and not rel_err(x.state[flushed], want.state[flushed]) <= tol:
+        problems.append(f"a flushed slot holds error {rel_err(x.state[flushed], want.state[flushed]):.1e}")
+    return problems, flushed
+
+
+def verify_commit_steps(x, gen):
+    """A verify from the ring's edges (L = 4, T = 3: slot 3 has 0 records, slot 0 2 so its records flush
+    first, slot 5 1 so they fit exactly, a -1 row), then a verify committing the first one's accepted records
+    (slots 3 and 5 flush first, slot 0 fits), then a one-token step committing the second's (slot 3 fills
+    the ring and flushes after, slot 0 flushes first, slot 5 neither): each step and which slots flush."""
+    x.slots = torch.tensor([3, 0, 5, -1], dtype=torch.int32)
+    x.cache.length.copy_(torch.tensor([2, 3, 1, 0, 3, 1, 0, 2], dtype=torch.int32))
+    poison_unused_records(x)
+    yield x, [0]
+    yield dataclasses.replace(fresh(x, gen), num_accepted=torch.tensor([3, 1, 2, 0], dtype=torch.int32)), [3, 5]
+    yield dataclasses.replace(fresh(x.token(0), gen), num_accepted=torch.tensor([3, 3, 1, 0], dtype=torch.int32)), \
+        [0, 3]
+
+
+def commit_sequence_problems(impl, x):
+    """:func:`verify_commit_steps` run by ``impl``, each step against the reference from the same state, and
+    the effective states at the end against the sequence carried by the reference in float64."""
+    tol, gen = tolerance(x), torch.Generator().manual_seed(7)
+    carried = dataclasses.replace(x.clone(), state=x.state.double())
+    problems = []
+    for i, (step, flushes) in enumerate(verify_commit_steps(x, gen)):
+        if i == 0:
+            carried.slots, carried.cache = x.slots.clone(), x.cache.clone()
+        assert impl.unsupported(step) is None, impl.unsupported(step)
+        found, flushed = step_problems(impl, step, tol)
+        problems += [f"step {i}: {p}" for p in found]
+        assert flushed == flushes, (i, flushed)  # the sequence meets the edges it is meant to
+        replay_step(dataclasses.replace(step, state=carried.state, cache=carried.cache), torch.float64)
+    live = x.slots.long()[x.live_rows()]
+    err = rel_err(effective_state(x)[live], effective_state(carried)[live])
+    if not err <= tol:
+        problems.append(f"effective state error {err:.1e} after the sequence")
+    return problems
+
+
+COMMIT_CASES = {
+    "gva-padded-pool-bf16": dict(H=1, HV=2, K=32, V=16, slot_pad=5),
+    "k<v-two-v-tiles-gva-fp32": dict(H=1, HV=2, K=16, V=32, state_dtype=torch.float32, dtype=torch.float32),
+}
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("case", COMMIT_CASES, ids=list(COMMIT_CASES))
+def test_triton_verify_and_commit_sequence_is_the_reference(case):
+    """Our kernels (interpreted on the CPU) through a verify, a verify with a commit and a one-token step
+    with a commit, at every edge of the ring: equal to the reference step by step, nothing else written.
+    Two V-tiles: a step that wrote the new key/gate records before every V-tile of the row had read the
+    committed ones (a flush first in one launch) would be caught, as the interpreter runs them in order."""
+    x = make_inputs(4, T=3, ring=4, seed=4, **COMMIT_CASES[case])
+    assert commit_sequence_problems(get("triton"), x) == []
+
+
+class IgnoresTheCommit(NaiveTorch):
+    """Planted: num_accepted dropped (the verify's records never become part of the state)."""
+
+    name = "ignores-the-commit"
+
+    def _replay_launcher(self, inputs, out):
+        return super()._replay_launcher(dataclasses.replace(inputs, num_accepted=None), out)
+
+
+class RoundsTheDeltas(NaiveTorch):
+    """Planted: the delta records it writes rounded to bf16 (the error each later read of the state repeats)."""
+
+    name = "rounds-the-deltas"
+
+    def _replay_launcher(self, inputs, out):
+        launch = super()._replay_launcher(inputs, out)
+        u = inputs.cache.u
+
+        def rounding():
+            before = u.clone()
+            launch()
+            written = bits(u) != bits(before)
+            u[written] = u[written].to(torch.bfloat16).float()
+            return out
+        return rounding
+
+
+@pytest.mark.parametrize("plant, found", [(IgnoresTheCommit, "step 1: output error"),
+                                          (RoundsTheDeltas, "step 0: delta records error")], ids=["commit", "rounds"])
+def test_the_commit_sequence_check_catches(plant, found):
+    x = make_inputs(4, T=3, ring=4, seed=4, **COMMIT_CASES["k<v-two-v-tiles-gva-fp32"])
+    problems = commit_sequence_problems(plant(), x)
+    assert any(found in p for p in problems), problems
 
 
 class Drifts(NaiveTorch):
@@ -347,6 +459,27 @@ def test_triton_replay_on_gpu(HV, state_dtype):
                     seed=31)
     poison_unused_records(x)
     assert run_steps(get("triton"), x, 2 * x.cache.L) == []
+
+
+@gpu
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_triton_verify_and_commit_on_gpu(state_dtype):
+    """Serving shapes (GVA, padded pool, -1 rows, L = 16, T = 4): a verify, two verifies committing a random
+    0..T of the last one's records, a one-token step committing them, each against the reference."""
+    x = make_inputs(32, 16, 32, 128, 128, T=4, ring=16, state_dtype=state_dtype, slot_pad=64, pad_rows=4,
+                    device="cuda", seed=33)
+    poison_unused_records(x)
+    gen = torch.Generator().manual_seed(34)
+    steps = [x] + [fresh(x, gen) for _ in range(2)] + [fresh(x.token(0), gen)]
+    problems, flushed = [], set()
+    for i, step in enumerate(steps):
+        if i:
+            accepted = torch.randint(0, x.T + 1, (x.B,), generator=gen, dtype=torch.int32)
+            step = dataclasses.replace(step, num_accepted=accepted.to(x.device))
+        found, slots = step_problems(get("triton"), step, tolerance(x))
+        problems += [f"step {i}: {p}" for p in found]
+        flushed |= set(slots)
+    assert problems == [] and flushed
 
 
 @gpu

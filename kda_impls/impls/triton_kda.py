@@ -30,7 +30,7 @@ step. A T = 1 step, in either spelling, runs the one-token kernel (the math is s
 inlined helpers). Frozen verify (``update_state=False``, any T) runs the multi-token kernel with its
 stores compiled out (``STORES=0``): each tile read once from ``slots[row]``, the T tokens chained
 in registers, every token's output written and no state: one state read per live row. Replay
-(a ``ReplayCache``, one-token steps without a commit) has its own kernels in ``triton_replay.py``.
+(a ``ReplayCache``: decode, a verify and its commit) has its own kernels in ``triton_replay.py``.
 
 The tile config (:class:`TileConfig`) comes from the committed table
 in :mod:`kda_impls.impls.triton_tuning`, keyed by shape, state dtype and batch size; the environment
@@ -674,8 +674,6 @@ class TritonKDA(Implementation):
         return {**super().versions(), "triton": triton.__version__}
 
     def _extra_unsupported(self, inputs: DecodeInputs) -> str | None:
-        if inputs.replay and (inputs.T > 1 or inputs.num_accepted is not None):
-            return "replay runs one-token steps without a commit here (T = 1, num_accepted None); naive runs the rest"
         interpreted = bool(INTERPRETED)
         if inputs.device.type == "cpu":
             if interpreted:
