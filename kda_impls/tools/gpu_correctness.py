@@ -1,20 +1,24 @@
-"""The GPU correctness grid: every implementation against the float64 reference on real shapes.
+"""The GPU correctness grid: every implementation against the float64 reference on real shapes, in each mode.
 
-B in {1, 8, 64, 512} x HV in {16, 32, 64} x (K, V) in {(64, 64), (128, 128), (128, 256)} x
-slot_pad in {0, 16, 64} x state dtype, H = HV; a GVA slice (H = HV / 4); and multi-token steps
-(speculative verify): T in {2, 4, 8} x B in {1, 8, 64} x HV in {16, 32} x K = V in {64, 128} x
-slot_pad in {0, 64} x state dtype, the state stored after every token with a random number of
-accepted tokens per row, or after the last only. Every case is the check a sweep makes of a row
-(kda_impls.verify, through the harness's case runner): fresh inputs, the output poisoned with NaN,
-one step against the exact float64 reference, then several more on the same pool (8 to 16, by
-shape) against the reference that stores the state as the pool does, untouched slots and padding
-bit for bit. Rows with slot -1 are included (B // 8 of them). Writes correctness.csv (err_steps:
-the stored states' error after the steps) and meta.json (commit, devices, library versions) under
---out. Exits 1 if any case is wrong or errors; unsupported combinations are recorded with the
-implementation's reason.
+In place (``--modes inplace``): B in {1, 8, 64, 512} x HV in {16, 32, 64} x (K, V) in {(64, 64), (128, 128),
+(128, 256)} x slot_pad in {0, 16, 64} x state dtype, H = HV; a GVA slice (H = HV / 4); and multi-token steps
+(speculative verify): T in {2, 4, 8} x B in {1, 8, 64} x HV in {16, 32} x K = V in {64, 128} x slot_pad in
+{0, 64} x state dtype, the state stored after every token with a random number of accepted tokens per row,
+or after the last only. Frozen verify (``frozen``): T in 1..8 x (HV, K = V) in {(16, 64), (32, 128),
+(64, 128)} x B in {1, 8, 64} x state dtype, GVA at B = 8, slot_pad 64 at odd T. Replay (``replay``, one-token
+steps): ring L in {4, 16} x the same shapes and batches. Every case is the check a sweep makes of a row
+(kda_impls.verify, through the harness's case runner): fresh inputs, the output poisoned with NaN, one step
+against the exact float64 reference, then several more on the same pool (8 to 16 in place, by shape; L + 1
+in replay, every ring flushing once) against the reference that stores the state as the pool does, untouched
+slots and padding bit for bit (frozen verify: one step, nothing stored). Rows with slot -1 are included
+(B // 8 of them). An implementation refuses a mode or shape it does not support with its reason: such a
+case is counted ``unsupported`` and its reason printed, not a failure. Writes correctness.csv (err_steps: the
+stored states' error after the steps) and meta.json (commit, devices, library versions) under --out. Exits 1
+if any case is wrong or errors.
 
     python3 scripts/gpu_correctness.py --out results/h200/grid                  # every implementation but naive
     python3 scripts/gpu_correctness.py --impls triton,fla --out DIR
+    python3 scripts/gpu_correctness.py --modes frozen,replay --out DIR    # the in-place grid left out
     python3 scripts/gpu_correctness.py --every 8 --out DIR    # every 8th case: each kind of case, in minutes
 """
 
@@ -44,7 +48,26 @@ SLOT_PADS = (0, 16, 64)
 STATE_DTYPES = ("bfloat16", "float32")
 
 
-def grid():
+MODES = ("inplace", "frozen", "replay")
+MODE_SHAPES = ((16, 64), (32, 128), (64, 128))  # frozen verify's and replay's (HV, K = V)
+RINGS = (4, 16)
+
+
+def grid(modes=MODES):
+    """The cases of ``modes``, each a dict of Config fields (the shape, and the mode where not in place)."""
+    if "inplace" in modes:
+        yield from _inplace()
+    if "frozen" in modes:
+        for dtype, T, (HV, D), B in itertools.product(STATE_DTYPES, range(1, 9), MODE_SHAPES, (1, 8, 64)):
+            yield dict(B=B, H=HV // 4 if B == 8 else HV, HV=HV, K=D, V=D, slot_pad=64 if T % 2 else 0,
+                       state_dtype=dtype, T=T, mode="frozen")
+    if "replay" in modes:
+        for dtype, L, (HV, D), B in itertools.product(STATE_DTYPES, RINGS, MODE_SHAPES, (1, 8, 64)):
+            yield dict(B=B, H=HV // 4 if B == 8 else HV, HV=HV, K=D, V=D, slot_pad=16 if B == 64 else 0,
+                       state_dtype=dtype, mode="replay", ring=L)
+
+
+def _inplace():
     for dtype, (K, V), HV, B, pad in itertools.product(STATE_DTYPES, HEAD_DIMS, VALUE_HEADS, BATCHES, SLOT_PADS):
         yield dict(B=B, H=HV, HV=HV, K=K, V=V, slot_pad=pad, state_dtype=dtype)
     for dtype, (K, V), HV, B in itertools.product(STATE_DTYPES, HEAD_DIMS, VALUE_HEADS, (8, 64)):
@@ -69,12 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--impls", default=",".join(n for n in names() if n != "naive"))
     parser.add_argument("--out", type=Path, required=True, help="directory for correctness.csv and meta.json")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help=f"comma-separated modes whose cases run (default every one: {','.join(MODES)})")
     parser.add_argument("--every", type=int, default=1,
                         help="check every Nth case of the grid only (its order interleaves the kinds of case)")
     args = parser.parse_args(argv)
 
-    impls = args.impls.split(",")
-    cases = list(grid())[::args.every]
+    impls, modes = args.impls.split(","), args.modes.split(",")
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"--modes must name modes among {', '.join(MODES)}; got {', '.join(unknown)}")
+    cases = list(grid(modes))[::args.every]
     rows, started = [], time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     meta = environment(torch.device(args.device), args.out, shlex.join(sys.argv))
@@ -90,9 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         write_meta(args.out, meta | {"versions": versions, "impls_done": impls[:impls.index(impl) + 1],
                                      "wall_s": round(time.perf_counter() - started, 1)})
 
-    summary = table.pivot_table(index="impl", columns="status", values="B", aggfunc="count", fill_value=0)
+    summary = table.pivot_table(index=["impl", "mode"], columns="status", values="B", aggfunc="count",
+                                fill_value=0)
     print(summary.to_string())
-    worst = table[table.status == "ok"].groupby(["impl", "state_dtype"])[["err_out", "err_state", "err_steps"]].max()
+    refused = table[table.status == "unsupported"].groupby(["impl", "mode", "detail"]).size()
+    if len(refused):
+        print("refused, with the implementation's reason (cases):\n" + refused.to_string())
+    worst = table[table.status == "ok"].groupby(["impl", "mode", "state_dtype"])[["err_out", "err_state",
+                                                                                  "err_steps"]].max()
     print("worst relative error among ok cases:\n" + worst.to_string(float_format="{:.2e}".format))
     bad = table[table.status.isin(["wrong", "error"])]
     if len(bad):
