@@ -5,7 +5,8 @@ float64 reference (:data:`TOLERANCE`). The same pool then takes more steps, fres
 a, b each, the state carried forward, against a reference that stores each state rounded to the
 pool's dtype as kernels do (bound :func:`steps_tolerance`, tight): an error that compounds from step
 to step, which one step under a bf16 tolerance hides, is caught. Over all steps, every slot the
-steps do not store and the padding between slots must be unchanged bit for bit.
+steps do not store and the padding between slots must be unchanged bit for bit. A replay step
+(``inputs.cache``) is judged across its rings' flushes by :mod:`kda_impls.verify_replay`.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class _ReplayReference:
         """``(out [B, T, HV, V], the slots flushed)`` of the step ``x``."""
         before = self.state[live_slots]
         out, _ = replay_step(self.of(x), torch.float64)
-        flushed = live_slots[(self.state[live_slots] != before).flatten(1).any(dim=1)]
+        flushed = live_slots[(self.state[live_slots] != before).flatten(1).any(dim=1)]  # a flush writes a new state
         self.state[flushed] = self.store(self.state[flushed]).double()
         return out, flushed
 
