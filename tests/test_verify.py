@@ -439,3 +439,17 @@ def test_a_replay_row_through_the_case_runner(planted):
     assert row["status"] == "wrong" and "effective state error" in row["reason"], row
     row = run_case(replace(cfg, impl="naive"), "cpu")
     assert row["status"] == "ok" and row["steps"] == 5, row
+
+
+def test_a_verify_that_commits_nothing_is_caught_on_its_commit_step():
+    """At T > 1 the later steps commit a random 0..T of the records the step before left: an
+    implementation that ignores num_accepted keeps a state short of the accepted tokens."""
+    class CommitsNothing(NaiveTorch):
+        name = "commits-nothing"
+
+        def _replay_launcher(self, inputs, out):
+            return super()._replay_launcher(replace(inputs, num_accepted=None), out)
+
+    verdict = verify(CommitsNothing(), ring(T=2))
+    assert not verdict.ok and verdict.steps > 1, verdict
+    assert verdict.problems[0].startswith(f"step {verdict.steps} of 5: "), verdict
