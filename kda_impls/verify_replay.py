@@ -3,13 +3,14 @@ cross every ring's flush.
 
 One pool and one cache take the steps, the first on the inputs as given, each later one on fresh
 random q, k, v, a, b (a speculative verify's, T > 1, also committing a random 0..T of the records the
-step before it left). Alongside, the reference's ``replay_step`` runs in float64 on a copy of the pool
-in float64 and of the cache, each slot it flushes then rounded as the pool stores it, so that it
-holds what a correct kernel's pool holds. After every step: the output (poisoned with NaN before the
-launch) within :data:`~kda_impls.verify.TOLERANCE` of the reference's and zero at padding rows; the
-lengths and the raw key and gate records equal to the reference's, the pool written at the slots the
-reference flushed only, no ``u`` record written but those the reference wrote, the padding between
-slots unchanged (all bit for bit); the live slots' effective states (:func:`kda_impls.effective_state`)
+step before it left, where the implementation takes a commit). Alongside, the reference's
+``replay_step`` runs in float64 on a copy of the pool in float64 and of the cache, each slot it
+flushes then rounded as the pool stores it, so that it holds what a correct kernel's pool holds.
+After every step: the output (poisoned with NaN before the launch) within
+:data:`~kda_impls.verify.TOLERANCE` of the reference's and zero at padding rows; the lengths and the
+raw key and gate records equal to the reference's, the pool written at the slots the reference
+flushed only, no ``u`` record written but those the reference wrote, the padding between slots
+unchanged (all bit for bit); the live slots' effective states (:func:`kda_impls.effective_state`)
 within ``u * sqrt(n)`` of the reference's after n steps, as in-place decode's stored states are.
 """
 
@@ -60,13 +61,15 @@ class _ReplayReference:
         return out, flushed
 
 
-def _next_step(inputs: DecodeInputs, gen: torch.Generator) -> DecodeInputs:
-    """Fresh activations; a verify (T > 1) commits a random 0..T of the T records the step before left."""
-    x = fresh_activations(inputs, gen)
+def _next_step(impl: Implementation, inputs: DecodeInputs, gen: torch.Generator) -> DecodeInputs:
+    """Fresh activations; a verify (T > 1) commits a random 0..T of the T records the step before left,
+    unless ``impl`` refuses a commit (a verify from the checkpoint only): then it commits none."""
+    x = replace(fresh_activations(inputs, gen), num_accepted=None)
     if inputs.T == 1:
-        return replace(x, num_accepted=None)
+        return x
     accepted = torch.randint(0, inputs.T + 1, (inputs.B,), generator=gen, device=inputs.device, dtype=torch.int32)
-    return replace(x, num_accepted=accepted)
+    commit = replace(x, num_accepted=accepted)
+    return commit if impl.unsupported(commit) is None else x
 
 
 def _first(mask: torch.Tensor) -> str:
@@ -125,7 +128,7 @@ def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None 
     problems: list[str] = []
     err_out = err_state = err_steps = tol_steps = 0.0
     for step in range(steps):
-        x = inputs if step == 0 else _next_step(inputs, gen)
+        x = inputs if step == 0 else _next_step(impl, inputs, gen)
         out = torch.full(x.out_shape, float("nan"), dtype=x.v.dtype, device=x.device)
         launch = impl.bind(x, out)
         before, u_before, ref_u_before = x.pool_span().clone(), x.cache.u.clone(), refs[0].cache.u.clone()

@@ -10,17 +10,19 @@ def test_each_kind_of_grid_case_runs_through_the_case_runner_on_the_cpu():
     for case in gpu_correctness.grid():
         mode = case.get("mode", "inplace")
         T = case.get("T", 1) if mode == "inplace" else min(case.get("T", 1), 2)
-        kinds.setdefault((mode, case["H"] < case["HV"], T, case.get("checkpoints"), case.get("ring")), case)
+        kinds.setdefault((mode, case["H"] < case["HV"], T, case.get("checkpoints"), case.get("ring"),
+                          case.get("rings")), case)
     # in place: one-token and GVA, T = 2, 4, 8 storing every token, T = 4 also the last only; frozen: one
-    # token and several, each with and without GVA; replay: rings 4 and 16, with and without GVA
-    assert len(kinds) == 6 + 4 + 4
-    for (mode, gva, _, _, _), case in kinds.items():
-        small = case | dict(B=2, H=1, HV=4 if gva else 1, K=16, V=16)
+    # token and several, each with and without GVA; replay: one-token steps on rings 4 and 16, and verifies
+    # from random and from empty rings, each with and without GVA
+    assert len(kinds) == 6 + 4 + 4 + 4
+    for (mode, gva, *_), case in kinds.items():
+        small = case | dict(B=2, H=1, HV=4 if gva else 1, K=16, V=16) | ({"ring": 4} if mode == "replay" else {})
         row = gpu_correctness.check_case("naive", small, "cpu")
         assert row["status"] == "ok", row
         assert (row["mode"], row["slot_pad"], row["T"], row["checkpoints"], row["ring"]) == (
-            mode, case["slot_pad"], case.get("T", 1), case.get("checkpoints", "all"), case.get("ring", 0))
-        assert row["steps"] == (case["ring"] + 1 if mode == "replay" else 1 if mode == "frozen" else row["steps"])
+            mode, case["slot_pad"], case.get("T", 1), case.get("checkpoints", "all"), small.get("ring", 0))
+        assert row["steps"] == (4 + 1 if mode == "replay" else 1 if mode == "frozen" else row["steps"])
 
 
 def test_the_modes_select_their_cases_and_leave_the_in_place_grid_as_it_was():
@@ -30,9 +32,12 @@ def test_the_modes_select_their_cases_and_leave_the_in_place_grid_as_it_was():
     frozen = list(gpu_correctness.grid(("frozen",)))
     replay = list(gpu_correctness.grid(("replay",)))
     assert every[396:] == frozen + replay
-    assert {c["T"] for c in frozen} == set(range(1, 9)) and {c["ring"] for c in replay} == {4, 16}
-    assert all(c.get("T", 1) == 1 for c in replay)  # a sweep's replay row is a one-token step
-    for cases in (frozen, replay):
+    steps = [c for c in replay if "rings" not in c]  # a sweep's replay row: a one-token step
+    verifies = [c for c in replay if "rings" in c]
+    assert {c["T"] for c in frozen} == set(range(1, 9)) and {c["ring"] for c in steps} == {4, 16}
+    assert all(c.get("T", 1) == 1 for c in steps) and {c["T"] for c in verifies} == {2, 4, 8}
+    assert {c["rings"] for c in verifies} == {"random", "empty"} and {c["ring"] for c in verifies} == {16}
+    for cases in (frozen, steps, verifies):
         assert {(c["HV"], c["K"]) for c in cases} == set(gpu_correctness.MODE_SHAPES)
         assert {c["state_dtype"] for c in cases} == {"bfloat16", "float32"} and any(c["H"] < c["HV"] for c in cases)
 
@@ -48,19 +53,21 @@ def test_the_grid_writes_rows_and_meta_under_out_and_fails_on_a_compounding_erro
     monkeypatch.setenv("KDA_EXTRA_IMPLS", extra_impls("planted-drift", "planted-replay-drift"))
     tiny = [dict(B=4, H=2, HV=2, K=16, V=16, slot_pad=8, state_dtype="bfloat16"),
             dict(B=2, H=2, HV=2, K=16, V=16, slot_pad=0, state_dtype="bfloat16", T=2, checkpoints="all"),
-            dict(B=4, H=2, HV=2, K=16, V=16, slot_pad=8, state_dtype="bfloat16", mode="replay", ring=4)]
+            dict(B=4, H=2, HV=2, K=16, V=16, slot_pad=8, state_dtype="bfloat16", mode="replay", ring=4),
+            dict(B=2, H=2, HV=2, K=16, V=16, slot_pad=0, state_dtype="bfloat16", mode="replay", ring=4, T=2,
+                 rings="random")]
     monkeypatch.setattr(gpu_correctness, "grid", lambda modes: iter(tiny))
     out = tmp_path / "grid"
     impls = ["naive", "planted-drift", "planted-replay-drift"]
     assert gpu_correctness.main(["--impls", ",".join(impls), "--out", str(out), "--device", "cpu"]) == 1
     table = pd.read_csv(out / "correctness.csv")
     statuses = list(zip(table.impl, table["mode"], table.status, strict=True))
-    assert statuses == [("naive", "inplace", "ok")] * 2 + [("naive", "replay", "ok")] + \
-        [("planted-drift", "inplace", "wrong")] * 2 + [("planted-drift", "replay", "unsupported")] + \
-        [("planted-replay-drift", "inplace", "ok")] * 2 + [("planted-replay-drift", "replay", "wrong")]
+    assert statuses == [("naive", "inplace", "ok")] * 2 + [("naive", "replay", "ok")] * 2 + \
+        [("planted-drift", "inplace", "wrong")] * 2 + [("planted-drift", "replay", "unsupported")] * 2 + \
+        [("planted-replay-drift", "inplace", "ok")] * 2 + [("planted-replay-drift", "replay", "wrong")] * 2
     checked = table[table.status != "unsupported"]
     assert (checked.steps >= 1).all() and table[table.impl == "naive"].err_steps.notna().all()
-    assert table[table.impl == "naive"].steps.iloc[-1] == 5  # replay: L + 1, across every ring's flush
+    assert list(table[table.impl == "naive"].steps.iloc[-2:]) == [5, 5]  # replay: L + 1, every ring flushing
     meta = json.loads((out / "meta.json").read_text())
     assert "sha" in meta["git"] and meta["versions"]["torch"] and meta["impls_done"] == impls
     printed = capsys.readouterr().out

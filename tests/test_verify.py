@@ -453,3 +453,24 @@ def test_a_verify_that_commits_nothing_is_caught_on_its_commit_step():
     verdict = verify(CommitsNothing(), ring(T=2))
     assert not verdict.ok and verdict.steps > 1, verdict
     assert verdict.problems[0].startswith(f"step {verdict.steps} of 5: "), verdict
+
+
+def test_a_verify_that_refuses_commits_is_judged_on_verifies_alone():
+    """A verify from the checkpoint only (FlashInfer's RecoverSSM call) refuses num_accepted: the later
+    steps commit nothing and still run, every one judged."""
+    class RefusesCommits(NaiveTorch):
+        name = "refuses-commits"
+        accepted = []
+
+        def _extra_unsupported(self, inputs):
+            return "takes no num_accepted" if inputs.num_accepted is not None else None
+
+        def _replay_launcher(self, inputs, out):
+            self.accepted.append(inputs.num_accepted)
+            return super()._replay_launcher(inputs, out)
+
+    impl = RefusesCommits()
+    x = ring(T=2)
+    x.cache.length.zero_()
+    verdict = verify(impl, x)
+    assert verdict.ok and verdict.steps == 5 and impl.accepted == [None] * 5, verdict

@@ -5,12 +5,14 @@ In place (``--modes inplace``): B in {1, 8, 64, 512} x HV in {16, 32, 64} x (K, 
 (speculative verify): T in {2, 4, 8} x B in {1, 8, 64} x HV in {16, 32} x K = V in {64, 128} x slot_pad in
 {0, 64} x state dtype, the state stored after every token with a random number of accepted tokens per row,
 or after the last only. Frozen verify (``frozen``): T in 1..8 x (HV, K = V) in {(16, 64), (32, 128),
-(64, 128)} x B in {1, 8, 64} x state dtype, GVA at B = 8, slot_pad 64 at odd T. Replay (``replay``, one-token
-steps): ring L in {4, 16} x the same shapes and batches. Every case is the check a sweep makes of a row
-(kda_impls.verify, through the harness's case runner): fresh inputs, the output poisoned with NaN, one step
-against the exact float64 reference, then several more on the same pool (8 to 16 in place, by shape; L + 1
-in replay, every ring flushing once) against the reference that stores the state as the pool does, untouched
-slots and padding bit for bit (frozen verify: one step, nothing stored). Rows with slot -1 are included
+(64, 128)} x B in {1, 8, 64} x state dtype, GVA at B = 8, slot_pad 64 at odd T. Replay (``replay``): one-token
+steps on rings L in {4, 16}, and speculative verifies with their commits, T in {2, 4, 8} on the ring of 16
+from random ring lengths or from empty rings, x the same shapes and batches. Every case is the check a sweep
+makes of a row (kda_impls.verify, through the harness's case runner; a verify, which a sweep's Config does not
+take, directly): fresh inputs, the output poisoned with NaN, one step against the exact float64 reference,
+then several more on the same pool (8 to 16 in place, by shape; L + 1 in replay, every ring flushing once)
+against the reference that stores the state as the pool does, untouched slots and padding bit for bit
+(frozen verify: one step, nothing stored). Rows with slot -1 are included
 (B // 8 of them). An implementation refuses a mode or shape it does not support with its reason: such a
 case is counted ``unsupported`` and its reason printed, not a failure. Writes correctness.csv (err_steps: the
 stored states' error after the steps) and meta.json (commit, devices, library versions) under --out. Exits 1
@@ -36,8 +38,8 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from kda_impls import get, names
-from kda_impls.bench.case import run_case
+from kda_impls import Unsupported, get, make_inputs, names, verify
+from kda_impls.bench.case import one_line, run_case, verdict_columns
 from kda_impls.bench.config import Config
 from kda_impls.bench.results import environment, write_meta
 
@@ -51,6 +53,10 @@ STATE_DTYPES = ("bfloat16", "float32")
 MODES = ("inplace", "frozen", "replay")
 MODE_SHAPES = ((16, 64), (32, 128), (64, 128))  # frozen verify's and replay's (HV, K = V)
 RINGS = (4, 16)
+VERIFY_TOKENS = (2, 4, 8)  # replay's speculative verify, on the larger ring
+# a verify's rings: random lengths (records cached, flushes first), or every ring empty (a verify from the
+# checkpoint alone, as FlashInfer's RecoverSSM call takes it)
+RING_STARTS = ("random", "empty")
 
 
 def grid(modes=MODES):
@@ -65,6 +71,10 @@ def grid(modes=MODES):
         for dtype, L, (HV, D), B in itertools.product(STATE_DTYPES, RINGS, MODE_SHAPES, (1, 8, 64)):
             yield dict(B=B, H=HV // 4 if B == 8 else HV, HV=HV, K=D, V=D, slot_pad=16 if B == 64 else 0,
                        state_dtype=dtype, mode="replay", ring=L)
+        for dtype, T, (HV, D), B, rings in itertools.product(STATE_DTYPES, VERIFY_TOKENS, MODE_SHAPES, (1, 8, 64),
+                                                             RING_STARTS):
+            yield dict(B=B, H=HV // 4 if B == 8 else HV, HV=HV, K=D, V=D, slot_pad=16 if B == 64 else 0,
+                       state_dtype=dtype, mode="replay", ring=max(RINGS), T=T, rings=rings)
 
 
 def _inplace():
@@ -80,11 +90,35 @@ def _inplace():
 def check_case(impl: str, case: dict, device: str) -> dict:
     """One case through the harness's case runner (correctness only): fresh inputs, a pool of 2B
     slots, B // 8 rows with slot -1."""
+    if "rings" in case:
+        return _check_verify(impl, case, device)
     cfg = Config(impl, **case, pad_rows=case["B"] // 8)
     row = run_case(cfg, device)
     return {"impl": impl, **cfg.columns(), "status": row["status"], "err_out": row["err_out"],
             "err_state": row["err_state"], "err_steps": row["err_steps"], "steps": row["steps"],
             "detail": row["reason"]}
+
+
+def _check_verify(impl: str, case: dict, device: str) -> dict:
+    """A replay verify (T > 1), which a sweep's Config does not take (it times one-token replay steps): the
+    case runner's check, on ``make_inputs(ring=L)`` (a pool of 2B slots, B // 8 rows with slot -1), its
+    rings emptied where the case says so."""
+    dims = {name: case[name] for name in ("B", "H", "HV", "K", "V", "T", "slot_pad")}
+    row = {"impl": impl, **case, "pad_rows": case["B"] // 8, "checkpoints": "all"}
+    try:
+        x = make_inputs(**dims, ring=case["ring"], state_dtype=getattr(torch, case["state_dtype"]),
+                        pad_rows=row["pad_rows"], device=device)
+        if case["rings"] == "empty":
+            x.cache.length.zero_()
+        implementation = get(impl)
+        reason = implementation.unsupported(x)
+        columns = {"status": "unsupported", "reason": reason} if reason else verdict_columns(verify(implementation, x))
+    except (ImportError, Unsupported) as exc:
+        columns = {"status": "unsupported", "reason": one_line(exc)}
+    except Exception as exc:  # as the case runner: a ContractError, a failed launch
+        columns = {"status": "error", "reason": one_line(exc)}
+    return row | {name: columns.get(name) for name in ("status", "err_out", "err_state", "err_steps", "steps")} | {
+        "detail": columns["reason"]}
 
 
 def main(argv: list[str] | None = None) -> int:
