@@ -4,8 +4,9 @@ cross every ring's flush.
 One pool and one cache take the steps, the first on the inputs as given, each later one on fresh
 random q, k, v, a, b (a speculative verify's, T > 1, also committing a random 0..T of the records the
 step before it left, where the implementation takes a commit). Alongside, the reference's
-``replay_step`` runs in float64 on a copy of the pool in float64 and of the cache, each slot it
-flushes then rounded as the pool stores it, so that it holds what a correct kernel's pool holds.
+``replay_step`` runs in float64 on a copy of the pool and of the cache, so that it holds what a correct
+kernel's pool holds: each flush rounded to the pool's dtype (where Triton is interpreted, also a copy
+whose flushes are truncated, as the interpreter converts; the nearer counts).
 After every step: the output (poisoned with NaN before the launch) within
 :data:`~kda_impls.verify.TOLERANCE` of the reference's and zero at padding rows; the lengths and the
 raw key and gate records equal to the reference's, the pool written at the slots the reference
@@ -40,12 +41,14 @@ from .verify import (
 
 
 class _ReplayReference:
-    """``replay_step`` in float64 carried over the steps on a float64 copy of the pool and a copy of the
-    cache; each slot a step flushes is stored through ``store`` (the pool's rounding)."""
+    """``replay_step`` in float64 carried over the steps on a copy of the pool and of the cache. With no
+    ``store``, the copy is in the pool's dtype, which every flush rounds to nearest as the semantics do
+    (a verify's tokens after a flush first read the rounded state); with one, it is in float64 and each
+    slot a step flushes goes through ``store`` after the step."""
 
-    def __init__(self, inputs: DecodeInputs, store):
+    def __init__(self, inputs: DecodeInputs, store=None):
         self.store = store
-        self.state = inputs.state.double()
+        self.state = inputs.state.clone() if store is None else inputs.state.double()
         self.cache = inputs.cache.clone()
 
     def of(self, x: DecodeInputs) -> DecodeInputs:
@@ -56,8 +59,10 @@ class _ReplayReference:
         """``(out [B, T, HV, V], the slots flushed)`` of the step ``x``."""
         before = self.state[live_slots]
         out, _ = replay_step(self.of(x), torch.float64)
-        flushed = live_slots[(self.state[live_slots] != before).flatten(1).any(dim=1)]  # a flush writes a new state
-        self.state[flushed] = self.store(self.state[flushed]).double()
+        # a flush writes a new state: its bits differ
+        flushed = live_slots[(bits(self.state[live_slots]) != bits(before)).flatten(1).any(dim=1)]
+        if self.store is not None:
+            self.state[flushed] = self.store(self.state[flushed]).double()
         return out, flushed
 
 
@@ -124,7 +129,8 @@ def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None 
     tol_state = TOLERANCE[inputs.state.dtype]
     tol_out = max(TOLERANCE[inputs.v.dtype], tol_state)
     gen = torch.Generator(device=inputs.device).manual_seed(int(inputs.slots.numel()) + 12345)
-    refs = [_ReplayReference(inputs, store) for store in stores(inputs)]
+    # the pool's own rounding to nearest, then any other a kernel may store with (the nearer counts)
+    refs = [_ReplayReference(inputs)] + [_ReplayReference(inputs, store) for store in stores(inputs)[1:]]
     problems: list[str] = []
     err_out = err_state = err_steps = tol_steps = 0.0
     for step in range(steps):
