@@ -83,7 +83,7 @@ def test_the_script_leaves_sys_path_alone():
 
 def test_every_nth_case_keeps_each_kind_of_case():
     """--every 8 (the grid's quick form) still holds one-token, GVA and multi-token cases of both state dtypes
-    in place, frozen verify at one token and several, and replay with both rings."""
+    in place, frozen verify at one token and several, replay with both rings and verifies from both starts."""
     quick = list(gpu_correctness.grid())[::8]
     inplace = {(c["H"] < c["HV"], c.get("T", 1) > 1, c["state_dtype"]) for c in quick if "mode" not in c}
     assert inplace == {(gva, multi, dtype) for gva, multi in ((False, False), (True, False), (False, True))
@@ -92,6 +92,8 @@ def test_every_nth_case_keeps_each_kind_of_case():
     assert frozen == {(multi, dtype) for multi in (False, True) for dtype in ("bfloat16", "float32")}
     assert {(c["ring"], c["state_dtype"]) for c in quick if c.get("mode") == "replay"} >= {
         (4, "bfloat16"), (16, "bfloat16"), (4, "float32"), (16, "float32")}
+    assert {(c["rings"], c["state_dtype"]) for c in quick if "rings" in c} == {
+        (rings, dtype) for rings in ("random", "empty") for dtype in ("bfloat16", "float32")}
 
 
 def test_a_refused_mode_is_counted_with_its_reason_not_as_a_failure(tmp_path, monkeypatch, capsys):

@@ -172,9 +172,9 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
     ``device``.
 
     First the correctness check on fresh inputs (:func:`verify`: one step, then several on the same
-    pool, a replay row's across every ring's flush; its first launch is also the timed first call), in a
-    pool with spare slots, or in the
-    layout's own pool where the implementation binds only that; with a ``method``, then the kernel
+    pool, a replay row's across every ring's flush; its first launch is also the timed first call), in
+    a pool with spare slots, or in the layout's own pool where the implementation binds only that;
+    with a ``method``, then the kernel
     time over the layout's placements and the method's L2 entry state (:func:`kernel_time`, under a
     :class:`clocks.ClockMonitor`: a row timed
     while throttled is timed once more), the latency of one eager call (:func:`call_time`), the

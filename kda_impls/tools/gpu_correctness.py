@@ -12,11 +12,11 @@ makes of a row (kda_impls.verify, through the harness's case runner; a verify, w
 take, directly): fresh inputs, the output poisoned with NaN, one step against the exact float64 reference,
 then several more on the same pool (8 to 16 in place, by shape; L + 1 in replay, every ring flushing once)
 against the reference that stores the state as the pool does, untouched slots and padding bit for bit
-(frozen verify: one step, nothing stored). Rows with slot -1 are included
-(B // 8 of them). An implementation refuses a mode or shape it does not support with its reason: such a
-case is counted ``unsupported`` and its reason printed, not a failure. Writes correctness.csv (err_steps: the
-stored states' error after the steps) and meta.json (commit, devices, library versions) under --out. Exits 1
-if any case is wrong or errors.
+(frozen verify: one step, nothing stored). Rows with slot -1 are included (B // 8 of them). An
+implementation refuses a mode or shape it does not support with its reason: such a case is counted
+``unsupported`` and its reason printed, not a failure. Writes correctness.csv (err_steps: the stored states'
+error after the steps) and meta.json (commit, devices, library versions) under --out. Exits 1 if any case is
+wrong or errors.
 
     python3 scripts/gpu_correctness.py --out results/h200/grid                  # every implementation but naive
     python3 scripts/gpu_correctness.py --impls triton,fla --out DIR
@@ -60,7 +60,8 @@ RING_STARTS = ("random", "empty")
 
 
 def grid(modes=MODES):
-    """The cases of ``modes``, each a dict of Config fields (the shape, and the mode where not in place)."""
+    """The cases of ``modes``, each a dict of Config fields (the shape, and the mode where not in place); a
+    replay verify's also its ``rings`` (it is checked outside Config: :func:`check_case`)."""
     if "inplace" in modes:
         yield from _inplace()
     if "frozen" in modes:
@@ -71,8 +72,8 @@ def grid(modes=MODES):
         for dtype, L, (HV, D), B in itertools.product(STATE_DTYPES, RINGS, MODE_SHAPES, (1, 8, 64)):
             yield dict(B=B, H=HV // 4 if B == 8 else HV, HV=HV, K=D, V=D, slot_pad=16 if B == 64 else 0,
                        state_dtype=dtype, mode="replay", ring=L)
-        for dtype, T, (HV, D), B, rings in itertools.product(STATE_DTYPES, VERIFY_TOKENS, MODE_SHAPES, (1, 8, 64),
-                                                             RING_STARTS):
+        for dtype, rings, T, (HV, D), B in itertools.product(STATE_DTYPES, RING_STARTS, VERIFY_TOKENS, MODE_SHAPES,
+                                                             (1, 8, 64)):
             yield dict(B=B, H=HV // 4 if B == 8 else HV, HV=HV, K=D, V=D, slot_pad=16 if B == 64 else 0,
                        state_dtype=dtype, mode="replay", ring=max(RINGS), T=T, rings=rings)
 
