@@ -11,8 +11,10 @@ After every step: the output (poisoned with NaN before the launch) within
 :data:`~kda_impls.verify.TOLERANCE` of the reference's and zero at padding rows; the lengths and the
 raw key and gate records equal to the reference's, the pool written at the slots the reference
 flushed only, no ``u`` record written but those the reference wrote, the padding between slots
-unchanged (all bit for bit); the live slots' effective states (:func:`kda_impls.effective_state`)
-within ``u * sqrt(n)`` of the reference's after n steps, as in-place decode's stored states are.
+unchanged (all bit for bit); the ``u`` records written within the output's tolerance of the
+reference's (a verify's before any commit reads them); the live slots' effective states
+(:func:`kda_impls.effective_state`) within ``u * sqrt(n)`` of the reference's after n steps, as
+in-place decode's stored states are.
 """
 
 from __future__ import annotations
@@ -82,10 +84,29 @@ def _first(mask: torch.Tensor) -> str:
     return ", ".join(map(str, torch.nonzero(mask)[0].tolist()))
 
 
-def _write_problems(x: DecodeInputs, before: torch.Tensor, u_before: torch.Tensor, ref: _ReplayReference,
-                    ref_u_before: torch.Tensor, flushed: torch.Tensor) -> list[str]:
-    """What the step wrote that it must not have, bit for bit, against the pool and records before it and
-    the reference's writes."""
+def _record_problems(x: DecodeInputs, u_before: torch.Tensor, refs: list[_ReplayReference],
+                     ref_u_before: torch.Tensor, tol: float) -> list[str]:
+    """The ``u`` records the step writes (those the reference wrote) against the reference's, within
+    ``tol`` (a verify's records are judged here before any commit reads them); no other written."""
+    found = []
+    ref_writes = (bits(refs[0].cache.u) != bits(ref_u_before)).any(dim=-1).any(dim=1)  # [N, L]
+    stray = (bits(x.cache.u) != bits(u_before)).any(dim=-1).any(dim=1) & ~ref_writes
+    if stray.any():
+        found.append(f"{int(stray.sum())} cache.u records written that the step does not write (another slot's, "
+                     f"or not the step's own; e.g. slot, record {_first(stray)})")
+
+    def records(u):  # [N, HV, L, V] -> the written ones, [records, HV, V]
+        return u.transpose(1, 2)[ref_writes]
+
+    err = nearest([rel_err(records(x.cache.u), records(ref.cache.u)) for ref in refs])
+    if not err <= tol:
+        found.append(f"cache.u record error {err:.2e} > {tol:.0e} (the records the step writes)")
+    return found
+
+
+def _write_problems(x: DecodeInputs, before: torch.Tensor, ref: _ReplayReference, flushed: torch.Tensor) -> list[str]:
+    """What the step wrote to the pool, the lengths and the key and gate records, bit for bit, against the
+    pool before it and the reference's writes."""
     found = []
     after, cache = x.pool_span(), x.cache
     flushes = torch.zeros(x.N, dtype=torch.bool, device=x.device)
@@ -105,11 +126,6 @@ def _write_problems(x: DecodeInputs, before: torch.Tensor, u_before: torch.Tenso
     if kg.any():
         found.append(f"{int(kg.sum())} cache.kg records differ from the reference's (the step's raw k and a, copied "
                      f"at the records it writes, nothing elsewhere; e.g. slot, record {_first(kg)})")
-    ref_writes = (bits(ref.cache.u) != bits(ref_u_before)).any(dim=-1).any(dim=1)
-    stray = (bits(cache.u) != bits(u_before)).any(dim=-1).any(dim=1) & ~ref_writes
-    if stray.any():
-        found.append(f"{int(stray.sum())} cache.u records written that the step does not write (another slot's, "
-                     f"or not the step's own; e.g. slot, record {_first(stray)})")
     return found
 
 
@@ -143,7 +159,8 @@ def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None 
         if out.is_cuda:
             torch.cuda.synchronize(out.device)
         step_err_out, found = output_problems(x, out, [ref_out for ref_out, _ in results], live, tol_out)
-        found += _write_problems(x, before, u_before, refs[0], ref_u_before, results[0][1])
+        found += _write_problems(x, before, refs[0], results[0][1])
+        found += _record_problems(x, u_before, refs, ref_u_before, tol_out)
         kernel = effective_state(x)[live_slots]
         err_steps = nearest([rel_err(kernel, effective_state(ref.of(x))[live_slots]) for ref in refs])
         tol_steps = steps_tolerance(inputs.state.dtype, step + 1)

@@ -474,3 +474,29 @@ def test_a_verify_that_refuses_commits_is_judged_on_verifies_alone():
     x.cache.length.zero_()
     verdict = verify(impl, x)
     assert verdict.ok and verdict.steps == 5 and impl.accepted == [None] * 5, verdict
+
+
+def test_a_verifys_records_are_judged_before_any_commit_reads_them():
+    """A verify-only implementation (no commit) whose deltas are 2% off: its outputs and every state are
+    right, the records it leaves for a commit are not."""
+    class OffRecords(NaiveTorch):
+        name = "off-records"
+
+        def _extra_unsupported(self, inputs):
+            return "takes no num_accepted" if inputs.num_accepted is not None else None
+
+        def _replay_launcher(self, inputs, out):
+            launch = super()._replay_launcher(inputs, out)
+
+            def run():
+                launch()
+                inputs.cache.u[inputs.slots[inputs.slots >= 0].long(), :, :inputs.T] *= 1.02
+                return out
+
+            return run
+
+    x = ring(T=2)
+    x.cache.length.zero_()
+    verdict = verify(OffRecords(), x)
+    assert verdict.steps == 1 and len(verdict.problems) == 1, verdict
+    assert re.fullmatch(r"cache.u record error 2.00e-02 > 1e-02 \(the records the step writes\)", verdict.problems[0])
