@@ -5,7 +5,8 @@ float64 reference (:data:`TOLERANCE`). The same pool then takes more steps, fres
 a, b each, the state carried forward, against a reference that stores each state rounded to the
 pool's dtype as kernels do (bound :func:`steps_tolerance`, tight): an error that compounds from step
 to step, which one step under a bf16 tolerance hides, is caught. Over all steps, every slot the
-steps do not store and the padding between slots must be unchanged bit for bit.
+steps do not store and the padding between slots must be unchanged bit for bit. A replay step
+(``inputs.cache``) is judged across its rings' flushes by :mod:`kda_impls.verify_replay`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     return num / denom if denom > 0 else num
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
+def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_BITS[t.element_size()])
 
 
@@ -66,7 +67,11 @@ def _truncated(x: torch.Tensor) -> torch.Tensor:
 def default_steps(inputs: DecodeInputs) -> int:
     """How many consecutive steps :func:`verify` runs on ``inputs``: :data:`MAX_STEPS`, fewer where
     a step's state elements (B*T*HV*V*K) would make them slow (on the CPU, where kernels are
-    interpreted, down to :data:`MIN_CPU_STEPS`)."""
+    interpreted, down to :data:`MIN_CPU_STEPS`); a replay step L + 1, so that every ring flushes."""
+    if inputs.replay:
+        # a one-token step on a ring of n records flushes at step L - n <= L: every live row flushes once,
+        # and its step after that reads the new checkpoint
+        return inputs.cache.L + 1
     if not inputs.update_state:
         return 1  # frozen verify stores nothing: no error carries over to a next step
     on_cpu = inputs.device.type == "cpu"
@@ -98,7 +103,7 @@ class Verdict:
         return head + ("" if self.ok else ": " + "; ".join(self.problems))
 
 
-def _padding(inputs: DecodeInputs, pool_span: torch.Tensor) -> torch.Tensor:
+def padding(inputs: DecodeInputs, pool_span: torch.Tensor) -> torch.Tensor:
     """The elements between consecutive slots, as an [N-1, slot_pad] view of ``pool_span``."""
     pad = inputs.slot_stride - inputs.slot_elements
     if inputs.N < 2 or pad == 0:
@@ -107,7 +112,7 @@ def _padding(inputs: DecodeInputs, pool_span: torch.Tensor) -> torch.Tensor:
                                 pool_span.storage_offset() + inputs.slot_elements)
 
 
-def _fresh_activations(inputs: DecodeInputs, gen: torch.Generator) -> DecodeInputs:
+def fresh_activations(inputs: DecodeInputs, gen: torch.Generator) -> DecodeInputs:
     """The step with new standard-normal q, k, v, a, b (as make_inputs draws them); pool, slots, gate
     parameters shared."""
     def draw(t):
@@ -147,20 +152,42 @@ class _RoundingReference:
         return self.slots.view(inputs.B, inputs.T).long()[stored]
 
 
-def _references(inputs: DecodeInputs, stored_slots: torch.Tensor) -> list[_RoundingReference]:
-    """The rounding references a run is judged against (by the nearer): the pool's dtype rounded to
-    nearest, as GPUs and torch convert; where Triton kernels are interpreted, bf16 also truncated,
-    as the interpreter converts (a compiled kernel's conversion rounds to nearest)."""
+def stores(inputs: DecodeInputs) -> list:
+    """How a kernel may round a state it stores, each judged against a reference of its own (the nearer
+    counts): to the pool's dtype rounded to nearest, as GPUs and torch convert; where Triton kernels are
+    interpreted, bf16 also truncated, as the interpreter converts (a compiled kernel rounds to nearest)."""
     dtype = inputs.state.dtype
-    refs = [_RoundingReference(inputs, stored_slots, lambda s: s.to(dtype))]
+    found = [lambda s: s.to(dtype)]
     if dtype == torch.bfloat16 and inputs.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-        refs.append(_RoundingReference(inputs, stored_slots, _truncated))
-    return refs
+        found.append(_truncated)
+    return found
 
 
-def _nearest(errors: list[float]) -> float:
+def nearest(errors: list[float]) -> float:
     """The smallest error, NaN if any is (the kernel's values are then NaN)."""
     return math.nan if any(math.isnan(e) for e in errors) else min(errors)
+
+
+def output_problems(x: DecodeInputs, out: torch.Tensor, refs: list[torch.Tensor], live: torch.Tensor,
+                    tol: float) -> tuple[float, list[str]]:
+    """``(error, problems)`` of one launch's output against the references' outputs (the nearer):
+    NaN anywhere (the output was poisoned), padding rows not zero, live rows over ``tol``."""
+    found = []
+    if torch.isnan(out).any():
+        found.append(f"{int(torch.isnan(out).sum())} output elements NaN (unwritten or invalid)")
+    rows = (x.B, x.T, x.HV, x.V)
+    out_rows = out.view(rows)
+    if (out_rows[~live] != 0).any():
+        found.append("rows with slot -1 must output zeros (padding rows: the slot they start from is -1)")
+    err = nearest([rel_err(out_rows[live], ref.view(rows)[live]) for ref in refs])
+    if not err <= tol:
+        found.append(f"output error {err:.2e} > {tol:.0e}")
+    return err, found
+
+
+def slot_rows(inputs: DecodeInputs, span: torch.Tensor) -> torch.Tensor:
+    """Every slot of ``span`` (a copy of the pool's span, or the span itself) as an ``[N, HV*V*K]`` view."""
+    return span.as_strided((inputs.N, inputs.slot_elements), (inputs.slot_stride, 1), span.storage_offset())
 
 
 def verify(impl: Implementation, inputs: DecodeInputs, steps: int | None = None) -> Verdict:
@@ -175,11 +202,13 @@ def verify(impl: Implementation, inputs: DecodeInputs, steps: int | None = None)
     errors are against the exact reference (``err_out``, ``err_state``); ``err_steps`` is the stored
     states' error after the last step run against the rounding reference, within
     :func:`steps_tolerance` after every step. The steps stop at the first that has a problem.
+    A replay step (``inputs.cache``) is judged by :func:`kda_impls.verify_replay.verify_replay`.
     Raises what ``bind`` raises (ContractError, Unsupported) before anything runs.
     """
-    if inputs.cache is not None:
-        raise ValueError("verify judges in-place decode and frozen verify; a replay step (inputs.cache) is judged "
-                         "against kda_impls.reference and kda_impls.effective_state (tests/test_replay.py)")
+    if inputs.replay:
+        from .verify_replay import verify_replay  # it builds on this module's helpers
+
+        return verify_replay(impl, inputs, steps)
     steps = default_steps(inputs) if steps is None else steps
     if steps < 1:
         raise ValueError(f"steps must be >= 1; got {steps}")
@@ -191,11 +220,11 @@ def verify(impl: Implementation, inputs: DecodeInputs, steps: int | None = None)
     tol_out = max(TOLERANCE[inputs.v.dtype], tol_state)
     gen = torch.Generator(device=inputs.device).manual_seed(int(inputs.slots.numel()) + 12345)
     before = inputs.pool_span().clone()
-    chains = _references(inputs, stored_slots)
+    chains = [_RoundingReference(inputs, stored_slots, store) for store in stores(inputs)]
     problems: list[str] = []
     err_out = err_state = err_steps = tol_steps = 0.0
     for step in range(steps):
-        x = inputs if step == 0 else _fresh_activations(inputs, gen)
+        x = inputs if step == 0 else fresh_activations(inputs, gen)
         out = torch.full(x.out_shape, float("nan"), dtype=x.v.dtype, device=x.device)
         launch = impl.bind(x, out)
         # every chain's outputs and exact states; at the first step all start from the same pool
@@ -203,15 +232,7 @@ def verify(impl: Implementation, inputs: DecodeInputs, steps: int | None = None)
         out = launch()
         if out.is_cuda:
             torch.cuda.synchronize(out.device)
-        found = []
-        if torch.isnan(out).any():
-            found.append(f"{int(torch.isnan(out).sum())} output elements NaN (unwritten or invalid)")
-        out_rows = out.view(B, T, x.HV, x.V)
-        if (out_rows[~live] != 0).any():
-            found.append("rows with slot -1 must output zeros (padding rows: the slot they start from is -1)")
-        step_err_out = _nearest([rel_err(out_rows[live], ref.view(B, T, x.HV, x.V)[live]) for ref, _ in results])
-        if not step_err_out <= tol_out:
-            found.append(f"output error {step_err_out:.2e} > {tol_out:.0e}")
+        step_err_out, found = output_problems(x, out, [ref for ref, _ in results], live, tol_out)
         kernel_states = inputs.state[stored_slots]
         if step == 0:
             err_out = step_err_out
@@ -219,7 +240,7 @@ def verify(impl: Implementation, inputs: DecodeInputs, steps: int | None = None)
             if not err_state <= tol_state:
                 found.append(f"state error {err_state:.2e} > {tol_state:.0e}")
         errs = [rel_err(kernel_states, chain.pool[chain.stored_index(x, stored)]) for chain in chains]
-        err_steps = _nearest(errs)
+        err_steps = nearest(errs)
         tol_steps = steps_tolerance(inputs.state.dtype, step + 1)
         if not err_steps <= tol_steps and not (step == 0 and not err_state <= tol_state):  # said once
             found.append(f"state error {err_steps:.2e} > {tol_steps:.1e} after {step + 1} steps, against the "
@@ -233,14 +254,10 @@ def verify(impl: Implementation, inputs: DecodeInputs, steps: int | None = None)
     untouched = torch.ones(inputs.N, dtype=torch.bool, device=inputs.device)
     untouched[stored_slots] = False
     idx = torch.nonzero(untouched).flatten()
-
-    def slot_rows(span):
-        return span.as_strided((inputs.N, inputs.slot_elements), (inputs.slot_stride, 1), span.storage_offset())
-
-    changed = (_bits(slot_rows(before)[idx]) != _bits(slot_rows(after)[idx])).any(dim=1)
+    changed = (bits(slot_rows(inputs, before)[idx]) != bits(slot_rows(inputs, after)[idx])).any(dim=1)
     if changed.any():
         problems.append(f"{int(changed.sum())} slots not in `slots` were written (or named only by padding "
                         f"rows, which store nothing; e.g. slot {int(idx[changed][0])})")
-    if not torch.equal(_bits(_padding(inputs, before)), _bits(_padding(inputs, after))):
+    if not torch.equal(bits(padding(inputs, before)), bits(padding(inputs, after))):
         problems.append("padding between slots was written")
     return Verdict(err_out, err_state, tol_out, tol_state, problems, err_steps, tol_steps, steps)

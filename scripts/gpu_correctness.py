@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU correctness grid: every implementation against the float64 reference on real shapes.
+"""The GPU correctness grid: every implementation against the float64 reference on real shapes, in each mode.
 The logic and its documentation: kda_impls/tools/gpu_correctness.py."""
 
 import sys

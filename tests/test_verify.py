@@ -8,6 +8,7 @@ only consecutive steps show are the implementations of tests/planted/, registere
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -321,3 +322,181 @@ def test_a_write_to_an_untouched_slot_on_a_later_step_is_caught():
 def test_steps_must_be_positive():
     with pytest.raises(ValueError, match="steps must be >= 1; got 0"):
         verify(NaiveTorch(), tiny(), steps=0)
+
+
+# ---- replay: steps across every ring's flush --------------------------------------------------------------
+
+def ring(**kw):
+    """A replay step; seed 5 draws ring lengths 3, 3, 1 for its live rows: flushes at steps 1, 1 and 3."""
+    return make_inputs(**{**dict(B=4, H=2, HV=2, K=16, V=16, ring=4, slot_pad=8, pad_rows=1, seed=5), **kw})
+
+
+@pytest.mark.parametrize("name, kw", [
+    ("naive", dict()), ("naive", dict(T=2)), ("naive", dict(T=3, ring=8)),
+    ("naive", dict(H=1, HV=4, V=8, state_dtype=torch.float32, dtype=torch.float32)),
+    ("planted-correct", dict(state_dtype=torch.float16)),
+    ("triton", dict(B=2)), ("triton", dict(B=2, state_dtype=torch.float32)),
+])
+def test_correct_replay_implementations_pass_steps_across_every_flush(planted, name, kw):
+    x = ring(**kw)
+    verdict = verify(planted(name), x)
+    assert verdict.ok and verdict.steps == default_steps(x) == x.cache.L + 1, verdict
+
+
+@pytest.mark.parametrize("name, problem", [
+    ("planted-noflush", "effective state error"),
+    ("planted-record-decay", "output error"),
+    ("planted-replay-drift", "effective state error"),
+])
+@pytest.mark.parametrize("kw", [dict(), dict(T=2), dict(B=2, ring=16, state_dtype=torch.float32)])
+def test_each_planted_replay_bug_is_wrong(planted, name, problem, kw):
+    verdict = verify(planted(name), ring(**kw))
+    assert not verdict.ok and any(problem in p for p in verdict.problems), verdict
+
+
+def test_a_replay_that_never_flushes_is_caught_at_the_latest_flush(planted):
+    """Every ring empty: each fills at step L, the last flush the default steps must reach."""
+    x = ring()
+    x.cache.length.zero_()
+    verdict = verify(planted("planted-noflush"), x)
+    assert verdict.steps == x.cache.L and verdict.problems[0].startswith("step 4 of 5: effective state error"), verdict
+
+
+def test_a_replay_drift_of_half_a_percent_per_step_passes_one_step_and_is_caught_as_it_compounds(planted):
+    """From empty rings the drift's first step is within the one-step tolerances (0.5%); each record
+    read adds 0.5% to the next step's error, caught within the ring."""
+    x = ring()
+    x.cache.length.zero_()
+    assert verify(planted("planted-replay-drift"), x.clone(), steps=1).ok
+    verdict = verify(planted("planted-replay-drift"), x)
+    assert verdict.err_out < 1e-2 and verdict.err_state < 1e-2, verdict
+    assert 1 < verdict.steps <= x.cache.L and not verdict.ok, verdict
+
+
+def _live_slot(inputs, live, flushed):
+    """A live row's slot whose ring the step just emptied (``flushed``) or did not."""
+    lengths = inputs.cache.length[inputs.slots[live].long()]
+    return int(inputs.slots[live][(lengths == 0) == flushed][0])
+
+
+def _unnamed_slot(inputs):
+    return sorted(set(range(inputs.N)) - set(inputs.slots.tolist()))[0]
+
+
+def pool_written_without_flush(inputs, out, live):
+    inputs.state[_live_slot(inputs, live, flushed=False), 0, 0, 0] += 1
+
+
+def untouched_record_written(inputs, out, live):
+    inputs.cache.u[_unnamed_slot(inputs), 0, 0, 0] += 1
+
+
+def record_past_length_written(inputs, out, live):
+    s = _live_slot(inputs, live, flushed=False)
+    inputs.cache.u[s, 0, int(inputs.cache.length[s]), 0] += 1
+
+
+def key_record_written(inputs, out, live):
+    inputs.cache.kg[_unnamed_slot(inputs), 0, 0, 0] += 1
+
+
+def ring_never_emptied(inputs, out, live):
+    s = _live_slot(inputs, live, flushed=True)
+    inputs.cache.length[s] = inputs.cache.L  # the contract refuses it at the next bind: judged before that
+
+
+def replay_padding_written(inputs, out, live):
+    inputs.pool_span()[inputs.slot_elements] += 1
+
+
+@pytest.mark.parametrize("bug, problem", [
+    (pool_written_without_flush, r"^1 pool slots written whose ring did not fill \(the pool is written only at a "
+                                 r"flush; e.g. slot \d+\)$"),
+    (untouched_record_written, r"^1 cache.u records written that the step does not write"),
+    (record_past_length_written, r"^1 cache.u records written that the step does not write"),
+    (key_record_written, r"^1 cache.kg records differ from the reference's"),
+    (ring_never_emptied, r"^cache.length differs from the reference's at 1 slots \(e.g. slot \d+: 4, the reference "
+                         r"0\)$"),
+    (replay_padding_written, r"^padding between slots was written$"),
+    (nonzero_padding_rows, r"^rows with slot -1 must output zeros"),
+])
+def test_each_replay_write_check_catches_its_bug(bug, problem):
+    verdict = verify(Planted(bug), ring())
+    assert not verdict.ok and verdict.steps == 1, verdict
+    assert any(re.search(problem, p) for p in verdict.problems), verdict.problems
+
+
+def test_a_replay_output_is_poisoned_before_every_step():
+    verdict = verify(EveryNthStep(3, lambda inputs, out: None), ring())
+    assert verdict.steps == 3 and verdict.problems[0].startswith("step 3 of 5: "), verdict
+    assert "output elements NaN" in verdict.problems[0]
+
+
+def test_a_replay_row_through_the_case_runner(planted):
+    """As a sweep checks a replay row: the steps run, the drift is wrong, the naive step ok."""
+    cfg = Config("planted-replay-drift", B=4, H=2, HV=2, K=16, V=16, mode="replay", ring=4, pad_rows=1, slot_pad=8)
+    row = run_case(cfg, "cpu")
+    assert row["status"] == "wrong" and "effective state error" in row["reason"], row
+    row = run_case(replace(cfg, impl="naive"), "cpu")
+    assert row["status"] == "ok" and row["steps"] == 5, row
+
+
+def test_a_verify_that_commits_nothing_is_caught_on_its_commit_step():
+    """At T > 1 the later steps commit a random 0..T of the records the step before left: an
+    implementation that ignores num_accepted keeps a state short of the accepted tokens."""
+    class CommitsNothing(NaiveTorch):
+        name = "commits-nothing"
+
+        def _replay_launcher(self, inputs, out):
+            return super()._replay_launcher(replace(inputs, num_accepted=None), out)
+
+    verdict = verify(CommitsNothing(), ring(T=2))
+    assert not verdict.ok and verdict.steps > 1, verdict
+    assert verdict.problems[0].startswith(f"step {verdict.steps} of 5: "), verdict
+
+
+def test_a_verify_that_refuses_commits_is_judged_on_verifies_alone():
+    """A verify from the checkpoint only (FlashInfer's RecoverSSM call) refuses num_accepted: the later
+    steps commit nothing and still run, every one judged."""
+    class RefusesCommits(NaiveTorch):
+        name = "refuses-commits"
+        accepted = []
+
+        def _extra_unsupported(self, inputs):
+            return "takes no num_accepted" if inputs.num_accepted is not None else None
+
+        def _replay_launcher(self, inputs, out):
+            self.accepted.append(inputs.num_accepted)
+            return super()._replay_launcher(inputs, out)
+
+    impl = RefusesCommits()
+    x = ring(T=2)
+    x.cache.length.zero_()
+    verdict = verify(impl, x)
+    assert verdict.ok and verdict.steps == 5 and impl.accepted == [None] * 5, verdict
+
+
+def test_a_verifys_records_are_judged_before_any_commit_reads_them():
+    """A verify-only implementation (no commit) whose deltas are 2% off: its outputs and every state are
+    right, the records it leaves for a commit are not."""
+    class OffRecords(NaiveTorch):
+        name = "off-records"
+
+        def _extra_unsupported(self, inputs):
+            return "takes no num_accepted" if inputs.num_accepted is not None else None
+
+        def _replay_launcher(self, inputs, out):
+            launch = super()._replay_launcher(inputs, out)
+
+            def run():
+                launch()
+                inputs.cache.u[inputs.slots[inputs.slots >= 0].long(), :, :inputs.T] *= 1.02
+                return out
+
+            return run
+
+    x = ring(T=2)
+    x.cache.length.zero_()
+    verdict = verify(OffRecords(), x)
+    assert verdict.steps == 1 and len(verdict.problems) == 1, verdict
+    assert re.fullmatch(r"cache.u record error 2.00e-02 > 1e-02 \(the records the step writes\)", verdict.problems[0])

@@ -13,7 +13,7 @@ import torch
 from ..contract import Implementation, Unsupported
 from ..inputs import DecodeInputs
 from ..registry import get
-from ..verify import verify
+from ..verify import Verdict, verify
 from . import clocks
 from .config import CONFIG_COLUMNS, Config
 from .l2 import DEFAULT_ENTRY, ENTRY_STATES, as_device
@@ -97,6 +97,9 @@ class _TimedFirstLaunch:
         self.impl = impl
         self.seconds: float | None = None
 
+    def unsupported(self, inputs: DecodeInputs) -> str | None:
+        return self.impl.unsupported(inputs)  # what verify asks of a later step's form (a replay commit)
+
     def bind(self, inputs: DecodeInputs, out: torch.Tensor | None = None):
         launch = self.impl.bind(inputs, out)
         if self.seconds is not None:  # verify's later steps
@@ -110,9 +113,15 @@ class _TimedFirstLaunch:
         return timed
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " | ".join(line.strip() for line in f"{type(exc).__name__}: {exc}".splitlines() if line.strip())
     return text[:MAX_REASON_CHARS]
+
+
+def verdict_columns(verdict: Verdict) -> dict:
+    """A row's correctness columns from :func:`verify`'s verdict."""
+    return {"err_out": verdict.err_out, "err_state": verdict.err_state, "err_steps": verdict.err_steps,
+            "steps": verdict.steps, "status": "ok" if verdict.ok else "wrong", "reason": "; ".join(verdict.problems)}
 
 
 def empty_row(cfg: Config, status: str | None = None, reason: str = "") -> dict:
@@ -163,8 +172,9 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
     ``device``.
 
     First the correctness check on fresh inputs (:func:`verify`: one step, then several on the same
-    pool; its first launch is also the timed first call), in a pool with spare slots, or in the
-    layout's own pool where the implementation binds only that; with a ``method``, then the kernel
+    pool, a replay row's across every ring's flush; its first launch is also the timed first call), in
+    a pool with spare slots, or in the layout's own pool where the implementation binds only that;
+    with a ``method``, then the kernel
     time over the layout's placements and the method's L2 entry state (:func:`kernel_time`, under a
     :class:`clocks.ClockMonitor`: a row timed
     while throttled is timed once more), the latency of one eager call (:func:`call_time`), the
@@ -192,10 +202,7 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
             # is checked on that layout, without spare slots to see left untouched.
             check_inputs = cfg.make_inputs(device, seed, timed=True)
             verdict = verify(first, check_inputs)
-        row |= {"err_out": verdict.err_out, "err_state": verdict.err_state, "err_steps": verdict.err_steps,
-                "steps": verdict.steps,
-                "first_call_ms": first.seconds * 1e3, "status": "ok" if verdict.ok else "wrong",
-                "reason": "; ".join(verdict.problems)}
+        row |= verdict_columns(verdict) | {"first_call_ms": first.seconds * 1e3}
         del check_inputs  # its pool (2B slots) is not needed while timing
         if method is None:
             return row
@@ -221,9 +228,9 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
         call = call_time(impl.bind(timed_inputs), device, method.call, entry=method.entry) if method.call else None
         del timed_inputs
     except (ImportError, Unsupported) as exc:  # a library missing; a reason only bind() found
-        return row | {"status": "unsupported", "reason": _one_line(exc)}
+        return row | {"status": "unsupported", "reason": one_line(exc)}
     except Exception as exc:  # ContractError, a failed launch, out of memory, a library's own error
-        return row | {"status": "error", "reason": _one_line(exc)}
+        return row | {"status": "error", "reason": one_line(exc)}
 
     copy_bw = copy_bandwidth(device) if copy_bw is None else copy_bw
     return row | clock | {"retimed": retimed} | _kernel_columns(kernel, nbytes, copy_bw) | ({} if call is None else {

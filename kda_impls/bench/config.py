@@ -13,8 +13,9 @@ from ..inputs import DecodeInputs, make_inputs
 SLOT_ORDERS = ("random", "sorted")
 CHECKPOINTS = ("all", "last")
 # inplace: the pool updated in place; frozen: frozen verify (update_state=False), every token's output
-# from the row's start state, nothing stored
-MODES = ("inplace", "frozen")
+# from the row's start state, nothing stored; replay: cached-input replay (a ReplayCache of `ring` records
+# per slot), the pool slot written only when a step fills the ring
+MODES = ("inplace", "frozen", "replay")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Config:
     T: int = 1  # tokens per row (speculative verify: T > 1)
     checkpoints: str = "all"  # T > 1: the state stored after every token, or after the last only
     mode: str = "inplace"  # one of MODES
+    ring: int = 0  # replay: records per slot (the ring's L); 0: no ring (the other modes)
     slot_pad: int = 0  # elements of padding after each state slot (slot stride HV*V*K + slot_pad)
     layout: PoolLayout = field(default_factory=PoolLayout)
 
@@ -71,14 +73,24 @@ class Config:
             raise ValueError(f"checkpoints must be one of {', '.join(CHECKPOINTS)}; got {self.checkpoints!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
-        # one token: both store it; frozen verify: neither stores. One spelling, one key.
-        if (self.T == 1 or self.mode == "frozen") and self.checkpoints != "all":
+        if self.mode != "replay" and self.ring:
+            raise ValueError(f"ring is the record ring of mode replay only; got ring={self.ring} with mode {self.mode}")
+        if self.mode == "replay" and self.ring < self.T:
+            raise ValueError(f"mode replay needs ring >= T (a step's records must fit in the ring; --ring L): "
+                             f"got ring={self.ring}, T={self.T}")
+        if self.mode == "replay" and self.T != 1:
+            # a verify leaves its records uncommitted: of repeated timed steps only the first would flush,
+            # so the bytes counted (each step's own) would not be the ones timed
+            raise ValueError(f"mode replay times one-token decode steps: T must be 1 (a T > 1 replay step is a "
+                             f"verify whose records wait for a commit); got T={self.T}")
+        # one token: both store it; frozen verify and replay: neither stores. One spelling, one key.
+        if (self.T == 1 or self.mode != "inplace") and self.checkpoints != "all":
             object.__setattr__(self, "checkpoints", "all")
 
     def key(self) -> str:
         """Stable id of this row (resume, samples.json, regression comparisons); safe as a file name."""
-        tokens = (f"T{self.T}frozen" if self.mode == "frozen" else
-                  "T1" if self.T == 1 else f"T{self.T}{self.checkpoints}")
+        tokens = (f"T{self.T}frozen" if self.mode == "frozen" else f"T{self.T}ring{self.ring}" if self.mode == "replay"
+                  else "T1" if self.T == 1 else f"T{self.T}{self.checkpoints}")
         return (f"{self.impl}_B{self.B}_H{self.H}_HV{self.HV}_K{self.K}_V{self.V}_{tokens}_{self.state_dtype}"
                 f"_padrows{self.pad_rows}_slotpad{self.slot_pad}_{self.layout.key()}")
 
@@ -102,13 +114,14 @@ class Config:
     def make_inputs(self, device, seed: int = 0, *, timed: bool = True) -> DecodeInputs:
         """Random inputs of this shape (:func:`kda_impls.make_inputs`, drawn on ``device``): laid out
         as the layout says when ``timed``; for the correctness check (``timed=False``), in a pool of
-        twice the slots the rows need, so that untouched slots exist to be checked."""
+        twice the slots the rows need, so that untouched slots exist to be checked. A replay row's cache
+        has ``ring`` records per slot, each slot's length drawn in [0, ring)."""
         stored = self.B * (self.T if self.checkpoints == "all" and self.mode == "inplace" else 1)
         n_slots = self.layout.slots_per_row * stored if timed else None
         return make_inputs(self.B, self.H, self.HV, self.K, self.V, T=self.T, checkpoints=self.checkpoints,
                            state_dtype=self.torch_state_dtype, slot_pad=self.slot_pad, n_slots=n_slots,
                            pad_rows=self.pad_rows, sorted_slots=self.layout.slot_order == "sorted", device=device,
-                           seed=seed, update_state=self.mode == "inplace")
+                           seed=seed, update_state=self.mode != "frozen", ring=self.ring or None)
 
 
 def _plain(value):
@@ -121,10 +134,11 @@ def _plain(value):
 AXES = tuple(f.name for f in fields(Config) if f.name not in ("impl", "layout"))
 CONFIG_COLUMNS = ["impl", *AXES, *(f.name for f in fields(PoolLayout))]
 SORT_COLUMNS = [c for c in CONFIG_COLUMNS if c != "B"] + ["B"]
-NEWER_AXES = {f.name: f.default for f in fields(Config) if f.name == "mode"}  # absent from older results
+NEWER_AXES = {f.name: f.default for f in fields(Config) if f.name in ("mode", "ring")}  # absent from older results
 
 
 def with_newer_axes(table):
     """``table`` (result rows) with the axes added since it was measured, at their defaults."""
-    return table.assign(**{axis: table[axis].astype(object).fillna(default) if axis in table else default
-                           for axis, default in NEWER_AXES.items()})
+    # in its own type: a column that older rows leave empty reads as floats (16.0 for a ring of 16)
+    return table.assign(**{axis: table[axis].astype(object).fillna(default).astype(type(default)) if axis in table
+                           else default for axis, default in NEWER_AXES.items()})

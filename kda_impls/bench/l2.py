@@ -71,8 +71,10 @@ def entry_op(entry: str, device) -> Callable[[], None] | None:
 
 
 def working_set_bytes(inputs: DecodeInputs) -> int:
-    """Bytes of the pool's whole span (slots and the padding between them) and every other input."""
-    return inputs.pool_span().nbytes + inputs.bytes_besides_pool()
+    """Bytes of the pool's whole span (slots and the padding between them) and every other input, a
+    replay step's cache included."""
+    cache = sum(t.nbytes for t in inputs.cache.tensors().values()) if inputs.replay else 0
+    return inputs.pool_span().nbytes + inputs.bytes_besides_pool() + cache
 
 
 def rotation_inputs(entry: str, first: DecodeInputs, device) -> tuple[str, list[DecodeInputs]]:

@@ -59,6 +59,8 @@ class Preset:
                 axes = dict(zip(grid, values, strict=True))
                 if axes.get("pad_rows", 0) > axes["B"]:
                     continue  # more padding rows than rows
+                if axes.get("mode") != "replay":
+                    axes.pop("ring", None)  # a ring is replay's: the grid's other modes have none
                 for impl in impls:  # one key for what Config spells one way (T = 1 or frozen: checkpoints all)
                     cfg = Config(impl=impl, **axes, layout=layout)
                     configs[cfg.key()] = cfg
@@ -67,8 +69,8 @@ class Preset:
 
 
 def _matches(cfg: Config, only: dict) -> bool:
-    columns = cfg.columns()
-    return all(columns[axis] in values for axis, values in only.items())
+    columns = cfg.columns()  # rings narrow the replay rows only: the rows beside them have none
+    return all(columns[axis] in values or (axis == "ring" and cfg.mode != "replay") for axis, values in only.items())
 
 
 def adhoc_configs(impls: list[str], axes: dict, layout: PoolLayout = DEFAULT_LAYOUT) -> list[Config]:
@@ -126,6 +128,22 @@ def _frozen_verify_grids():
                       checkpoints=("last",), mode=("inplace", "frozen")) for hv in (32, 64))
 
 
+def _replay_grids():
+    # replay beside our in-place kernel per step (averaged over the ring's L steps, flush included): the
+    # issue's target shapes (T = 1, HV 32/64, K = V = 128, bf16 and fp32 state), rings of 8, 16 and 32
+    return tuple(dict(B=(1, 16, 32, 64, 128, 256), H=(hv,), HV=(hv,), K=(128,), V=(128,), state_dtype=BF16_FP32,
+                      mode=("inplace", "replay"), ring=(8, 16, 32)) for hv in (32, 64))
+
+
+def _spec_step_grids():
+    # a speculative step of T draft tokens done both ways (bench/spec_step.py sets them side by side):
+    # a checkpointing verify (in place, the state stored after every token), or a frozen verify and then
+    # the commit of the a accepted tokens (in place, the last state stored: T = a for a in 1..T)
+    shape = dict(B=(1, 16, 32, 64, 128, 256), H=(32,), HV=(32,), K=(128,), V=(128,))
+    return (shape | dict(T=(2, 4, 8), checkpoints=("all",)), shape | dict(T=(2, 4, 8), mode=("frozen",)),
+            shape | dict(T=tuple(range(1, 9)), checkpoints=("last",)))
+
+
 def _tiny(**axes):
     return dict(B=(4,), H=(2,), HV=(2,), K=(16,), V=(16,)) | {k: (v,) for k, v in axes.items()}
 
@@ -153,6 +171,12 @@ PRESETS = {
         Preset("frozen-verify", "frozen verify (update_state=False) beside in-place decode of the same T 1/2/4/8 "
                "tokens storing the last state, H = HV 32/64, K = V = 128, B 1..256, bf16 state",
                _frozen_verify_grids(), *THOROUGH),
+        Preset("replay", "cached-input replay (T = 1, rings of 8/16/32 records) beside in-place decode, per step "
+               "over the ring's steps, flush included: H = HV 32/64, K = V = 128, B 1..256, bf16 and fp32 state",
+               _replay_grids(), *THOROUGH),
+        Preset("spec-step", "a speculative step both ways: checkpointing verify of T 2/4/8 tokens, frozen verify and "
+               "the commit of 1..T accepted tokens (kda-spec-step DIR); H = HV = 32, K = V = 128, B 1..256, bf16",
+               _spec_step_grids(), *THOROUGH),
         Preset("shapes", "HV 16/32/64 x K, V in 64/128/256, bf16 state", _shapes_grids(), *THOROUGH),
         Preset("full", "kimi-linear-48b, gva and shapes, plus padding rows (CUDA-graph batch padding)",
                (_kimi_grid(), *_gva_grids(), *_shapes_grids(),

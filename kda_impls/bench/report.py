@@ -47,12 +47,30 @@ def summary_table(table: pd.DataFrame) -> str:
     implementation (columns); the status where nothing was timed. The configuration columns that
     take one value in the table are said once above it, and the columns wrap at :data:`WIDTH`."""
     shown = table.assign(cell=table.apply(_cell, axis=1), state_dtype=table.state_dtype.map(dtypes.short),
-                         checkpoints=table.checkpoints.where(table["mode"] != "frozen", "none"))  # frozen: no store
+                         checkpoints=table.checkpoints.where(table["mode"] == "inplace", "none"))  # no token's store
     axes = [c for c in CONFIG_COLUMNS if c not in ("impl", "B")] + ["B"]
     varying = [c for c in axes if shown[c].nunique() > 1 or c == "B"]
     fixed = " ".join(f"{c}={shown[c].iloc[0]}" for c in axes if c not in varying)
     pivot = shown.pivot(index=varying, columns="impl", values="cell")
     return "\n".join([*textwrap.wrap(fixed, WIDTH), pivot.fillna("").to_string(line_width=WIDTH)])
+
+
+def replay_speedup_table(table: pd.DataFrame) -> str:
+    """Each ok replay row's speedup per step over the ok in-place row of the same implementation and
+    configuration (in-place kernel time / replay's, a replay row's being its mean over whole ring
+    cycles, flush included): a column per batch, a row per implementation, shape, state dtype and ring
+    (those that vary); empty where no pair is ok."""
+    ok = table[(table.status == "ok") & table.kernel_us_mean.notna()]
+    same = [c for c in CONFIG_COLUMNS if c not in ("mode", "ring", "checkpoints")]
+    inplace = ok[(ok["mode"] == "inplace") & (ok["T"] == 1)][[*same, "kernel_us_mean"]]
+    pairs = ok[ok["mode"] == "replay"].merge(inplace, on=same, suffixes=("", "_inplace"))
+    if pairs.empty:
+        return ""
+    pairs = pairs.assign(speedup=pairs.kernel_us_mean_inplace / pairs.kernel_us_mean,
+                         state_dtype=pairs.state_dtype.map(dtypes.short))
+    index = [c for c in [*same, "ring"] if c != "B" and (pairs[c].nunique() > 1 or c in ("impl", "ring"))]
+    grid = pairs.pivot_table(index=index, columns="B", values="speedup")
+    return grid.apply(lambda col: col.map(lambda x: "" if pd.isna(x) else f"{x:.2f}x")).to_string(line_width=WIDTH)
 
 
 def problems_table(table: pd.DataFrame) -> str:

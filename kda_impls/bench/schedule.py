@@ -26,8 +26,8 @@ def compile_groups(configs: list[Config]) -> list[list[Config]]:
 
 
 def group_key(cfg: Config) -> tuple:
-    """What a compiled kernel is specialised on: the implementation, shape, state dtype, T and mode."""
-    return cfg.impl, cfg.H, cfg.HV, cfg.K, cfg.V, cfg.state_dtype, cfg.T, cfg.mode
+    """What a compiled kernel is specialised on: the implementation, shape, state dtype, T, mode and ring."""
+    return cfg.impl, cfg.H, cfg.HV, cfg.K, cfg.V, cfg.state_dtype, cfg.T, cfg.mode, cfg.ring
 
 
 class GroupScheduler:

@@ -52,6 +52,7 @@ from .report import (
     estimate_seconds,
     lane_summary,
     problems_table,
+    replay_speedup_table,
     summary_table,
     verdict,
 )
@@ -107,7 +108,11 @@ def parser() -> Parser:
                       help="with T > 1: the state stored after every token (all) or the last only")
     axes.add_argument("--mode", type=comma_list(_one_of(MODES)), metavar=",".join(MODES),
                       help="inplace: the pool updated in place; frozen: frozen verify (update_state=False), "
-                           "every token's output from the row's start state, nothing stored")
+                           "every token's output from the row's start state, nothing stored; replay: cached-input "
+                           "replay (T = 1), a ring of --ring records per slot, the pool written when it fills")
+    axes.add_argument("--ring", type=comma_list(positive_int), metavar="L,...",
+                      help="mode replay: records per slot (the ring's length L); a replay row's time is per step "
+                           "over whole ring cycles, flush included")
     layout = p.add_argument_group("pool layout")
     layout.add_argument("--slots-per-row", type=positive_int, default=PoolLayout.slots_per_row, metavar="N",
                         help="timed pools hold N*B slots, the rows' drawn among them (default %(default)s)")
@@ -168,10 +173,17 @@ def configs_from_args(args, device_type: str) -> tuple[str, list[Config]]:
     layout = PoolLayout(slots_per_row=args.slots_per_row, slot_order=args.slot_order, placements=placements)
     given = {axis: getattr(args, axis) for axis in AXES if getattr(args, axis) is not None}
     impls = list(args.impls or registry.names())
-    if args.preset is None and given:
-        return "adhoc", adhoc_configs(impls, given, layout)
-    name = args.preset or ("kimi-linear-48b" if device_type == "cuda" else "smoke")
-    return name, PRESETS[name].configs(impls, layout, only=given)
+    name = "adhoc" if args.preset is None and given else args.preset or (
+        "kimi-linear-48b" if device_type == "cuda" else "smoke")
+    try:
+        configs = adhoc_configs(impls, given, layout) if name == "adhoc" else PRESETS[name].configs(impls, layout,
+                                                                                                    only=given)
+    except ValueError as exc:  # a combination a Config refuses (mode replay without a ring, ...)
+        raise UsageError(str(exc)) from None
+    if args.ring and not any(c.mode == "replay" for c in configs):
+        raise UsageError(f"--ring {','.join(map(str, args.ring))}: no replay row of {name} has that ring (--ring sets "
+                         "the rings of mode replay's rows: add --mode replay, or inplace,replay, or leave --ring out)")
+    return name, configs
 
 
 def default_out(args, name: str, configs: list[Config], settings: dict) -> Path:
@@ -249,6 +261,10 @@ def _report(run: Prepared, table: pd.DataFrame, started: float) -> pd.DataFrame:
     ours = table[table.key.isin({c.key() for c in run.sweep.configs})]
     print(f"\nkernel time, bandwidth, share of the copy roofline (L2 entry state {run.sweep.method.entry}):")
     print(summary_table(ours))
+    speedups = replay_speedup_table(ours)
+    if speedups:
+        print("\nreplay per step against in-place (in-place kernel time / replay's, over whole ring cycles):")
+        print(speedups)
     problems = problems_table(ours)
     if problems:
         print("\nrows not ok:\n" + problems)

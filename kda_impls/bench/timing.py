@@ -52,8 +52,8 @@ METHOD_VERSION = 4  # 4: placements held, fresh from the first; 27 for steps ove
 PLACEMENT_SPREAD_LIMIT = 0.02
 EXTRA_PLACEMENTS = 24
 
-# One replay (one sample) lasts about this long, so that event resolution (~0.5 us) and the gap
-# before a replay stay near 1% of it; the cap bounds the capture time of the tiniest kernels.
+# One replay (one sample) lasts about this long, so that event resolution (~0.5 us) and the gap before a replay stay
+# near 1% of it; the cap bounds the capture time of the tiniest kernels (but for a replay step's whole ring cycles).
 TARGET_PASS_S = 5e-4
 MAX_CALLS_PER_PASS = 1000
 BATCH = 8  # samples taken between checks of the stopping rule
@@ -63,13 +63,12 @@ CONFIDENCE = 0.95
 HOLD_HEADROOM = 0.25
 SPACER_PAGES = 64  # a placement's spacer is 1..SPACER_PAGES pages of 2 MiB (the allocator's segment unit)
 PAGE_BYTES = 2 << 20
-# On the H200 the first placement of a large row ran 10% slow (fp32 HV=64 K=V=128 B=256: 599 against
-# 545 us) when the memory of an earlier kernel time (six held placements) or of a correctness check
-# had just been handed back to the driver (results/h200/timing-evidence/settle.md):
-# whatever the driver does with freed memory slows what runs meanwhile. 10 ms of idling after such a
-# hand-back ended it at both state dtypes, and the 0.5 GiB of a bf16 check's inputs slowed the next
-# placement by 8% in one process of two (the same file). ``settle_s``
-# (Method.settle_s, --settle) idles after a release of more than this many bytes.
+# On the H200 the first placement of a large row ran 10% slow (fp32 HV=64 K=V=128 B=256: 599 against 545 us) when
+# the memory of an earlier kernel time (six held placements) or of a correctness check had just been handed back to
+# the driver (results/h200/timing-evidence/settle.md): whatever the driver does with freed memory slows what runs
+# meanwhile. 10 ms of idling after such a hand-back ended it at both state dtypes, and the 0.5 GiB of a bf16 check's
+# inputs slowed the next placement by 8% in one process of two (the same file). ``settle_s`` (Method.settle_s,
+# --settle) idles after a release of more than this many bytes.
 SETTLE_MIN_BYTES = 64 << 20
 
 
@@ -233,8 +232,9 @@ def _replayable(run: Callable[[], None]) -> tuple[Callable[[], None], str]:
     return run, "cuda-events"
 
 
-def _time_placement(launchers: Sequence[Launcher], device: torch.device, budget: Budget, entry: str) -> Timing:
-    """One placement's samples: each the mean time of the calls of one timed pass over ``launchers``.
+def _time_placement(launchers: Sequence[Launcher], device: torch.device, budget: Budget, entry: str, cycle: int = 1):
+    """One placement's :class:`Timing`: each sample the mean time of the calls of one timed pass over
+    ``launchers``, each called in whole ``cycle``s (:func:`_reps`).
 
     Where an entry op runs before each call, a sample is the pass less the median of passes of the
     entry op alone (timed in the same batch): the call's share of the GPU time in a stream of
@@ -244,7 +244,7 @@ def _time_placement(launchers: Sequence[Launcher], device: torch.device, budget:
     if device.type != "cuda":
         synced_call(rotation[0], device)
         call_s = min(timed_runs(_pass(rotation, None), 1, device)) / len(rotation)
-        reps = _reps(call_s, len(rotation))
+        reps = _reps(call_s, len(rotation), cycle)
         calls = reps * len(rotation)
         run = _pass(rotation * reps, None)
         return Timing(_sample(lambda k: [t / calls for t in timed_runs(run, k, device)], call_s * calls,
@@ -252,7 +252,7 @@ def _time_placement(launchers: Sequence[Launcher], device: torch.device, budget:
 
     prepare = entry_op(entry, device)
     with torch.cuda.device(device):
-        run, calls, method, wall_s = timed_pass(rotation, device, prepare)
+        run, calls, method, wall_s = timed_pass(rotation, device, prepare, cycle)
         reps = calls // len(rotation)
         if prepare is None:
             def take(k: int) -> list[float]:
@@ -269,24 +269,26 @@ def _time_placement(launchers: Sequence[Launcher], device: torch.device, budget:
         return Timing(_sample(take, 2 * wall_s * reps, budget), method)
 
 
-def timed_pass(launchers: Sequence[Launcher], device: torch.device,
-               prepare: Callable[[], None] | None) -> tuple[Callable[[], None], int, str, float]:
+def timed_pass(launchers: Sequence[Launcher], device: torch.device, prepare: Callable[[], None] | None,
+               cycle: int = 1) -> tuple[Callable[[], None], int, str, float]:
     """What one kernel-time sample replays on a GPU, built and uploaded: (the pass, its calls, how it
     runs (a CUDA graph, else eager calls between events), wall seconds of one eager pass over
-    ``launchers``). The pass repeats the rotation over ``launchers`` until it lasts TARGET_PASS_S,
-    each call after the entry op ``prepare`` where there is one (:func:`entry_op`).
-    ``scripts/cupti_crosscheck.py --replay`` profiles the same pass."""
+    ``launchers``). The pass repeats the rotation over ``launchers`` until it lasts TARGET_PASS_S, in
+    whole ``cycle``s (:func:`_reps`), each call after the entry op ``prepare`` where there is one
+    (:func:`entry_op`). ``scripts/cupti_crosscheck.py --replay`` profiles the same pass."""
     _pass(launchers, prepare)()  # every launcher once before capture (lazy workspaces, handles)
     wall_s, _ = synced_call(_pass(launchers, prepare), device)
-    reps = _reps(wall_s / len(launchers), len(launchers))
+    reps = _reps(wall_s / len(launchers), len(launchers), cycle)
     run, method = _replayable(_pass(list(launchers) * reps, prepare))
     run()  # a graph's first replay uploads it
     return run, reps * len(launchers), method, wall_s
 
 
-def _reps(call_s: float, calls: int) -> int:
-    """How often to repeat ``calls`` calls of ``call_s`` each so that a pass lasts TARGET_PASS_S."""
-    return max(1, min(math.ceil(TARGET_PASS_S / max(call_s * calls, 1e-9)), MAX_CALLS_PER_PASS // calls))
+def _reps(call_s: float, calls: int, cycle: int = 1) -> int:
+    """How often to repeat ``calls`` calls of ``call_s`` each so that a pass lasts TARGET_PASS_S, in whole ``cycle``s
+    (a replay row's: its ring's L, so that every sample holds each slot's flush once per L of its steps)."""
+    reps = max(1, min(math.ceil(TARGET_PASS_S / max(call_s * calls, 1e-9)), MAX_CALLS_PER_PASS // calls))
+    return math.ceil(reps / cycle) * cycle
 
 
 def release_cache(device: torch.device, settle_s: float = 0.0) -> None:
@@ -308,19 +310,17 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
     than the L2 holds or where the first ones' medians spread by more than PLACEMENT_SPREAD_LIMIT
     (max / min - 1).
 
-    Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (1 to
-    SPACER_PAGES pages of 2 MiB, from ``seed``) is allocated. The allocator's cache is handed back to
-    the driver before every placement, so that each pool is a fresh allocation, as a serving engine's
-    pool is, not carved out of blocks the row's correctness check left cached. Where a
-    release hands back more than SETTLE_MIN_BYTES, ``settle_s`` seconds of idling follow it (the
-    first placement of our kernel's largest rows ran 8-10% slower after such a release, fresh
-    allocation or not; :data:`SETTLE_MIN_BYTES`). Each placement's memory
-    is freed before the next, which the driver may then hand out again; with ``disjoint`` it is
-    held until the row ends (while the device has room: :data:`HOLD_HEADROOM`), so that each
-    placement lands on pages no earlier one used. It rotates over the input sets
-    :func:`rotation_plan` asks for (copies of the first), each bound with ``bind``; every call runs
-    after the entry op of the state the plan makes; the first pass is a warm-up.
-    """
+    Placement ``p`` draws its inputs with ``make(p)`` after a spacer of random size (1 to SPACER_PAGES
+    pages of 2 MiB, from ``seed``) is allocated. The allocator's cache is handed back to the driver
+    before every placement, so that each pool is a fresh allocation, as a serving engine's pool is, not
+    carved out of blocks the row's correctness check left cached. Where a release hands back more than
+    SETTLE_MIN_BYTES, ``settle_s`` seconds of idling follow it (the first placement of our kernel's
+    largest rows ran 8-10% slower after such a release, fresh allocation or not). Each placement's
+    memory is freed before the next, which the driver may then hand out again; with ``disjoint`` it is
+    held until the row ends (while the device has room: :data:`HOLD_HEADROOM`), so that each placement
+    lands on pages no earlier one used. It rotates over the input sets :func:`rotation_plan` asks for
+    (copies of the first), each bound with ``bind``, in whole ring cycles for a replay step; every call
+    runs after the entry op of the state the plan makes; the first pass is a warm-up."""
     device = as_device(device)
     rng = np.random.default_rng(seed)
     share = budget.share(placements)
@@ -338,9 +338,9 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
         if placement == 0:
             l2 = l2_bytes(device)  # the CPU's: 0, no cache modelled
             beyond_l2 = l2 > 0 and first.nbytes() > l2
-        made, input_sets = rotation_inputs(entry, first, device)
+        made, input_sets = rotation_inputs(entry, first, device)  # a replay set's copy: a cache of its own
         sets, launchers = len(input_sets), [bind(x) for x in input_sets]
-        measured.append(_time_placement(launchers, device, share, made))
+        measured.append(_time_placement(launchers, device, share, made, first.cache.L if first.replay else 1))
         if disjoint and _room_for_another(device, _reserved(device) - before):
             held.append((first, launchers, spacer))
         else:

@@ -6,7 +6,10 @@ worker processes import it too. Each check of a verdict is proven by the one it 
 - ``planted-drift``: its state comes out 0.5% too large each step (one step under the bf16
   tolerance, caught by the steps that follow);
 - ``planted-decay``: forgets the decay on key channel 0 (wrong);
-- ``planted-slower``: the naive decode plus real extra work, about 10% slower (for the gate).
+- ``planted-slower``: the naive decode plus real extra work, about 10% slower (for the gate);
+- ``planted-noflush``, ``planted-record-decay``, ``planted-replay-drift``: the naive replay step that
+  never writes the pool at a flush, that reads record 0 without its decay, that drifts 0.5% per step
+  (``planted/replay.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ IMPLS = {
     "planted-drift": "planted.drift:Drift",
     "planted-decay": "planted.decay:ForgetsDecay",
     "planted-slower": "planted.slower:Slower",
+    "planted-noflush": "planted.replay:NoFlush",
+    "planted-record-decay": "planted.replay:DropsRecordDecay",
+    "planted-replay-drift": "planted.replay:ReplayDrift",
 }
 
 

@@ -1,6 +1,9 @@
 """The naive decode whose state comes out 0.5% too large each step (computed in fp32, scaled, then
 stored in the pool's dtype): within the one-step bf16 tolerance (1e-2), and in decode compounding
-over every step after it."""
+over every step after it. In-place decode and frozen verify only: it refuses replay (planted/replay.py
+has replay's drift)."""
+
+from dataclasses import replace
 
 import torch
 
@@ -12,6 +15,7 @@ class Drift(NaiveTorch):
     name = "planted-drift"
     library = "planted"
     factor = 1.005
+    capabilities = replace(NaiveTorch.capabilities, replay=False)
 
     def _launcher(self, inputs, out):
         x = inputs.per_token_spelling()
