@@ -558,7 +558,7 @@ def test_placements_are_added_where_the_first_ones_spread_wide(monkeypatch, firs
     placement distribution and agree: such rows get the extra placements whatever the first say."""
     medians = iter(first + [1.0] * extra)
     monkeypatch.setattr(timing, "_time_placement",
-                        lambda launchers, device, share, made: Timing([next(medians)], "perf_counter"))
+                        lambda launchers, device, share, made, cycle: Timing([next(medians)], "perf_counter"))
     monkeypatch.setattr(timing, "l2_bytes", lambda device: l2)
     drawn = []
 
@@ -577,7 +577,7 @@ def test_every_placement_is_drawn_after_the_cache_is_handed_back(monkeypatch):
     events = []
     monkeypatch.setattr(timing, "release_cache", lambda device, settle_s=0.0: events.append("release"))
     monkeypatch.setattr(timing, "_time_placement",
-                        lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
+                        lambda launchers, device, share, made, cycle: Timing([1.0], "perf_counter"))
 
     def make(placement):
         events.append(f"make {placement}")
@@ -601,7 +601,7 @@ def test_a_freed_placement_holds_nothing_when_its_memory_is_handed_back(monkeypa
 
     monkeypatch.setattr(timing, "release_cache", release)
     monkeypatch.setattr(timing, "_time_placement",
-                        lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
+                        lambda launchers, device, share, made, cycle: Timing([1.0], "perf_counter"))
 
     def make(placement):
         inputs = make_inputs(1, 1, 1, 16, 16, seed=placement)
@@ -619,7 +619,7 @@ def test_every_release_of_a_row_may_settle(monkeypatch):
     monkeypatch.setattr(timing, "release_cache", lambda device, settle_s=0.0: settles.append(settle_s))
     monkeypatch.setattr(timing, "_room_for_another", lambda device, placement_bytes: True)
     monkeypatch.setattr(timing, "_time_placement",
-                        lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
+                        lambda launchers, device, share, made, cycle: Timing([1.0], "perf_counter"))
     kernel_time(lambda p: make_inputs(1, 1, 1, 16, 16, seed=p), lambda x: (lambda: None), "cpu", placements=2,
                 disjoint=True, settle_s=0.5)
     assert settles == [0.5, 0.5, 0.5, 0.5]
