@@ -183,8 +183,8 @@ def count_axis(ax, values, label: str) -> None:
 
 def shape_label(key: tuple) -> str:
     H, HV, K, V, dtype, T, checkpoints, mode, ring = key
-    tokens = (f", T={T} frozen verify" if mode == "frozen" else f", replay, a ring of {ring}" if mode == "replay" else
-              "" if T == 1 else f", T={T} ({checkpoints} checkpoints)")
+    tokens = (f", T={T} frozen verify" if mode == "frozen" else f", replay, a ring of {ring} records"
+              if mode == "replay" else "" if T == 1 else f", T={T} ({checkpoints} checkpoints)")
     return f"H={H} HV={HV} K={K} V={V}, {dtypes.short(dtype)} state{tokens}"
 
 

@@ -54,9 +54,8 @@ def replay_time(lines: Lines, table, meta, **_):
         return None
     rings = sorted(pd.concat([r for _, r in panels]).query("mode == 'replay'").ring.unique())
     colors = {0: INPLACE_COLOR} | dict(zip(rings, cs.plasma(len(rings)), strict=True))
-    fig, axes = cs.figure(len(panels), "cached-input replay against in-place decode: kernel time per step against "
-                          "batch (replay: the mean over whole ring cycles, flush included)", meta, table,
-                          cols=4, width=4.2, height=3.4)
+    fig, axes = cs.figure(len(panels), "replay against in-place decode: time per step over whole ring cycles",
+                          meta, table, cols=4, width=4.2, height=3.4)
     for ax, ((H, HV, K, V, dtype), r) in zip(axes, panels, strict=True):
         for (name, ring), line in r.sort_values("B").groupby(["line", "ring"]):
             ax.plot(line.B, line.kernel_us_mean, ms=3.5, **lines.styles[name] | {"color": colors[ring]})
