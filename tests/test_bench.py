@@ -1094,3 +1094,21 @@ def test_replay_and_spec_step_presets_pair_their_rows():
         mine = {(c.mode, c.T, c.checkpoints) for c in spec if c.B == B}
         assert mine == ({("inplace", T, "all") for T in (1, 2, 4, 8)} | {("frozen", T, "all") for T in (2, 4, 8)}
                         | {("inplace", a, "last") for a in range(2, 9)})
+
+
+@pytest.mark.gpu
+def test_gpu_replay_pass_is_whole_ring_cycles_and_leaves_every_sets_ring_where_it_was():
+    """On the GPU the timed pass is a CUDA graph of our replay kernel over the rotation's input sets: a
+    replay of it is whole ring cycles of each set, so every set's lengths come back to where they were."""
+    from kda_impls.registry import get
+
+    cfg = Config("triton", B=64, H=32, HV=32, K=128, V=128, mode="replay", ring=16)
+    _, sets = l2.rotation_inputs(l2.DEFAULT_ENTRY, cfg.make_inputs("cuda", 1), "cuda")
+    launchers = [get("triton").bind(x) for x in sets]
+    run, calls, method, _ = timing.timed_pass(launchers, torch.device("cuda"), None, cfg.ring)
+    assert method == "cuda-graph" and len(sets) >= 2 and calls % (cfg.ring * len(sets)) == 0
+    before = [x.cache.length.clone() for x in sets]
+    run()
+    torch.cuda.synchronize()
+    assert all(torch.equal(x.cache.length, b) for x, b in zip(sets, before, strict=True))
+    assert all(((b >= 0) & (b < cfg.ring)).all() for b in before)
