@@ -29,7 +29,9 @@ the run time of the suite is mostly process and CUDA start-up, and the grid is w
 
 Beside the grid, one frozen-verify point (``update_state=False``: every token's output from the row's
 start state, nothing stored) for our kernel and FlashInfer's fastest variant: :data:`FROZEN` (T = 4,
-B = 64 at Kimi-Linear's layer, bf16 state; tiny on the CPU), in every profile.
+B = 64 at Kimi-Linear's layer, bf16 state; tiny on the CPU), in every profile; and one replay point
+(a one-token step on a ring of cached records, its time the mean over whole ring cycles, flush included)
+for our kernel: :data:`REPLAY` (L = 16, B = 64 at Kimi-Linear's layer, bf16 state; tiny on the CPU).
 
 ``quick``, ``gate`` and ``bandwidth`` are subsets of ``full``, and results of different profiles share benchmark
 names and versions: a pull request's quick run is gated against main's full run, on the
@@ -87,6 +89,10 @@ IMPLS = [name for name in names() if name in _wanted]
 FROZEN = (dict(B=[2], heads=[TINY], state_dtype=["bfloat16"], T=[2]) if PROFILE_NAME == "cpu" else
           dict(B=[64], heads=[KIMI], state_dtype=["bfloat16"], T=[4]))
 FROZEN_IMPLS = [name for name in IMPLS if name in {"triton", "flashinfer-loggate-sigmoid"}] or IMPLS
+# The replay point's (T = 1; `ring` the records per slot), likewise
+REPLAY = (dict(B=[2], heads=[TINY], state_dtype=["bfloat16"], ring=4) if PROFILE_NAME == "cpu" else
+          dict(B=[64], heads=[KIMI], state_dtype=["bfloat16"], ring=16))
+REPLAY_IMPLS = [name for name in IMPLS if name == "triton"] or IMPLS
 
 # Six placements a benchmark: the fewest whose medians let the gate's Mann-Whitney test reach
 # p < 0.01 (two sides of 6: p >= 0.002), each sampled until its median is known to +-1% (95% CI)
@@ -112,12 +118,12 @@ VERSION = f"{timing.METHOD_VERSION}.{SUITE_VERSION}"
 
 
 def config(impl: str, B: int, heads: str, slot_pad: int = 0, state_dtype: str = "bfloat16", T: int = 1,
-           mode: str = "inplace") -> Config:
+           mode: str = "inplace", ring: int = 0) -> Config:
     """T > 1: a speculative verify of T tokens per row, the state stored after every token (in place)
-    or none (``mode="frozen"``)."""
+    or none (``mode="frozen"``); ``mode="replay"``: a replay step on a ring of ``ring`` records."""
     dims = {name: int(value) for name, value in re.findall(r"([A-Z]+)(\d+)", heads)}
     return Config(impl, B, dims.get("H", dims["HV"]), dims["HV"], dims["K"], dims["V"], state_dtype=state_dtype, T=T,
-                  mode=mode, slot_pad=slot_pad, layout=PoolLayout(placements=PLACEMENTS))
+                  mode=mode, ring=ring, slot_pad=slot_pad, layout=PoolLayout(placements=PLACEMENTS))
 
 
 def shared_rows(benchmark) -> str:

@@ -1,6 +1,6 @@
 """One KDA decode step of every registered implementation: GPU kernel time and the bandwidth it
-reaches over the profile's grid, the same for one frozen-verify point (``Frozen*``, common.FROZEN),
-and the latency of one eager call over its batch sizes.
+reaches over the profile's grid, the same for one frozen-verify point (``Frozen*``, common.FROZEN) and
+one replay point (``Replay*``, common.REPLAY), and the latency of one eager call over its batch sizes.
 
 The implementation is the first parameter of every benchmark (kda_impls.validate_gate relies on
 it). Every benchmark shares one ``setup_cache`` (common.shared_rows): the first process of a run
@@ -18,6 +18,7 @@ GRID = [common.IMPLS, common.PROFILE["B"], common.PROFILE["heads"], common.PROFI
 GRID_NAMES = ["impl", "B", "heads", "slot_pad", "state_dtype", "T"]
 FROZEN_GRID = [common.FROZEN_IMPLS, common.FROZEN["B"], common.FROZEN["heads"], [0], common.FROZEN["state_dtype"],
                common.FROZEN["T"]]
+REPLAY_GRID = [common.REPLAY_IMPLS, common.REPLAY["B"], common.REPLAY["heads"], [0], common.REPLAY["state_dtype"], [1]]
 
 
 class KernelTime:
@@ -31,9 +32,10 @@ class KernelTime:
     setup_cache = common.shared_rows
 
     mode = "inplace"
+    ring = 0
 
     def setup(self, cache, impl, B, heads, slot_pad, state_dtype, T):
-        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T, self.mode), cache)
+        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T, self.mode, self.ring), cache)
 
     def track_kernel(self, cache, impl, B, heads, slot_pad, state_dtype, T):
         return common.asv_samples(common.placement_seconds(self.row))
@@ -52,9 +54,10 @@ class Bandwidth:
     setup_cache = common.shared_rows
 
     mode = "inplace"
+    ring = 0
 
     def setup(self, cache, impl, B, heads, slot_pad, state_dtype, T):
-        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T, self.mode), cache)
+        self.row = common.measure(common.config(impl, B, heads, slot_pad, state_dtype, T, self.mode, self.ring), cache)
 
     def track_gbps(self, cache, impl, B, heads, slot_pad, state_dtype, T):
         return common.asv_samples(common.placement_gbps(self.row))
@@ -80,6 +83,24 @@ class FrozenBandwidth(Bandwidth):
 
     params = FROZEN_GRID
     mode = "frozen"
+
+
+class ReplayKernelTime(KernelTime):
+    """KernelTime of a replay step (one token, a ring of common.REPLAY["ring"] records per slot): the mean
+    per step over whole ring cycles, each slot's flush included once per cycle."""
+
+    params = REPLAY_GRID
+    mode = "replay"
+    ring = common.REPLAY["ring"]
+
+
+class ReplayBandwidth(Bandwidth):
+    """Bandwidth of the replay point, from ReplayKernelTime's measurement (its bytes: each live row's
+    checkpoint read, the records read and written, the flush's state write as 1/L of it)."""
+
+    params = REPLAY_GRID
+    mode = "replay"
+    ring = common.REPLAY["ring"]
 
 
 class CallTime:

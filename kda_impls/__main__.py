@@ -1,6 +1,6 @@
 """`kda-survey` (`python -m kda_impls`): every registered implementation in each mode (in-place decode,
-frozen verify), whether it runs here or why not, and its error on a small case against the float64
-reference, through the harness's case runner (the statuses of a sweep)."""
+frozen verify, replay on a ring of RING records), whether it runs here or why not, and its error on a
+small case against the float64 reference, through the harness's case runner (the statuses of a sweep)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .registry import extra_impls, get, interpret_triton_on, names
 
 SHAPE = dict(B=4, H=2, HV=4, K=64, V=64, pad_rows=1)
 SLOT_PAD = 16
+RING = 4  # a replay row's records per slot
 
 
 def survey(device: str, state_dtype: str) -> pd.DataFrame:
@@ -23,7 +24,8 @@ def survey(device: str, state_dtype: str) -> pd.DataFrame:
         except Exception as exc:  # an implementation that does not import: run_case said why
             supports = f"({type(exc).__name__})"
         for mode in MODES:
-            row = run_case(Config(name, **SHAPE, state_dtype=state_dtype, slot_pad=SLOT_PAD, mode=mode), device)
+            row = run_case(Config(name, **SHAPE, state_dtype=state_dtype, slot_pad=SLOT_PAD, mode=mode,
+                                  ring=RING if mode == "replay" else 0), device)
             rows.append({"impl": name, "mode": mode, "supports": supports, "status": row["status"],
                          "err_out": row["err_out"], "err_state": row["err_state"], "detail": row["reason"]})
     return pd.DataFrame(rows)

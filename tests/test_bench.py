@@ -558,7 +558,7 @@ def test_placements_are_added_where_the_first_ones_spread_wide(monkeypatch, firs
     placement distribution and agree: such rows get the extra placements whatever the first say."""
     medians = iter(first + [1.0] * extra)
     monkeypatch.setattr(timing, "_time_placement",
-                        lambda launchers, device, share, made: Timing([next(medians)], "perf_counter"))
+                        lambda launchers, device, share, made, cycle: Timing([next(medians)], "perf_counter"))
     monkeypatch.setattr(timing, "l2_bytes", lambda device: l2)
     drawn = []
 
@@ -577,7 +577,7 @@ def test_every_placement_is_drawn_after_the_cache_is_handed_back(monkeypatch):
     events = []
     monkeypatch.setattr(timing, "release_cache", lambda device, settle_s=0.0: events.append("release"))
     monkeypatch.setattr(timing, "_time_placement",
-                        lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
+                        lambda launchers, device, share, made, cycle: Timing([1.0], "perf_counter"))
 
     def make(placement):
         events.append(f"make {placement}")
@@ -601,7 +601,7 @@ def test_a_freed_placement_holds_nothing_when_its_memory_is_handed_back(monkeypa
 
     monkeypatch.setattr(timing, "release_cache", release)
     monkeypatch.setattr(timing, "_time_placement",
-                        lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
+                        lambda launchers, device, share, made, cycle: Timing([1.0], "perf_counter"))
 
     def make(placement):
         inputs = make_inputs(1, 1, 1, 16, 16, seed=placement)
@@ -619,7 +619,7 @@ def test_every_release_of_a_row_may_settle(monkeypatch):
     monkeypatch.setattr(timing, "release_cache", lambda device, settle_s=0.0: settles.append(settle_s))
     monkeypatch.setattr(timing, "_room_for_another", lambda device, placement_bytes: True)
     monkeypatch.setattr(timing, "_time_placement",
-                        lambda launchers, device, share, made: Timing([1.0], "perf_counter"))
+                        lambda launchers, device, share, made, cycle: Timing([1.0], "perf_counter"))
     kernel_time(lambda p: make_inputs(1, 1, 1, 16, 16, seed=p), lambda x: (lambda: None), "cpu", placements=2,
                 disjoint=True, settle_s=0.5)
     assert settles == [0.5, 0.5, 0.5, 0.5]
@@ -1014,3 +1014,101 @@ def test_fla_preload_imports_its_kernel_module():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env=os.environ | {"TRITON_INTERPRET": "1"})
     assert done.returncode == 0, done.stderr
+
+
+# ---- cached-input replay rows ---------------------------------------------------------------------
+REPLAY = Config("naive", B=3, H=1, HV=2, K=16, V=16, mode="replay", ring=4, layout=PoolLayout(placements=1))
+
+
+def test_a_replay_row_round_trips_and_older_rows_read_without_a_ring():
+    from kda_impls.bench.config import with_newer_axes
+
+    big = Config("triton", B=64, H=32, HV=32, K=128, V=128, mode="replay", ring=16)
+    assert big.key() == "triton_B64_H32_HV32_K128_V128_T1ring16_bfloat16_padrows0_slotpad0_spr1_random_pl3"
+    assert replace(big, mode="inplace", ring=0).key() == big.key().replace("T1ring16", "T1")  # the keys resumed
+    assert big.columns()["ring"] == 16 and Config.from_columns(big.columns() | {"status": "ok"}) == big
+    old = {k: v for k, v in replace(big, mode="inplace", ring=0).columns().items() if k != "ring"}
+    mixed = with_newer_axes(pd.DataFrame([old, big.columns()]))  # the older row's ring: empty, read as 0
+    assert mixed.ring.tolist() == [0, 16] and [Config.from_columns(r).key() for r in mixed.to_dict("records")] == [
+        replace(big, mode="inplace", ring=0).key(), big.key()]
+    x, checked = REPLAY.make_inputs("cpu"), REPLAY.make_inputs("cpu", timed=False)
+    assert x.replay and x.update_state and x.cache.L == 4 and (x.N, checked.N) == (3, 6)
+    inplace = replace(REPLAY, mode="inplace", ring=0).make_inputs("cpu")
+    assert x.nbytes() == 3 * x.slot_bytes() + x.bytes_besides_pool() + 3 * 2 * 16 * 2 + x.replay_bytes()
+    assert x.nbytes() < inplace.nbytes()  # the state write is the flush's, one step in L
+
+
+@pytest.mark.parametrize("axes, words", [
+    (dict(mode="inplace", ring=16), "ring is the record ring of mode replay only; got ring=16 with mode inplace"),
+    (dict(mode="frozen", T=2, ring=4), "mode replay only; got ring=4 with mode frozen"),
+    (dict(mode="replay"), "mode replay needs ring >= T (a step's records must fit in the ring; --ring L): got ring=0"),
+    (dict(mode="replay", T=4, ring=2), "got ring=2, T=4"),
+    (dict(mode="replay", T=2, ring=16), "mode replay times one-token decode steps: T must be 1"),
+])
+def test_replay_combinations_a_config_refuses_in_one_line(axes, words):
+    with pytest.raises(ValueError, match=None) as refused:
+        Config("naive", B=2, H=1, HV=2, K=16, V=16, **axes)
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_replay_rows_timed_passes_are_whole_ring_cycles_of_each_input_set():
+    """Each sample is whole ring cycles: a pass calls every input set a multiple of L times (on the CPU's
+    path as on the GPU's, one rule), so every slot flushes once per L steps in every sample; the cache's
+    lengths stay legal ([0, L)) across the launches, and a rotation's copy has a cache of its own."""
+    for call_s, sets, L in itertools.product((1e-7, 1e-5, 1e-3), (1, 3, 256), (1, 4, 16, 32)):
+        reps = timing._reps(call_s, sets, L)
+        assert reps % L == 0 and reps >= L and (L > 1 or reps * sets <= max(timing.MAX_CALLS_PER_PASS, sets))
+    from kda_impls.registry import get
+
+    naive, inputs, calls = get("naive"), [], []
+
+    def bind(x):
+        inputs.append(x)
+        launch = naive.bind(x)
+        return lambda: (calls.append(1), launch())
+
+    t = kernel_time(lambda p: REPLAY.make_inputs("cpu", p), bind, "cpu", Budget(min_samples=3, max_samples=3,
+                                                                               max_seconds=5, rel_ci=0.0))
+    per_pass = (len(calls) - 2) / t.n  # the first call, the calibration pass, then the samples' passes
+    assert t.n == 3 and per_pass == int(per_pass) and per_pass % REPLAY.ring == 0, (len(calls), t.n)
+    (x,) = inputs
+    assert ((x.cache.length >= 0) & (x.cache.length < REPLAY.ring)).all()
+    copy = x.clone()
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(copy.cache.tensors().values(),
+                                                          x.cache.tensors().values(), strict=True))
+    assert working_set_bytes(x) == working_set_bytes(replace(x, cache=None)) + sum(
+        t.nbytes for t in x.cache.tensors().values())
+
+
+def test_replay_and_spec_step_presets_pair_their_rows():
+    replay = PRESETS["replay"].configs(["triton"])
+    rings = {(c.HV, c.state_dtype, c.B): set() for c in replay}
+    for c in replay:
+        rings[c.HV, c.state_dtype, c.B].add(c.ring if c.mode == "replay" else "inplace")
+    assert set(map(frozenset, rings.values())) == {frozenset({"inplace", 8, 16, 32})} and len(rings) == 2 * 2 * 6
+    assert all(c.T == 1 and c.K == c.V == 128 for c in replay)
+    narrowed = PRESETS["replay"].configs(["triton"], only={"ring": (16,)})  # the in-place rows stay beside
+    assert {c.ring for c in narrowed} == {0, 16} and len(narrowed) == len(replay) // 2
+    spec = PRESETS["spec-step"].configs(["triton"])
+    for B in (1, 16, 32, 64, 128, 256):
+        mine = {(c.mode, c.T, c.checkpoints) for c in spec if c.B == B}
+        assert mine == ({("inplace", T, "all") for T in (1, 2, 4, 8)} | {("frozen", T, "all") for T in (2, 4, 8)}
+                        | {("inplace", a, "last") for a in range(2, 9)})
+
+
+@pytest.mark.gpu
+def test_gpu_replay_pass_is_whole_ring_cycles_and_leaves_every_sets_ring_where_it_was():
+    """On the GPU the timed pass is a CUDA graph of our replay kernel over the rotation's input sets: a
+    replay of it is whole ring cycles of each set, so every set's lengths come back to where they were."""
+    from kda_impls.registry import get
+
+    cfg = Config("triton", B=64, H=32, HV=32, K=128, V=128, mode="replay", ring=16)
+    _, sets = l2.rotation_inputs(l2.DEFAULT_ENTRY, cfg.make_inputs("cuda", 1), "cuda")
+    launchers = [get("triton").bind(x) for x in sets]
+    run, calls, method, _ = timing.timed_pass(launchers, torch.device("cuda"), None, cfg.ring)
+    assert method == "cuda-graph" and len(sets) >= 2 and calls % (cfg.ring * len(sets)) == 0
+    before = [x.cache.length.clone() for x in sets]
+    run()
+    torch.cuda.synchronize()
+    assert all(torch.equal(x.cache.length, b) for x, b in zip(sets, before, strict=True))
+    assert all(((b >= 0) & (b < cfg.ring)).all() for b in before)

@@ -50,8 +50,8 @@ def rows(*specs) -> pd.DataFrame:
     """Cross-check rows of (impl, B, sweep us, bytes); HV 32 K = V = 128 bf16, unpadded."""
     frame = pd.DataFrame([{"impl": impl, "B": B, "sweep_us": us, "bytes": nbytes} for impl, B, us, nbytes in specs])
     for column, value in {"H": 32, "HV": 32, "K": 128, "V": 128, "state_dtype": "bfloat16", "T": 1,
-                          "checkpoints": "all", "mode": "inplace", "slot_pad": 0, "pad_rows": 0, "slots_per_row": 1,
-                          "slot_order": "random", "placements": 3, "source": "sweep"}.items():
+                          "checkpoints": "all", "mode": "inplace", "ring": 0, "slot_pad": 0, "pad_rows": 0,
+                          "slots_per_row": 1, "slot_order": "random", "placements": 3, "source": "sweep"}.items():
         frame[column] = value
     return frame.assign(kind="row", name=[f"{i:04d}" for i in range(len(frame))])
 

@@ -25,7 +25,8 @@ TINY = ["--devices", "cpu", "--impls", "naive", "--B", "2", "--H", "1", "--HV", 
 
 
 MAINS = {"sweep": "kda_impls.bench.sweep:main", "merge": "kda_impls.bench.merge:main",
-         "plot": "kda_impls.bench.plots:main", "regress": "kda_impls.regress:main", "survey": "kda_impls.__main__:main"}
+         "plot": "kda_impls.bench.plots:main", "regress": "kda_impls.regress:main", "survey": "kda_impls.__main__:main",
+         "spec-step": "kda_impls.bench.spec_step:main"}
 # Runs each (tool, argv) of argv[1] (JSON) in turn in one process, as its command line would, and prints
 # each one's exit status, stdout and stderr (JSON): one process for many flags of one behaviour.
 EACH = """
@@ -108,11 +109,21 @@ BAD_SWEEP_ARGUMENTS = [
     (["--B", "1,x"], ["--B", "'x' is not a whole number"]),
     (["--state-dtype", "fp8"], ["unknown dtype 'fp8'"]),
     (["--shard", "2/2"], ["--shard", "0 <= i < n"]),
-    (["--mode", "inplace,replay"], ["--mode", "'replay' is not one of inplace, frozen"]),
+    (["--mode", "inplace,verify"], ["--mode", "'verify' is not one of inplace, frozen, replay"]),
+    (["--mode", "inplace,replay"], ["mode replay needs ring >= T", "--ring L", "got ring=0, T=1"]),
+    (["--ring", "16"], ["--ring 16: no replay row of adhoc has that ring", "add --mode replay"]),
+    (["--mode", "replay", "--ring", "4", "--T", "2"], ["mode replay times one-token decode steps: T must be 1"]),
+    (["--mode", "replay", "--ring", "0"], ["--ring", "must be a whole number >= 1"]),
     (["--devices", "cuda:7"], ["--devices"]),
     (["--preset", "kimi-linear-48b", "--HV", "7"], ["leave no configuration of preset kimi-linear-48b"]),
     (["--baseline", "triton"], ["--baseline triton is not among this run's implementations (naive)"]),
 ]
+
+
+# dry runs of the ring axis, in the refusals' process: ad hoc rows, and the replay preset narrowed to a ring
+RING_DRY_RUNS = [[*TINY, "--mode", "inplace,replay", "--ring", "4,8", "--dry-run"],
+                 ["--preset", "replay", "--devices", "cpu", "--impls", "naive", "--ring", "16", "--HV", "32",
+                  "--state-dtype", "bf16", "--dry-run"]]
 
 
 def test_sweep_refuses_bad_arguments_in_one_line(tmp_path):
@@ -120,9 +131,24 @@ def test_sweep_refuses_bad_arguments_in_one_line(tmp_path):
     target.write_text("")
     cases = [*BAD_SWEEP_ARGUMENTS, (["--out", str(target)], [f"--out {target} is a file"])]
     default_dirs = set((REPO / "sweeps").glob("*"))
-    for done, (_, fragments) in zip(run_each([("sweep", [*TINY, *args]) for args, _ in cases]), cases, strict=True):
+    *refused, adhoc, preset = run_each([("sweep", [*TINY, *args]) for args, _ in cases] +
+                                       [("sweep", args) for args in RING_DRY_RUNS])
+    for done, (_, fragments) in zip(refused, cases, strict=True):
         one_line_error(done, *fragments)
     assert target.read_text() == "" and set((REPO / "sweeps").glob("*")) == default_dirs  # nothing written
+    ring_axis_lists_replay_rows_beside_in_place_ones_and_narrows_a_preset_to_its_rings(adhoc, preset)
+
+
+def ring_axis_lists_replay_rows_beside_in_place_ones_and_narrows_a_preset_to_its_rings(adhoc, preset):
+    """--mode inplace,replay --ring 4,8: one in-place row and a replay row per ring; --ring on the
+    replay preset keeps its in-place rows and the replay rows of that ring."""
+    assert adhoc.returncode == 0 and "3 to measure (3 new)" in adhoc.stdout, adhoc.stdout + adhoc.stderr
+    listed = [line.split()[:3] for line in adhoc.stdout.splitlines()]
+    assert ["inplace", "0", "1"] in listed and ["replay", "4", "1"] in listed and ["replay", "8", "1"] in listed
+    assert preset.returncode == 0 and "12 to measure" in preset.stdout, preset.stdout + preset.stderr
+    listed = [line.split() for line in preset.stdout.splitlines()]
+    batches = "1,16,32,64,128,256"
+    assert ["inplace", "0", "6", batches] in listed and ["replay", "16", "6", batches] in listed
 
 
 def test_a_sweep_in_which_no_row_succeeded_fails(tmp_path):
@@ -441,7 +467,7 @@ def test_a_cpu_run_of_a_gpu_sized_grid_warns_with_its_estimate(tmp_path):
 def test_mode_axis_measures_frozen_verify_beside_in_place_and_reads_older_rows_as_in_place(tmp_path):
     """--mode inplace,frozen: a row per mode (frozen verify its own key, its checkpoints one spelling),
     both checked against the reference (Triton interpreted), the summary naming the mode; a directory
-    whose rows predate the axis reads as in-place and resumes them."""
+    whose rows predate the axis (and the ring's) reads as in-place and resumes them."""
     out = tmp_path / "s"
     args = [*TINY, "--impls", "naive,triton", "--T", "2", "--checkpoints", "last", "--mode", "inplace,frozen",
             "--out", str(out)]
@@ -457,13 +483,15 @@ def test_mode_axis_measures_frozen_verify_beside_in_place_and_reads_older_rows_a
 
     for path in (out / "rows").glob("*T2last*.json"):  # as a sweep from before the mode axis wrote them
         row = json.loads(path.read_text())
-        del row["mode"]
+        del row["mode"], row["ring"]
         path.write_text(json.dumps(row))
     for path in (out / "rows").glob("*T2frozen*.json"):
         path.unlink()
     from kda_impls.bench.results import assemble, load
 
     assemble(out)
-    assert load(out).table["mode"].tolist() == ["inplace", "inplace"]
+    older = load(out).table
+    assert older["mode"].tolist() == ["inplace", "inplace"] and older.ring.tolist() == [0, 0]
     again = run("sweep", *args[:-4], "--mode", "inplace", "--out", str(out))
     assert again.returncode == 0 and "2 kept, 0 to measure" in again.stdout, again.stdout + again.stderr
+

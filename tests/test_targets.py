@@ -10,7 +10,7 @@ from kda_impls.tools import targets
 
 def row(impl, B, us, frac, state="bfloat16", slot_pad=0, spread=0.01, library=None, K=128, engine="", mode="inplace"):
     return dict(impl=impl, library=library or impl, engine_call=engine, B=B, H=32, HV=32, K=K, V=K, pad_rows=0, T=1,
-                checkpoints="all", mode=mode,
+                checkpoints="all", mode=mode, ring=0,
                 slot_pad=slot_pad, slots_per_row=1, slot_order="random", placements=3, state_dtype=state,
                 status="ok", kernel_us_mean=us, kernel_us_placement_min=us * (1 - spread / 2),
                 kernel_us_placement_max=us * (1 + spread / 2), roofline_frac=frac)

@@ -29,6 +29,7 @@ from matplotlib.ticker import (  # noqa: E402
 
 from .. import dtypes, registry  # noqa: E402
 
+SHAPE = ["H", "HV", "K", "V"]  # the columns of a panel's shape
 MIN_WIDTH = 8.0  # inches
 CHARS_PER_INCH = 12  # of 10-point text, to wrap titles and lay out legends
 # by the implementations' ``library`` (older sweeps without one: by implementation)
@@ -181,9 +182,9 @@ def count_axis(ax, values, label: str) -> None:
 
 
 def shape_label(key: tuple) -> str:
-    H, HV, K, V, dtype, T, checkpoints, mode = key
-    tokens = (f", T={T} frozen verify" if mode == "frozen" else
-              "" if T == 1 else f", T={T} ({checkpoints} checkpoints)")
+    H, HV, K, V, dtype, T, checkpoints, mode, ring = key
+    tokens = (f", T={T} frozen verify" if mode == "frozen" else f", replay, a ring of {ring} records"
+              if mode == "replay" else "" if T == 1 else f", T={T} ({checkpoints} checkpoints)")
     return f"H={H} HV={HV} K={K} V={V}, {dtypes.short(dtype)} state{tokens}"
 
 

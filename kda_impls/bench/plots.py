@@ -11,7 +11,8 @@ of the library (:func:`results.best_per_library`), one colour per library:
 - slot_padding: kernel-time overhead of padded state slots over unpadded ones;
 - tokens_time, tokens_bandwidth: speculative verify, kernel time and bandwidth against the tokens
   per row T (solid: the state stored after every token; dashed: after the last only; dotted: frozen verify);
-- modes_time: frozen verify against in-place decode of the same T tokens, kernel time per step against batch.
+- modes_time, replay_time: frozen verify against in-place decode of the same T tokens, and cached-input
+  replay against in-place decode, kernel time per step against batch (:mod:`.mode_charts`).
 
 The variant charts (``variants_LIBRARY``, for each library with several variants in the run) draw the
 kernel time of each of its variants against batch, a colour per variant: which call of a library to make.
@@ -41,10 +42,11 @@ from .. import dtypes  # noqa: E402
 from ..cli import Parser, comma_list, fail  # noqa: E402
 from . import chart_style as cs  # noqa: E402
 from .case import CONFIG_COLUMNS  # noqa: E402
-from .chart_style import Lines  # noqa: E402
+from .chart_style import SHAPE, Lines  # noqa: E402
+from .config import with_newer_axes  # noqa: E402
+from .mode_charts import modes_time, replay_time  # noqa: E402
 from .results import Sweep, SweepDirError, best_per_library, kernel_time_words, load  # noqa: E402
 
-SHAPE = ["H", "HV", "K", "V"]
 CONFIG = [c for c in CONFIG_COLUMNS if c not in ("impl", "B")]  # a panel's line: one configuration over B
 MAX_PANELS = 6
 FORMATS = ("png", "svg")
@@ -52,6 +54,7 @@ FORMATS = ("png", "svg")
 
 def libraries(ok: pd.DataFrame) -> Lines:
     """Each library at its fastest ok variant per configuration, labelled with how many it had."""
+    ok = with_newer_axes(ok)  # a table of rows from before an axis: at its default
     ok = ok.assign(library=ok.library.fillna(ok.impl)) if "library" in ok else ok.assign(library=ok.impl)
     best = best_per_library(ok).assign(line=lambda t: t.library)
     variants = ok.groupby("library").impl.unique()
@@ -62,6 +65,7 @@ def libraries(ok: pd.DataFrame) -> Lines:
 
 
 def variants(ok: pd.DataFrame, library: str) -> Lines:
+    ok = with_newer_axes(ok)
     mine = ok[ok.library.fillna(ok.impl) == library] if "library" in ok else ok[ok.impl == library]
     names = sorted(mine.impl.unique())
     return Lines(mine.assign(line=mine.impl), {n: cs.variant_style(n) for n in names}, {n: n for n in names})
@@ -72,8 +76,8 @@ def _batch_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     without padding rows; the most populated first."""
     base = ok[ok.pad_rows == 0]
     base = base[base.slot_pad == base.groupby(SHAPE)["slot_pad"].transform("min")]
-    panels = [(key, rows) for key, rows in base.groupby([*SHAPE, "state_dtype", "T", "checkpoints", "mode"])
-              if rows.B.nunique() >= 2]
+    kinds = [*SHAPE, "state_dtype", "T", "checkpoints", "mode", "ring"]
+    panels = [(key, rows) for key, rows in base.groupby(kinds) if rows.B.nunique() >= 2]
     panels.sort(key=lambda kr: -len(kr[1]))
     return panels[:MAX_PANELS]
 
@@ -158,7 +162,7 @@ def heatmap(lines: Lines, table, meta, batch=None, **_):
     shapes, the largest of those), for H == HV, no slot padding or padding rows, and the most common
     state dtype."""
     ok = lines.rows
-    rows = ok[(ok.H == ok.HV) & (ok.pad_rows == 0) & (ok.slot_pad == 0) & (ok["T"] == 1)]
+    rows = ok[(ok.H == ok.HV) & (ok.pad_rows == 0) & (ok.slot_pad == 0) & (ok["T"] == 1) & (ok["mode"] == "inplace")]
     if rows.empty:
         return None
     rows = rows[rows.state_dtype == rows.state_dtype.mode()[0]]
@@ -194,7 +198,7 @@ def heatmap(lines: Lines, table, meta, batch=None, **_):
 def slot_padding(lines: Lines, table, meta, **_):
     """Kernel-time overhead of each slot padding over the least padding at the same shape, state
     dtype and batch, per line, for the shape measured with the most paddings."""
-    rows = lines.rows[(lines.rows.pad_rows == 0) & (lines.rows["T"] == 1)]
+    rows = lines.rows[(lines.rows.pad_rows == 0) & (lines.rows["T"] == 1) & (lines.rows["mode"] == "inplace")]
     paddings = rows.groupby(SHAPE).slot_pad.nunique()
     if paddings.empty or paddings.max() < 2:
         return None
@@ -271,34 +275,15 @@ def _tokens_chart(lines: Lines, table, meta, what: str, **_):
     return fig
 
 
-def modes_time(lines: Lines, table, meta, **_):
-    """Per (shape, state dtype, T) with both modes at two batches or more, unpadded: a line per library and mode."""
-    rows = lines.rows[(lines.rows.pad_rows == 0) & (lines.rows.slot_pad == 0)]
-    panels = [(key, r) for key, r in rows.groupby([*SHAPE, "state_dtype", "T"])
-              if r["mode"].nunique() == 2 and r.B.nunique() >= 2][:2 * MAX_PANELS]
-    if not panels:
-        return None
-    fig, axes = cs.figure(len(panels), "frozen verify against in-place decode: kernel time per step against batch",
-                          meta, table, cols=4, width=4.2, height=3.4)
-    for ax, ((H, HV, K, V, dtype, T), r) in zip(axes, panels, strict=True):
-        for (name, mode, kind), line in r.sort_values("B").groupby(["line", "mode", "checkpoints"]):
-            ax.plot(line.B, line.kernel_us_mean, ms=3.5, **lines.styles[name] | {"linestyle": cs.STORES[mode, kind][0]})
-        cs.log_axis(ax)
-        cs.count_axis(ax, r.B.unique(), "batch B")
-        ax.set_ylabel("µs per step")
-        ax.set_title(f"T={T}, {dtypes.short(dtype)} state (H={H} HV={HV} K={K} V={V})", fontsize=9)
-    drawn = pd.concat([r for _, r in panels])
-    cs.legend(fig, *cs.store_legend(*lines.legend(drawn.line.unique()), drawn))
-    return fig
-
-
 CHARTS = {"latency": latency, "bandwidth": bandwidth, "speedup": speedup, "heatmap": heatmap,
           "slot_padding": slot_padding, "tokens_time": partial(_tokens_chart, what="time"),
-          "tokens_bandwidth": partial(_tokens_chart, what="bandwidth"), "modes_time": modes_time}
+          "tokens_bandwidth": partial(_tokens_chart, what="bandwidth"), "modes_time": modes_time,
+          "replay_time": replay_time}
 
 
 def figures(ok: pd.DataFrame, table: pd.DataFrame, meta: dict, *, baseline=None, batch=None):
     """(name, figure) of every chart the rows allow: the library charts, then each library's variants."""
+    ok = with_newer_axes(ok)
     best = libraries(ok)
     for name, chart in CHARTS.items():
         yield name, chart(best, table, meta, baseline=baseline, batch=batch, ok=ok)

@@ -64,9 +64,13 @@ def spec_step_report(table: pd.DataFrame) -> str:
     shown = steps[[*varying, "T", "a"]].assign(
         ckpt_us=steps.checkpointing_us.round(1), frozen_us=steps.frozen_us.round(1),
         commit_us=steps.commit_us.round(1), frz_commit_us=steps["frozen+commit_us"].round(1),
-        ckpt_MB=(steps.checkpointing_bytes / 1e6).round(2), frz_commit_MB=(steps["frozen+commit_bytes"] / 1e6).round(2),
+        ckpt_MB=steps.checkpointing_bytes.map(_mb), frz_commit_MB=steps["frozen+commit_bytes"].map(_mb),
         faster=steps.faster, by=steps.by.map(lambda x: f"{x:.2f}x"))
     return "\n".join([*([fixed] if fixed else []), shown.to_string(index=False, line_width=WIDTH)])
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.3g}"
 
 
 def main(argv: list[str] | None = None) -> None:

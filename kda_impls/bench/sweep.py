@@ -176,8 +176,8 @@ def configs_from_args(args, device_type: str) -> tuple[str, list[Config]]:
     name = "adhoc" if args.preset is None and given else args.preset or (
         "kimi-linear-48b" if device_type == "cuda" else "smoke")
     try:
-        configs = adhoc_configs(impls, given, layout) if name == "adhoc" else PRESETS[name].configs(impls, layout,
-                                                                                                    only=given)
+        configs = (adhoc_configs(impls, given, layout) if name == "adhoc"
+                   else PRESETS[name].configs(impls, layout, only=given))
     except ValueError as exc:  # a combination a Config refuses (mode replay without a ring, ...)
         raise UsageError(str(exc)) from None
     if args.ring and not any(c.mode == "replay" for c in configs):

@@ -236,10 +236,9 @@ def _time_placement(launchers: Sequence[Launcher], device: torch.device, budget:
     """One placement's :class:`Timing`: each sample the mean time of the calls of one timed pass over
     ``launchers``, each called in whole ``cycle``s (:func:`_reps`).
 
-    Where an entry op runs before each call, a sample is the pass less the median of passes of the
-    entry op alone (timed in the same batch): the call's share of the GPU time in a stream of
-    (op, call) pairs, which excludes the op and includes what the call costs the op after it (the
-    write-back of the lines the call left dirty)."""
+    Where an entry op runs before each call, a sample is the pass less the median of passes of the entry op
+    alone (timed in the same batch): the call's share of the GPU time in a stream of (op, call) pairs, which
+    excludes the op and includes what the call costs the op after it (the write-back of its dirty lines)."""
     rotation = list(launchers)
     if device.type != "cuda":
         synced_call(rotation[0], device)
@@ -340,7 +339,8 @@ def kernel_time(make: Callable[[int], DecodeInputs], bind: Callable[[DecodeInput
             beyond_l2 = l2 > 0 and first.nbytes() > l2
         made, input_sets = rotation_inputs(entry, first, device)  # a replay set's copy: a cache of its own
         sets, launchers = len(input_sets), [bind(x) for x in input_sets]
-        measured.append(_time_placement(launchers, device, share, made, first.cache.L if first.replay else 1))
+        cycle = first.cache.L if getattr(first, "cache", None) is not None else 1  # a replay step's ring
+        measured.append(_time_placement(launchers, device, share, made, cycle))
         if disjoint and _room_for_another(device, _reserved(device) - before):
             held.append((first, launchers, spacer))
         else:
