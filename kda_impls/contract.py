@@ -377,11 +377,20 @@ class Implementation:
 
     def unsupported(self, inputs: DecodeInputs) -> str | None:
         """Why these inputs cannot run here, or None. Needs no kernel launch and no sync."""
+        reason = self.unsupported_on(inputs.state.device)
+        if reason:
+            return reason
+        for _, _, reason in self._capability_violations(inputs):
+            return reason
+        return self._extra_unsupported(self._as_read(inputs))
+
+    def unsupported_on(self, device: torch.device) -> str | None:
+        """Why no inputs on ``device`` can run here (a package missing, a device this does not run
+        on), or None: what a sweep knows before it starts a worker for this implementation."""
         caps = self.capabilities
         missing = [p for p in caps.packages if importlib.util.find_spec(p) is None]
         if missing:
             return f"package not installed: {', '.join(missing)} (pip install -e .[{self.library}])"
-        device = inputs.state.device
         if device.type not in caps.devices:
             if "cuda" in caps.devices and not torch.cuda.is_available():
                 return "needs a CUDA GPU; none is available"
@@ -390,9 +399,7 @@ class Implementation:
             cc = torch.cuda.get_device_capability(device)
             if cc < caps.min_compute_capability:
                 return "needs compute capability >= %d.%d; this GPU is %d.%d" % (*caps.min_compute_capability, *cc)
-        for _, _, reason in self._capability_violations(inputs):
-            return reason
-        return self._extra_unsupported(self._as_read(inputs))
+        return None
 
     # ---- running ------------------------------------------------------------------------------
     def bind(self, inputs: DecodeInputs, out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:

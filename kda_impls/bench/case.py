@@ -147,6 +147,25 @@ def _kernel_columns(kernel: Timing, nbytes: int, copy_bw: float) -> dict:
     }
 
 
+def implementation_columns(impl: Implementation) -> dict:
+    """What a row says of the implementation that measured it."""
+    return {"library": getattr(impl, "library", impl.name), "variant": getattr(impl, "variant", ""),
+            "engine_call": getattr(impl, "engine_call", "")}
+
+
+def refused_on(impl: str, device: str) -> str | None:
+    """Why ``impl`` cannot run on ``device`` whatever the inputs (``Implementation.unsupported_on``)."""
+    try:
+        return get(impl).unsupported_on(torch.device(device))
+    except Exception:  # a library that does not import: its worker's rows say why
+        return None
+
+
+def refused_row(cfg: Config, reason: str) -> dict:
+    """The ``unsupported`` row of a configuration whose implementation :func:`refused_on` its device."""
+    return empty_row(cfg, "unsupported", reason) | implementation_columns(get(cfg.impl))
+
+
 def merge_rows(rows: list[dict]) -> dict:
     """One row of a configuration timed in several processes (``Method.placement_processes``):
     the first process's row (its first call and call time), with every process's placements and
@@ -188,8 +207,7 @@ def run_case(cfg: Config, device, method: Method | None = None, *, impl: Impleme
     row = empty_row(cfg)
     try:
         impl = impl or get(cfg.impl)
-        row |= {"library": getattr(impl, "library", impl.name), "variant": getattr(impl, "variant", ""),
-                "engine_call": getattr(impl, "engine_call", "")}
+        row |= implementation_columns(impl)
         check_inputs = cfg.make_inputs(device, seed, timed=False)
         reason = impl.unsupported(check_inputs)
         if reason:

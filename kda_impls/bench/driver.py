@@ -41,7 +41,7 @@ from tqdm import tqdm
 from .. import registry
 from ..cli import UsageError
 from ..contract import package_version
-from .case import Method, empty_row, merge_rows
+from .case import Method, empty_row, merge_rows, refused_on, refused_row
 from .config import Config
 from .results import (
     assemble,
@@ -143,14 +143,10 @@ class Worker:
 
 # ---- the driver ---------------------------------------------------------------------------------
 
-def _jsonable(value):
-    return json.loads(json.dumps(value))
-
-
 def settings_of(devices: list[str], method: Method) -> dict:
     """What a sweep directory's rows depend on besides their configurations: one directory holds one."""
-    return _jsonable({"device_type": torch.device(devices[0]).type,
-                      "method": asdict(method) | {"version": METHOD_VERSION}})
+    settings = {"device_type": torch.device(devices[0]).type, "method": asdict(method) | {"version": METHOD_VERSION}}
+    return json.loads(json.dumps(settings))  # as read back from meta.json (tuples as lists)
 
 
 def differences(old, new, prefix: str = "") -> list[str]:
@@ -254,6 +250,8 @@ class Sweep:
         """The row of ``cfg`` from each of the method's placement processes in turn (one at a time:
         a row is timed alone on its device), merged (:func:`case.merge_rows`); the first that
         is not ok ends it."""
+        if cfg.impl in self.refused:
+            return refused_row(cfg, self.refused[cfg.impl])
         with self.lock:
             if self.crashes[cfg.impl] >= MAX_CRASHES:
                 return empty_row(cfg, "crashed", f"not run: {cfg.impl} crashed {MAX_CRASHES} times in this run")
@@ -333,10 +331,12 @@ class Sweep:
         write_meta(self.out_dir, meta)
         self.impls_meta = meta.get("impls", {})
 
+        # what cannot run on these devices whatever its inputs (a package missing) starts no worker
+        self.refused = {impl: reason for impl in self.fingerprints if (reason := refused_on(impl, self.devices[0]))}
         groups = compile_groups(pending)
         for group in groups:  # each group's shape at B = 1: what is compiled per shape, in little memory
             self.warm.setdefault(group[0].impl, []).append(replace(group[0], B=1))
-        for impl in self.warm:
+        for impl in set(self.warm) - set(self.refused):
             for device in self.devices[:len(pending)]:
                 for process in range(self.method.placement_processes):
                     self._worker(impl, device, process)
