@@ -32,6 +32,7 @@ import pandas as pd
 
 from .config import CONFIG_COLUMNS
 from .eager import held_call_time
+from .l2 import as_device
 from .timing import Budget, Launcher, kernel_time
 
 # nvbench's summary tags (nvbench/json_printer.cu, detail/measure_cold.cu) -> our columns; times in seconds
@@ -104,8 +105,13 @@ def harness_times(inputs, launcher: Launcher, bind, device, budget: Budget, entr
     ``inputs`` in each entry state of ``entries`` (column -> state), in us, and the state each made
     (``<column without _us>_entry``): one placement, these inputs; the other input sets of a rotation
     are copies of them bound by ``bind``, as in a sweep. Then EAGER_COLUMN: one eager call per sample
-    (:func:`.eager.held_call_time`) in the first entry state, with the same budget."""
+    (:func:`.eager.held_call_time`) in the first entry state, with the same budget; on a GPU, first,
+    KERNELS_COLUMN (CUPTI: the profiler's state is then the same for every job both clocks time)."""
     times = {}
+    if as_device(device).type == "cuda":
+        from .cupti import kernels_of
+
+        times[KERNELS_COLUMN] = kernels_of(launcher, device)
     for column, entry in entries.items():
         timing = kernel_time(lambda _: inputs, lambda x: launcher if x is inputs else bind(x), device, budget,
                              placements=1, entry=entry)
@@ -165,10 +171,8 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
              ) -> pd.DataFrame:
     """Register every job with nvbench and run them all (nvbench runs its registry once per process),
     its JSON written to ``json_path``; ``nvbench_args`` go to nvbench's own command line. Returns the
-    harness's times of each job (a ``name`` column, its ``harness()`` columns and KERNELS_COLUMN)."""
+    harness's times of each job (a ``name`` column and its ``harness()`` columns)."""
     import torch
-
-    from .cupti import kernels_of
 
     bench = import_bench()
     device = torch.device(device)
@@ -188,9 +192,7 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
                 with torch.cuda.stream(on(state.get_stream())):
                     bound.launcher()  # compilation, autotuning, lazy workspaces: before either clock
                 torch.cuda.synchronize(device)
-                kernels = kernels_of(bound.launcher, device)  # every job's, so that CUPTI's state is each one's
-                # the harness's clocks, just before nvbench's
-                harness.append({"name": job.name, KERNELS_COLUMN: kernels} | bound.harness())
+                harness.append({"name": job.name} | bound.harness())  # the harness's clocks, just before nvbench's
         except Exception as exc:  # a row that will not run: nvbench records the skip and goes on
             bound = f"{type(exc).__name__}: {exc}"
         if isinstance(bound, str):
