@@ -6,12 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from kda_impls.bench import nvbench, nvbench_report
+from kda_impls.bench.eager import held_call_time
 from kda_impls.bench.nvbench_crosscheck import main
 from kda_impls.bench.nvbench_report import with_causes
 from kda_impls.bench.timing import Budget
@@ -59,20 +61,24 @@ def rows(*specs) -> pd.DataFrame:
 SETTINGS = {"max-noise": 10.0, "min-time": 0.05, "timeout": 5.0}
 
 
-def crosscheck(tmp_path, specs, empty=(4.0, 2.0), sweep: dict[int, float] | None = None) -> pd.DataFrame:
+def crosscheck(tmp_path, specs, empty=(4.0, 2.0), sweep: dict[int, float] | None = None,
+               eager: dict[int, float] | None = None) -> pd.DataFrame:
     """The cross-check table of rows (impl, B, harness us, harness dirty us, nvbench us, noise[, walltime]),
     with an empty launch (nvbench us, harness us) unless ``empty`` is None; the sweep's time is the harness's
-    but where ``sweep`` (row index -> us) says otherwise."""
+    but where ``sweep`` (row index -> us) says otherwise; the harness's eager call is timed only where
+    ``eager`` (row index -> us) says."""
     table_rows = rows(*[(impl, B, (sweep or {}).get(i, harness), 1000 * B)
                         for i, (impl, B, harness, *_) in enumerate(specs)])
     states = {f"{i:04d}": (nv * 1e-6, *rest) for i, (_, _, _, _, nv, *rest) in enumerate(specs)}
     harness = pd.DataFrame({"name": [f"{i:04d}" for i in range(len(specs))], "harness_us": [s[2] for s in specs],
-                            "harness_dirty_us": [s[3] for s in specs]})
+                            "harness_dirty_us": [s[3] for s in specs],
+                            "harness_eager_us": [(eager or {}).get(i, float("nan")) for i in range(len(specs))]})
     if empty is not None:
         table_rows = pd.concat([pd.DataFrame({"kind": ["empty"], "name": [nvbench.EMPTY], "bytes": [2]}),
                                 table_rows], ignore_index=True)
         states[nvbench.EMPTY] = (empty[0] * 1e-6, 0.05)
-        harness = pd.concat([harness, pd.DataFrame({"name": [nvbench.EMPTY], "harness_us": [empty[1]]})])
+        harness = pd.concat([harness, pd.DataFrame({"name": [nvbench.EMPTY], "harness_us": [empty[1]],
+                                                    "harness_eager_us": [empty[0]]})])
     times = nvbench.summaries(nvbench_json(tmp_path / "n.json", states))
     return with_causes(nvbench.compare(table_rows, times, harness), SETTINGS)
 
@@ -119,14 +125,45 @@ def test_the_report_counts_causes_and_shows_the_sweep_and_unsettled_rows(tmp_pat
     table = crosscheck(tmp_path, PLANTED, sweep={1: 420.0})  # the sweep's run 6% over this one's harness
     meta = {"nvbench": SETTINGS, "copy_gbps": 4000.0, "sweeps": {"results/h200/targets": "abc123"}}
     text = nvbench_report.report(table, meta)
-    assert ("**All rows: 1 of 6 within 3%; the others: overhead 1, overhead + L2 flush 1, unexplained 3. "
-            "At B >= 16: 1 of 6 within 3%") in text
+    assert ("**All rows: 1 of 6 within 3%; the others: overhead 1, overhead + L2 flush 1, eager launch 0, "
+            "eager launch + L2 flush 0, unexplained 3. At B >= 16: 1 of 6 within 3%") in text
     assert "did not settle: 2" in text and "## Rows nvbench did not settle" in text
     assert "nvbench's fixed per-sample overhead: 2.00 us (its cold mean of the empty launch" in text
     assert "`results/h200/targets` (commit abc123)" in text
     assert "sweep_us" in text.split("## The largest differences")[1].splitlines()[2]  # the table's header
     b256 = next(line for line in text.split("## By batch")[1].splitlines() if line.startswith("| 256"))
     assert "| 1.03 |" in b256.replace("  ", "")  # the median sweep / harness ratio at B = 256: (420/396 + 1) / 2
+
+
+# rows whose launch costs more than the empty launch's (a call of several kernels): the harness's eager call,
+# one per sample between events, is nvbench's time; and a 5% slowdown that no measured quantity explains
+EAGER = [
+    ("flashinfer", 16, 30.0, 30.0, 35.5, 0.02),  # overhead 2 us leaves +4.9%; the eager call 35.3 us: +0.6%
+    ("flashinfer", 64, 50.0, 56.0, 62.5, 0.02),  # the eager call 56.3 us and 6 us of flushed L2: +0.3%
+    ("triton", 256, 380.0, 381.0, 400.0, 0.01),  # planted 5% slowdown, its eager call 382 us: unexplained
+]
+
+
+def test_the_rows_eager_launch_explains_its_difference_and_not_a_slowdown(tmp_path):
+    table = crosscheck(tmp_path, EAGER, eager={0: 35.3, 1: 56.3, 2: 382.0}).set_index("name")
+    assert list(table.loc[["0000", "0001", "0002"], "cause"]) == ["eager launch", "eager launch + L2 flush",
+                                                                  "unexplained"]
+    assert table.loc["0000", "eager_launch_us"] == pytest.approx(5.3)
+    assert table.loc["0000", "why"] == ("one eager launch between events: the harness's eager call 35.30 us, its "
+                                        "replayed 30.00 us: the launch +5.30 us against the empty launch's 2.00 us; "
+                                        "+0.6% left")
+    assert table.loc["0001", "why"].endswith("and the flushed L2 +6.00 us; +0.3% left")
+    assert "nvbench - the harness's eager call (382.00 us) +4.5%, less the flushed L2 too +4.2%" in table.loc[
+        "0002", "why"]
+    # the same rows without the eager timer's times (a table made before it): the old rules alone
+    assert list(crosscheck(tmp_path, EAGER).cause) == ["", "unexplained", "unexplained", "unexplained"]
+    text = nvbench_report.report(crosscheck(tmp_path, EAGER, eager={0: 35.3, 1: 56.3, 2: 382.0}),
+                                 {"nvbench": SETTINGS})
+    assert ("At B >= 16: 0 of 3 within 3%; the others: overhead 0, overhead + L2 flush 0, eager launch 1, "
+            "eager launch + L2 flush 1, unexplained 1.") in text
+    assert "The harness's eager call of it, one per sample between events: 4.00 us." in text
+    flashinfer = next(line for line in text.split("## One eager launch")[1].splitlines() if "| flashinfer" in line)
+    assert "5.8" in flashinfer  # the median eager launch of its two rows: (5.3 + 6.3) / 2
 
 
 def test_nvbench_argv_names_the_criterion_before_its_parameters():
@@ -141,10 +178,39 @@ def test_the_harness_times_the_bound_launcher_and_the_empty_launch_on_the_cpu():
     row = rows(("naive", 1, float("nan"), 0)).iloc[0].to_dict() | {"H": 1, "HV": 1, "K": 16, "V": 16}
     bound = nvbench.row_job("r", row, "cpu", 1, "previous-step", budget).setup()
     times = bound.harness()
-    assert times["harness_us"] > 0 and times["harness_dirty_us"] > 0
-    assert times["harness_entry"] == times["harness_dirty_entry"] == "none"  # the CPU makes no L2 state
+    assert times["harness_us"] > 0 and times["harness_dirty_us"] > 0 and times["harness_eager_us"] > 0
+    # the CPU makes no L2 state
+    assert times["harness_entry"] == times["harness_dirty_entry"] == times["harness_eager_entry"] == "none"
     empty = nvbench.copy_job(nvbench.EMPTY, 2, "cpu", harness=budget).setup()
     assert empty.harness()["harness_us"] > 0 and nvbench.copy_job("c", 64, "cpu").setup().harness() == {}
+
+
+def test_the_eager_timer_times_one_call_per_sample_on_the_cpu():
+    """A call that takes 2 ms: each sample is one call, not a pass divided by its calls."""
+    timing = held_call_time(None, lambda: time.sleep(0.002), None, "cpu",
+                            Budget(min_samples=3, max_samples=3, max_seconds=1.0), "previous-step")
+    assert timing.n == 3 and min(timing.samples) >= 0.002 and timing.entry == "none"
+
+
+@pytest.mark.gpu
+def test_the_eager_timer_holds_the_stream_so_the_host_is_not_in_a_sample():
+    """A launcher that idles the host 0.5 ms between two tiny kernels: held, a sample is the GPU's microseconds;
+    a second kernel in the call shows as more time than one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    x = torch.zeros(1, device="cuda")
+    budget = Budget(min_samples=20, max_samples=50, max_seconds=0.5)
+
+    def two():
+        x.add_(1)
+        time.sleep(5e-4)
+        x.add_(1)
+
+    held = held_call_time(None, two, None, "cuda", budget, "hot").time
+    assert held < 1e-4, held  # the host's 0.5 ms is not in it
+    assert held > held_call_time(None, lambda: x.add_(1), None, "cuda", budget, "hot").time
 
 
 def one_line(capsys, argv, expected: str) -> None:
@@ -208,8 +274,8 @@ def test_report_only_rewrites_the_report_from_the_table(tmp_path, capsys):
     crosscheck(tmp_path, PLANTED[:3]).to_csv(out / "crosscheck.csv", index=False)
     (out / "meta.json").write_text(json.dumps({"nvbench": SETTINGS}))
     assert main(["--report-only", "--out", str(out)]) == 0
-    assert "**All rows: 1 of 3 within 3%; the others: overhead 1, overhead + L2 flush 0, unexplained 1." in (
-        out / "crosscheck.md").read_text()
+    assert ("**All rows: 1 of 3 within 3%; the others: overhead 1, overhead + L2 flush 0, eager launch 0, "
+            "eager launch + L2 flush 0, unexplained 1.") in (out / "crosscheck.md").read_text()
 
 
 def _has_bench() -> bool:
@@ -237,6 +303,7 @@ def test_nvbench_times_a_preset_and_its_copies_on_the_gpu(tmp_path):
     timed = table[table.kind == "row"].dropna(subset=["nvbench_us"])
     assert len(timed) >= 2 and (timed.nvbench_us > 0).all() and (timed.of_copy > 0).all()
     assert (timed.harness_us > 0).all() and (timed.harness_dirty_us > 0).all() and timed.sweep_us.isna().all()
+    assert (timed.harness_eager_us > 0).all() and (timed.kernels_per_call >= 1).all()
     empty = table[table.kind == "empty"].iloc[0]
     assert empty.nvbench_us > 0 and empty.harness_us > 0
     assert (table[table.kind == "copy"].nvbench_us > 0).all()

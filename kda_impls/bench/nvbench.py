@@ -5,13 +5,16 @@ same launcher on the same inputs, taken in the same process just before.
 Each row becomes one nvbench benchmark: its inputs drawn again (the first placement's seed), bound, called
 once (compilation, autotuning), timed by the harness (:func:`harness_times`: ``timing.kernel_time``, the
 sweep's timer, with the sweep's budget and entry state, and once more in the ``dirty`` entry state, whose
-L2 is written over before each call as nvbench's flush leaves it), then handed to ``State.exec`` and
+L2 is written over before each call as nvbench's flush leaves it), timed once more with one eager call per
+sample between events in the sweep's entry state (:func:`.eager.held_call_time`: nvbench's cold method less
+its flush), its kernels per call counted (CUPTI through ``torch.profiler``), then handed to ``State.exec`` and
 launched on nvbench's stream (``torch.cuda.ExternalStream`` over ``launch.get_stream()``). nvbench's *cold*
 measurement writes a buffer of the L2's size before every sample and brackets one launch with events,
 until its relative noise is under ``--max-noise`` after ``--min-time`` of GPU time (or the noise stops
 changing, or ``--timeout``); samples taken while the SM clock throttles are dropped. An *empty launch* (a
-copy of one byte), timed by both, measures what nvbench's method adds to every sample; each distinct byte
-count gets a ``copy`` benchmark (half those bytes read, half written): nvbench's own roofline.
+copy of one byte), timed by both (and by the eager timer), measures what nvbench's method adds to every
+sample; each distinct byte count gets a ``copy`` benchmark (half those bytes read, half written):
+nvbench's own roofline.
 
 :func:`compare` joins the three; :mod:`.nvbench_report` names the cause of each difference and writes
 the report. ``cuda-bench`` is imported only when something is timed (:func:`import_bench`).
@@ -28,6 +31,8 @@ import numpy as np
 import pandas as pd
 
 from .config import CONFIG_COLUMNS
+from .eager import held_call_time
+from .l2 import as_device
 from .timing import Budget, Launcher, kernel_time
 
 # nvbench's summary tags (nvbench/json_printer.cu, detail/measure_cold.cu) -> our columns; times in seconds
@@ -42,6 +47,8 @@ ROW_COLUMNS = (*CONFIG_COLUMNS, "library", "sweep_us", "kernel_us_placement_min"
 EMPTY = "empty launch"  # the name of the benchmark of a one-byte copy
 # the harness's kernel-time columns of a row: in the sweep's entry state, and in the one nvbench's flush makes
 HARNESS_COLUMNS = ("harness_us", "harness_dirty_us")
+EAGER_COLUMN = "harness_eager_us"  # one eager call per sample between events, the sweep's entry state
+KERNELS_COLUMN = "kernels_per_call"  # GPU kernels one eager call launches
 
 
 class NvbenchMissing(RuntimeError):
@@ -97,13 +104,22 @@ def harness_times(inputs, launcher: Launcher, bind, device, budget: Budget, entr
     """The harness's kernel time (``timing.kernel_time``, as a sweep times a row) of ``launcher`` on
     ``inputs`` in each entry state of ``entries`` (column -> state), in us, and the state each made
     (``<column without _us>_entry``): one placement, these inputs; the other input sets of a rotation
-    are copies of them bound by ``bind``, as in a sweep."""
+    are copies of them bound by ``bind``, as in a sweep. Then EAGER_COLUMN: one eager call per sample
+    (:func:`.eager.held_call_time`) in the first entry state, with the same budget; on a GPU, first,
+    KERNELS_COLUMN (CUPTI: the profiler's state is then the same for every job both clocks time)."""
     times = {}
+    if as_device(device).type == "cuda":
+        from .cupti import kernels_of
+
+        times[KERNELS_COLUMN] = kernels_of(launcher, device)
     for column, entry in entries.items():
         timing = kernel_time(lambda _: inputs, lambda x: launcher if x is inputs else bind(x), device, budget,
                              placements=1, entry=entry)
         times[column] = timing.time * 1e6
         times[column.removesuffix("_us") + "_entry"] = timing.entry
+    eager = held_call_time(inputs, launcher, bind, device, budget, next(iter(entries.values())))
+    times[EAGER_COLUMN] = eager.time * 1e6
+    times[EAGER_COLUMN.removesuffix("_us") + "_entry"] = eager.entry
     return times
 
 
@@ -130,8 +146,8 @@ def row_job(name: str, row: dict, device, seed: int, entry: str, budget: Budget)
 
 def copy_job(name: str, nbytes: int, device, harness: Budget | None = None) -> Job:
     """A device copy of ``nbytes / 2`` bytes, so that as many bytes are read and written as a step moves;
-    with a ``harness`` budget the harness times it too, in the ``hot`` state (the empty launch: its
-    time is the launch's, not the memory's)."""
+    with a ``harness`` budget the harness times it too, in the ``hot`` state, and the eager timer (the
+    empty launch: its time is the launch's, not the memory's)."""
     import torch
 
     half = max(1, nbytes // 2)
@@ -176,7 +192,7 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
                 with torch.cuda.stream(on(state.get_stream())):
                     bound.launcher()  # compilation, autotuning, lazy workspaces: before either clock
                 torch.cuda.synchronize(device)
-                harness.append({"name": job.name} | bound.harness())  # the harness's clock, just before nvbench's
+                harness.append({"name": job.name} | bound.harness())  # the harness's clocks, just before nvbench's
         except Exception as exc:  # a row that will not run: nvbench records the skip and goes on
             bound = f"{type(exc).__name__}: {exc}"
         if isinstance(bound, str):
@@ -204,7 +220,7 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
     with torch.cuda.device(device):
         bench.run_all_benchmarks(["kda-nvbench", "--json", str(json_path), "--devices", str(device.index or 0),
                                   *nvbench_args])
-    return pd.DataFrame(harness) if harness else pd.DataFrame(columns=["name", *HARNESS_COLUMNS])
+    return pd.DataFrame(harness) if harness else pd.DataFrame(columns=["name", *HARNESS_COLUMNS, EAGER_COLUMN])
 
 
 def _value(summary: dict) -> float | None:
@@ -241,7 +257,7 @@ def compare(rows: pd.DataFrame, times: pd.DataFrame, harness: pd.DataFrame) -> p
     table = table.merge(harness, on="name", how="left", suffixes=("", "_harness"))
     if "error_nvbench" in table:
         table["error"] = table.error.fillna(table.pop("error_nvbench"))
-    for column in HARNESS_COLUMNS:
+    for column in (*HARNESS_COLUMNS, EAGER_COLUMN, KERNELS_COLUMN):
         if column not in table:
             table[column] = np.nan
     row = table.kind == "row"

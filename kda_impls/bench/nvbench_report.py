@@ -4,9 +4,11 @@ crosscheck.md (:func:`report`).
 A difference is explained only by quantities measured in the same run: nvbench's fixed per-sample
 overhead (its cold mean of the empty launch less the harness's kernel time of it), and the cost of the
 L2 state nvbench's flush leaves (the harness's kernel time of the row in the ``dirty`` entry state less
-its time in the sweep's). A row beyond AGREEMENT that neither brings within AGREEMENT is counted as
-unexplained, with the numbers; a row nvbench did not settle (its noise over the limit, or its timeout
-reached) says so with the noise and the limit.
+its time in the sweep's), and the row's own eager launch (the harness's time of one eager call per sample
+between events, in the sweep's entry state: nvbench's cold method less its flush, for which the empty
+launch's overhead stands in only where a call launches like a one-byte copy). A row beyond AGREEMENT that
+none of them brings within AGREEMENT is counted as unexplained, with the numbers; a row nvbench did not
+settle (its noise over the limit, or its timeout reached) says so with the noise and the limit.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from .config import CONFIG_COLUMNS
 
 AGREEMENT = 0.03  # |harness / nvbench - 1|, as for the CUPTI cross-check
 SETTLED_B = 16  # batches from which the fixed per-sample overhead is a small share of the time
-CAUSES = ("overhead", "overhead + L2 flush", "unexplained")
+CAUSES = ("overhead", "overhead + L2 flush", "eager launch", "eager launch + L2 flush", "unexplained")
 CONFIGURATION = [c for c in CONFIG_COLUMNS if c not in ("impl", "placements")]  # whose implementations rank
 # the columns a cross-check table needs for its report (a table made before the harness timed each row
 # beside nvbench lacks the harness's)
@@ -58,18 +60,34 @@ def _cause(row, overhead: float, unsettled: str) -> tuple[str, str]:
     if abs(left) <= tolerance:
         return CAUSES[1], (f"overhead {overhead:.2f} us and the flushed L2 {flush:+.2f} us (the harness in the "
                            f"dirty entry state); {left / row.nvbench_us:+.1%} left")
+    eager = row.nvbench_us - row.harness_eager_us  # NaN without the eager timer's time: nothing explained
+    launch = (f"the harness's eager call {row.harness_eager_us:.2f} us, its replayed {row.harness_us:.2f} us: "
+              f"the launch {row.eager_launch_us:+.2f} us against the empty launch's {overhead:.2f} us")
+    if abs(eager) <= tolerance:
+        return CAUSES[2], f"one eager launch between events: {launch}; {eager / row.nvbench_us:+.1%} left"
+    if abs(eager - flush) <= tolerance:
+        return CAUSES[3], (f"one eager launch between events, {launch}, and the flushed L2 {flush:+.2f} us; "
+                           f"{(eager - flush) / row.nvbench_us:+.1%} left")
     why = (f"nvbench - harness {row.diff_us:+.2f} us; less the overhead ({overhead:.2f} us) "
            f"{rest / row.nvbench_us:+.1%}, less the flushed L2 too ({flush:+.2f} us) {left / row.nvbench_us:+.1%}")
-    return CAUSES[2], why + (f"; nvbench did not settle: {unsettled}" if unsettled else "")
+    if pd.notna(eager):
+        why += (f"; nvbench - the harness's eager call ({row.harness_eager_us:.2f} us) {eager / row.nvbench_us:+.1%}, "
+                f"less the flushed L2 too {(eager - flush) / row.nvbench_us:+.1%}")
+    return CAUSES[4], why + (f"; nvbench did not settle: {unsettled}" if unsettled else "")
 
 
 def with_causes(table: pd.DataFrame, settings: dict) -> pd.DataFrame:
-    """``table`` (:func:`.nvbench.compare`) with ``agrees``, ``settled``, ``unsettled`` (why not, in
+    """``table`` (:func:`.nvbench.compare`) with ``agrees``, ``eager_launch_us`` (the harness's eager call
+    less its replayed one: what one launch between events adds), ``settled``, ``unsettled`` (why not, in
     numbers), ``flush_us`` (harness dirty - harness), ``nvbench_mean_error`` (the relative standard error
     of nvbench's mean: noise / sqrt(samples)), ``cause`` (a CAUSES entry or "") and ``why``,
     by the rules as they are now; ``settings`` are nvbench's (max-noise in %, timeout in s)."""
     overhead = fixed_overhead_us(table)
-    table = table.assign(agrees=(table.ratio - 1).abs() <= AGREEMENT,
+    for column in ("harness_eager_us", "kernels_per_call"):  # a table made before the eager timer: NaN
+        if column not in table:
+            table = table.assign(**{column: np.nan})
+    table = table.assign(eager_launch_us=table.harness_eager_us - table.harness_us,
+                         agrees=(table.ratio - 1).abs() <= AGREEMENT,
                          flush_us=table.harness_dirty_us - table.harness_us,
                          nvbench_mean_error=table.nvbench_noise / np.sqrt(table.nvbench_samples))
     settled = [_settled(r, settings) for r in table.itertuples()]
@@ -110,6 +128,7 @@ def _batch_table(rows: pd.DataFrame) -> pd.DataFrame:
     table = rows.groupby("B").agg(rows=("ratio", "count"), within=("agrees", "sum"), ratio_min=("ratio", "min"),
                                   ratio_median=("ratio", "median"), ratio_max=("ratio", "max"),
                                   diff_us_median=("diff_us", "median"), flush_us_median=("flush_us", "median"),
+                                  eager_launch_us_median=("eager_launch_us", "median"),
                                   noise_max=("nvbench_noise", "max"), mean_error_max=("nvbench_mean_error", "max"),
                                   sweep_ratio_median=("sweep_ratio", "median"))
     return table.assign(**counts).reset_index()
@@ -150,17 +169,28 @@ def report(table: pd.DataFrame, meta: dict) -> str:
                      f"the empty launch, a one-byte copy, {e.nvbench_us:.2f} us at noise {e.nvbench_noise:.1%}, "
                      f"less the harness's "
                      f"{e.harness_us:.2f} us): one launch between events in each sample, which the harness's "
-                     f"replayed passes do not pay.")
+                     f"replayed passes do not pay."
+                     + (f" The harness's eager call of it, one per sample between events: {e.harness_eager_us:.2f} us."
+                        if pd.notna(e.harness_eager_us) else ""))
     if not timed.empty:
         parts.append("## By batch\n\nflush_us: the harness in the dirty entry state less the harness in the "
                      "sweep's; mean_error: nvbench's noise / sqrt(samples), the relative standard error of its "
                      "mean.\n\n" + _markdown(_batch_table(timed), index=False))
         by_impl = timed.astype({"B": int}).pivot_table(index="impl", columns="B", values="ratio", aggfunc="median")
         parts.append("## Median ratio by implementation and batch\n\n" + _markdown(by_impl))
+        if timed.harness_eager_us.notna().any():  # a table made before the eager timer has none
+            launches = timed.groupby("impl").agg(kernels_per_call=("kernels_per_call", "median"),
+                                                 eager_launch_us_median=("eager_launch_us", "median"),
+                                                 diff_us_median=("diff_us", "median"))
+            parts.append("## One eager launch per sample, by implementation\n\nkernels_per_call: GPU kernels one "
+                         "eager call launches (CUPTI); eager_launch_us: the harness's eager call (one per sample "
+                         "between events, nvbench's method less its flush) less its replayed one; diff_us: nvbench "
+                         f"- harness. The empty launch's overhead: {fixed_overhead_us(table):.2f} us.\n\n"
+                         + _markdown(launches))
         worst = timed.assign(off=(timed.ratio - 1).abs()).sort_values("off", ascending=False).head(20)
         parts.append("## The largest differences\n\n" + _markdown(worst[
-            ["impl", "state_dtype", "HV", "K", "B", "harness_us", "nvbench_us", "nvbench_noise", "ratio",
-             "sweep_us", "cause", "why"]], index=False))
+            ["impl", "state_dtype", "HV", "K", "B", "harness_us", "harness_eager_us", "nvbench_us", "nvbench_noise",
+             "ratio", "sweep_us", "cause", "why"]], index=False))
     unsettled = timed[~timed.settled]
     if not unsettled.empty:
         parts.append("## Rows nvbench did not settle\n\n" + _markdown(unsettled[
