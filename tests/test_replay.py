@@ -93,7 +93,7 @@ def test_one_replay_step_is_one_in_place_step_from_the_effective_state(case):
     assert torch.allclose(out, want_out, rtol=1e-12, atol=1e-12)
     assert torch.allclose(states, want_state, rtol=1e-12, atol=1e-12)
     y = x.clone()
-    got = get("naive").decode(y, torch.full(x.out_shape, float("nan"), dtype=x.v.dtype))
+    got = get("naive").decode(y, torch.full(x.out_shape, float("nan"), dtype=x.v.dtype, device=x.device))
     assert rel_err(got[live], want_out[live]) <= tolerance(x) and (got[~live] == 0).all()
     slots = x.slots.long()[live]
     assert rel_err(effective_state(y)[slots], want_state[live]) <= tolerance(x)
@@ -113,7 +113,7 @@ def run_steps(impl, x, steps, seed=0):
         y = x if step == 0 else fresh(x, gen)
         before, lengths = y.pool_span().clone(), y.cache.length.clone()
         flushing = slots[lengths[slots] + 1 == L]
-        out = impl.decode(y, torch.full(y.out_shape, float("nan"), dtype=y.v.dtype))
+        out = impl.decode(y, torch.full(y.out_shape, float("nan"), dtype=y.v.dtype, device=y.device))
         want, states = reference(in_place(y, pool))
         pool[slots] = states[live]
         if not rel_err(out[live], want[live]) <= tol or (out[~live] != 0).any():
@@ -220,7 +220,7 @@ def step_problems(impl, x, tol):
     want = x.clone()
     before = x.clone()
     want_out, _ = replay_step(want, torch.float64)
-    out = impl.decode(x, torch.full(x.out_shape, float("nan"), dtype=x.v.dtype)).reshape(want_out.shape)
+    out = impl.decode(x, torch.full(x.out_shape, float("nan"), dtype=x.v.dtype, device=x.device)).reshape(want_out.shape)
     live, problems = x.live_rows(), []
     if not rel_err(out[live], want_out[live]) <= tol or (out[~live] != 0).any():
         problems.append(f"output error {rel_err(out[live], want_out[live]):.1e}")
