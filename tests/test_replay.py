@@ -220,7 +220,8 @@ def step_problems(impl, x, tol):
     want = x.clone()
     before = x.clone()
     want_out, _ = replay_step(want, torch.float64)
-    out = impl.decode(x, torch.full(x.out_shape, float("nan"), dtype=x.v.dtype, device=x.device)).reshape(want_out.shape)
+    poisoned = torch.full(x.out_shape, float("nan"), dtype=x.v.dtype, device=x.device)
+    out = impl.decode(x, poisoned).reshape(want_out.shape)
     live, problems = x.live_rows(), []
     if not rel_err(out[live], want_out[live]) <= tol or (out[~live] != 0).any():
         problems.append(f"output error {rel_err(out[live], want_out[live]):.1e}")
