@@ -1,11 +1,12 @@
 """scripts/targets.py: the kernel issue's targets judged on a results table (each library at its best
-variant), and README's generated block."""
+variant), and README's generated block; scripts/mode_targets.py: the decode modes' targets."""
 
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
-from kda_impls.tools import targets
+from kda_impls.tools import mode_targets, targets
 
 
 def row(impl, B, us, frac, state="bfloat16", slot_pad=0, spread=0.01, library=None, K=128, engine="", mode="inplace"):
@@ -82,3 +83,42 @@ def test_misses_across_runs_count_each_point_in_every_run():
     placements_head = next(head for head in sections if head.startswith("Placement"))
     assert "missed in every run at 0 points, in some at 1" in placements_head
     assert "| 2/3 " in sections[placements_head]
+
+
+def mode_row(impl, B, us, mode, T=1, ring=0, library=None, state="bfloat16", HV=32):
+    return row(impl, B, us, 0.5, state=state, library=library) | dict(T=T, mode=mode, ring=ring, H=HV, HV=HV)
+
+
+def test_mode_targets_judge_frozen_against_flashinfers_best_and_replay_against_in_place():
+    frozen = pd.DataFrame([
+        mode_row("triton", 16, 8.0, "frozen", T=4), mode_row("flashinfer", 16, 10.0, "frozen", T=4),  # 0.80x: met
+        mode_row("flashinfer-loggate", 16, 12.0, "frozen", T=4, library="flashinfer"),
+        mode_row("triton", 64, 30.0, "frozen", T=4), mode_row("flashinfer", 64, 40.0, "frozen", T=4),
+        mode_row("flashinfer-loggate", 64, 32.0, "frozen", T=4, library="flashinfer"),  # 30/32 = 0.94x: missed
+        mode_row("triton", 1, 1.0, "frozen", T=4), mode_row("flashinfer", 1, 9.0, "frozen", T=4),  # B < 16: not judged
+        mode_row("triton", 16, 1.0, "frozen", T=2), mode_row("flashinfer", 16, 9.0, "frozen", T=2),  # T = 2: not judged
+    ])
+    points = mode_targets.frozen_points(frozen, "triton")
+    assert points.B.tolist() == [16, 64] and points.met.tolist() == [True, False]
+    assert points.flashinfer_variant.tolist() == ["flashinfer", "flashinfer-loggate"]
+    replay = pd.DataFrame([
+        mode_row("triton", 64, 40.0, "inplace"), mode_row("triton", 64, 29.0, "replay", ring=16),  # 1.38x: met
+        mode_row("triton", 256, 140.0, "inplace"), mode_row("triton", 256, 110.0, "replay", ring=16),  # 1.27x
+        mode_row("triton", 256, 50.0, "replay", ring=8),  # another ring: not judged
+        mode_row("triton", 16, 20.0, "inplace"), mode_row("triton", 16, 5.0, "replay", ring=16),  # B < 64
+    ])
+    points = mode_targets.replay_points(replay, "triton")
+    assert points.B.tolist() == [64, 256] and points.met.tolist() == [True, False]
+
+
+def test_mode_targets_cli_exits_1_on_a_miss_and_2_without_rows(tmp_path, capsys):
+    rows = pd.DataFrame([mode_row("triton", 64, 40.0, "inplace"), mode_row("triton", 64, 35.0, "replay", ring=16)])
+    rows["key"] = ["inplace-row", "replay-row"]
+    rows.to_csv(tmp_path / "results.csv", index=False)
+    (tmp_path / "meta.json").write_text('{"gpu": "test GPU", "git": {"sha": "abc"}}')
+    assert mode_targets.main([str(tmp_path)]) == 1  # 1.14x < 1.35x
+    assert "met at 0 of 1 points" in (tmp_path / "mode-targets.md").read_text()
+    rows.assign(mode="inplace").to_csv(tmp_path / "results.csv", index=False)
+    with pytest.raises(SystemExit) as exit_:
+        mode_targets.main([str(tmp_path)])
+    assert exit_.value.code == 2 and "holds no ok rows" in capsys.readouterr().err
