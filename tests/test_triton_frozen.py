@@ -19,13 +19,14 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @pytest.fixture(autouse=True)
-def default_frozen_config(monkeypatch):
-    monkeypatch.delenv(FROZEN_CONFIG_ENV, raising=False)
+def two_v_tiles(monkeypatch):
+    """16-row tiles (the smallest), so that the 32 rows of :func:`frozen_inputs` are two programs a head."""
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=16")
 
 
 def frozen_inputs(T, state_dtype, seed):
-    """GVA (two value heads a key head), K=32 != V=16, a padded pool, the last row padding."""
-    return make_inputs(3, 1, 2, 32, 16, T=T, update_state=False, state_dtype=state_dtype, slot_pad=7, pad_rows=1,
+    """GVA (two value heads a key head), K=16 != V=32, a padded pool, the last row padding."""
+    return make_inputs(3, 1, 2, 16, 32, T=T, update_state=False, state_dtype=state_dtype, slot_pad=7, pad_rows=1,
                        seed=seed)
 
 
@@ -66,7 +67,8 @@ def test_strong_decays_stay_finite_and_exact(dtype):
 
 
 def test_config_from_the_environment(monkeypatch):
-    assert frozen_config(128) == dict(BV=32, num_warps=4, split=1, tf32x3=1)
+    monkeypatch.delenv(FROZEN_CONFIG_ENV)
+    assert frozen_config(128) == dict(BV=64, num_warps=4, split=1, tf32x3=1)
     assert frozen_config(16)["BV"] == 16
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=64, num_warps=8,split=0,tf32x3=0")
     assert frozen_config(128) == dict(BV=64, num_warps=8, split=0, tf32x3=0)
@@ -84,7 +86,7 @@ def test_split_products_keep_a_bf16_state_at_the_in_place_error():
     errs = {}
     for split in (0, 1):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv(FROZEN_CONFIG_ENV, f"split={split}")
+            mp.setenv(FROZEN_CONFIG_ENV, f"BV=16,split={split}")
             errs[split] = rel_err(get("triton").decode(x.clone()), want)
     assert errs[1] < 0.75 * errs[0] and errs[0] <= TOLERANCE[torch.bfloat16], errs
 
@@ -92,11 +94,12 @@ def test_split_products_keep_a_bf16_state_at_the_in_place_error():
 # ---- on the GPU ---------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_serving_shape_on_gpu(dtype):
+def test_serving_shape_on_gpu(dtype, monkeypatch):
     """HV=32, K=V=128, T=4, B=64 (GVA from H=16, a padded pool, 8 padding rows): verify, and the
     in-place T-token step's outputs token by token."""
     x = make_inputs(64, 16, 32, 128, 128, T=4, checkpoints="last", state_dtype=DTYPES[dtype], slot_pad=64,
                     pad_rows=8, device="cuda", seed=52)
+    monkeypatch.delenv(FROZEN_CONFIG_ENV)  # the default tile
     verdict = verify(get("triton"), x.as_frozen().clone())
     assert verdict.ok, verdict
     want = get("triton").decode(x.clone())
