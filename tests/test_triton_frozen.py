@@ -51,6 +51,12 @@ def test_matches_the_float64_reference(T, dtype):
     assert rel_err(out, reference(x)[0]) <= 2 * 2.0 ** -8
 
 
+def test_state_loaded_after_the_small_inputs(monkeypatch):
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=16,state_first=0")
+    x = frozen_inputs(4, torch.bfloat16, seed=49)
+    assert rel_err(run_checked(x), reference(x)[0]) <= 2 * 2.0 ** -8
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_strong_decays_stay_finite_and_exact(dtype):
     """Gates of about -1e3 a token on some channels (exp(-G) overflows fp32 after one token) beside weak
@@ -68,11 +74,11 @@ def test_strong_decays_stay_finite_and_exact(dtype):
 
 def test_config_from_the_environment(monkeypatch):
     monkeypatch.delenv(FROZEN_CONFIG_ENV)
-    assert frozen_config(128) == dict(BV=64, num_warps=4, split=1, tf32x3=1)
+    assert frozen_config(128) == dict(BV=64, num_warps=4, split=1, tf32x3=1, state_first=1)
     assert frozen_config(16)["BV"] == 16
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=64, num_warps=8,split=0,tf32x3=0")
-    assert frozen_config(128) == dict(BV=64, num_warps=8, split=0, tf32x3=0)
-    for bad in ("BV=8", "BV=48", "num_warps=3", "split=2", "stages=2", "BV=x"):
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128, num_warps=8,split=0,tf32x3=0,state_first=0")
+    assert frozen_config(128) == dict(BV=128, num_warps=8, split=0, tf32x3=0, state_first=0)
+    for bad in ("BV=8", "BV=48", "BV=256", "num_warps=3", "split=2", "state_first=2", "stages=2", "BV=x"):
         monkeypatch.setenv(FROZEN_CONFIG_ENV, bad)
         with pytest.raises(ValueError, match=FROZEN_CONFIG_ENV):
             frozen_config(128)

@@ -29,9 +29,9 @@ import triton.language as tl
 
 from ..inputs import DecodeInputs
 from ..reference import L2_EPS
-from .triton_kda import INTERPRETED, SOFTPLUS_LINEAR_ABOVE
+from .triton_kda import INTERPRETED
+from .triton_replay import _log_decay
 
-_LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
 FROZEN_CONFIG_ENV = "KDA_TRITON_FROZEN_CONFIG"
 DOT_MIN = 16  # tl.dot's smallest dimension: the tokens are padded to at least this many columns
 
@@ -75,7 +75,7 @@ def _state_dot(S0, x, SPLIT: tl.constexpr, PRECISION: tl.constexpr):
 def _kda_frozen_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr, slot_stride, scale,
     T: tl.constexpr, TP: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, L2_EPS: tl.constexpr,
+    BV: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, STATE_FIRST: tl.constexpr, L2_EPS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = (pid // (V // BV) // HV).to(tl.int64)
@@ -91,6 +91,9 @@ def _kda_frozen_kernel(
     if slot < 0:
         tl.store(out_tile, tl.zeros([BV, TP], dtype=tl.float32).to(out_ptr.dtype.element_ty), mask=real[None, :])
     else:
+        tile = state_ptr + slot.to(tl.int64) * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
+        if STATE_FIRST:  # the DRAM read in flight while the small inputs load and the [T, T] products compute
+            S0 = tl.load(tile)
         in_k = real[:, None] & (offs_k[None, :] < K)
         heads = (tokens * (HV // GROUP) + hv // GROUP)[:, None] * K + offs_k[None, :]
         k = tl.load(k_ptr + heads, mask=in_k, other=0.0).to(tl.float32)
@@ -101,8 +104,7 @@ def _kda_frozen_kernel(
                     other=0.0).to(tl.float32)  # [BV, TP]
         k = k / tl.sqrt(tl.sum(k * k, axis=1) + L2_EPS)[:, None]
         q = q / tl.sqrt(tl.sum(q * q, axis=1) + L2_EPS)[:, None] * scale
-        x = a + tl.load(dt_bias_ptr + hv * K + offs_k)[None, :]
-        g = -tl.exp(tl.load(A_log_ptr + hv)) * tl.where(x > _LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
+        g = _log_decay(a, tl.load(dt_bias_ptr + hv * K + offs_k)[None, :], tl.exp(tl.load(A_log_ptr + hv)))
         G = tl.cumsum(tl.where(in_k, g, 0.0), axis=0)  # [TP, K]; the padding rows repeat the last token's
 
         # Mkk[j, t] (j < t) and Mkq[j, t] (j <= t), row j of each built from token j's key and decay
@@ -115,7 +117,8 @@ def _kda_frozen_kernel(
             Mkk = tl.where(offs_t[:, None] == j, tl.where(offs_t > j, tl.sum(wk * k, axis=1), 0.0)[None, :], Mkk)
             Mkq = tl.where(offs_t[:, None] == j, tl.sum(wk * q, axis=1)[None, :], Mkq)
 
-        S0 = tl.load(state_ptr + slot.to(tl.int64) * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :])
+        if not STATE_FIRST:
+            S0 = tl.load(tile)
         decay = tl.exp(G)
         Ak = _state_dot(S0, tl.trans(decay * k), SPLIT, PRECISION)  # [BV, TP]: column t is S_0 (exp(G_t) k^_t)
         Bq = _state_dot(S0, tl.trans(decay * q), SPLIT, PRECISION)
@@ -131,12 +134,13 @@ def _kda_frozen_kernel(
 
 def frozen_config(V: int) -> dict[str, int]:
     """``{BV, num_warps, split, tf32x3}``: the environment's ``KDA_TRITON_FROZEN_CONFIG`` (e.g.
-    ``"BV=32,num_warps=4,split=0"``) over the default: 64 rows (at most V), 4 warps, ``split=1`` (a
+    ``"BV=32,num_warps=8,split=0"``) over the default: 64 rows (at most V), 4 warps, ``split=1`` (a
     bf16/fp16 state's products carry the operand's rounding remainder) and ``tf32x3=1`` (an fp32
-    state's products in three TF32 ones, else IEEE FMA): :func:`_state_dot`. Untimed; compiled for
-    sm_90 at K=V=128, T=4 it takes 128 registers a thread (bf16 state) and 217 (fp32), no spills: four
-    and two programs an SM, 64 KiB of state in flight either way."""
-    config = {"BV": min(V, 64), "num_warps": 4, "split": 1, "tf32x3": 1}
+    state's products in three TF32 ones, else IEEE FMA): :func:`_state_dot`; ``state_first=1`` issues the
+    state's load before the small inputs' (0: just before its products). Untimed; compiled for sm_90 at
+    K=V=128, T=4 it takes 128 registers a thread (bf16 state) and 221 (fp32), no spills: four and two
+    programs an SM, 64 KiB of state in flight either way."""
+    config = {"BV": min(V, 64), "num_warps": 4, "split": 1, "tf32x3": 1, "state_first": 1}
     text = os.environ.get(FROZEN_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = (s.strip() for s in item.partition("="))
@@ -146,9 +150,9 @@ def frozen_config(V: int) -> dict[str, int]:
         config[name] = int(value)
     BV, warps = config["BV"], config["num_warps"]
     if BV < DOT_MIN or BV & (BV - 1) or V % BV or warps not in (1, 2, 4, 8, 16) or \
-            config["split"] not in (0, 1) or config["tf32x3"] not in (0, 1):
+            any(config[flag] not in (0, 1) for flag in ("split", "tf32x3", "state_first")):
         raise ValueError(f"{FROZEN_CONFIG_ENV}: BV must be a power of two >= {DOT_MIN} dividing V={V}, num_warps "
-                         f"one of 1/2/4/8/16, split and tf32x3 0 or 1; got {config}")
+                         f"one of 1/2/4/8/16, split, tf32x3 and state_first 0 or 1; got {config}")
     return config
 
 
@@ -161,7 +165,7 @@ def frozen_arguments(inputs: DecodeInputs, out: torch.Tensor):
     meta = dict(T=inputs.T, TP=max(DOT_MIN, triton.next_power_of_2(inputs.T)), HV=inputs.HV,
                 GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=config["BV"],
                 SPLIT=config["split"] if inputs.state.dtype != torch.float32 else 0,
-                PRECISION="tf32x3" if config["tf32x3"] else "ieee", L2_EPS=L2_EPS,
+                PRECISION="tf32x3" if config["tf32x3"] else "ieee", STATE_FIRST=config["state_first"], L2_EPS=L2_EPS,
                 num_warps=config["num_warps"])
     return _kda_frozen_kernel, grid, args, meta
 
