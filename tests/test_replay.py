@@ -19,6 +19,7 @@ import torch
 
 from helpers import assert_launch_allocates_nothing
 from kda_impls import effective_state, get, make_inputs, reference, rel_err
+from kda_impls.impls import triton_replay
 from kda_impls.impls.naive import NaiveTorch
 from kda_impls.reference import l2_normalize, log_decay, replay_step
 from kda_impls.verify import TOLERANCE
@@ -154,9 +155,10 @@ TRITON_CASES = {
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", TRITON_CASES, ids=list(TRITON_CASES))
-def test_3L_triton_replay_steps_are_3L_in_place_steps(case):
+def test_3L_triton_replay_steps_are_3L_in_place_steps(case, monkeypatch):
     """Our kernel's replay path (interpreted on the CPU): the output from the checkpoint and the
     records, the pool written only at a flush."""
+    monkeypatch.setenv(triton_replay.REPLAY_CONFIG_ENV, "BV=16")  # V = 64 in four tiles (the default takes one)
     x = make_inputs(**TRITON_CASES[case], ring=4, seed=3)
     live = x.slots.long()[x.live_rows()]
     x.cache.length[live] = torch.arange(len(live), dtype=torch.int32) % x.cache.L
@@ -202,7 +204,7 @@ def test_the_replay_kernel_compiles_for_sm90():
 def test_triton_replay_tile_from_the_environment(monkeypatch):
     from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV, replay_tile
 
-    assert replay_tile(128) == (16, 8)
+    assert replay_tile(128) == (64, 4)
     monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4")
     assert replay_tile(64) == (32, 4)
     x = make_inputs(**TRITON_CASES["two-v-tiles-gva-fp32"], ring=2, seed=5)
@@ -287,11 +289,12 @@ COMMIT_CASES = {
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", COMMIT_CASES, ids=list(COMMIT_CASES))
-def test_triton_verify_and_commit_sequence_is_the_reference(case):
+def test_triton_verify_and_commit_sequence_is_the_reference(case, monkeypatch):
     """Our kernels (interpreted on the CPU) through a verify, a verify with a commit and a one-token step
     with a commit, at every edge of the ring: equal to the reference step by step, nothing else written.
     Two V-tiles: a step that wrote the new key/gate records before every V-tile of the row had read the
     committed ones (a flush first in one launch) would be caught, as the interpreter runs them in order."""
+    monkeypatch.setenv(triton_replay.REPLAY_CONFIG_ENV, "BV=16")  # V = 32 in two tiles (the default takes one)
     x = make_inputs(4, T=3, ring=4, seed=4, **COMMIT_CASES[case])
     assert commit_sequence_problems(get("triton"), x) == []
 
