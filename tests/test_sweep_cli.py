@@ -36,8 +36,8 @@ def run(tool: str, *args: str, timeout: float = 120, env: dict | None = None) ->
 
 def call(tool: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """The tool's main(args) in this process (helpers.in_process): for a behaviour that starts no worker,
-    where a process of its own would cost only its start-up (each tool's process is proven by a test
-    that runs it with ``run``)."""
+    where a process of its own would cost only its start-up (each command also has a test that runs it
+    in its own process: here, tests/test_regress.py and tests/test_plots.py)."""
     path, func = MAINS[tool].split(":")
     return in_process(getattr(importlib.import_module(path), func), *args, env=env)
 
@@ -239,7 +239,7 @@ def test_plot_errors_are_one_line(tmp_path):
 
 
 def test_plot_refuses_a_baseline_not_in_the_run(tiny):
-    one_line_error(run("plot", str(tiny), "--baseline", "flashinfer"), "--baseline flashinfer is not in")
+    one_line_error(call("plot", str(tiny), "--baseline", "flashinfer"), "--baseline flashinfer is not in")
 
 
 def test_regress_refuses_bad_thresholds_in_one_line(tmp_path):
