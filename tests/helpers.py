@@ -1,20 +1,26 @@
 """What several test modules share: loading a script of scripts/ as a module; running asv from
 tests (this interpreter as the existing environment, a throwaway HOME for the machine file
-~/.asv-machine.json, and this checkout importable in the benchmark processes); and sweep result
-directories written by the sweep's own writer, so that readers are tested against the real format;
-and the check that an implementation replayed from a CUDA graph (as the harness times it) takes
-the eager call's step."""
+~/.asv-machine.json, and this checkout importable in the benchmark processes); making a run once
+per test session (:func:`once`: the conftest's shared asv run and CPU sweeps); running a command's
+main in this process (:func:`in_process`) or kda-sweep in its own; and sweep result directories
+written by the sweep's own writer, so that readers are tested against the real format; and the
+check that an implementation replayed from a CUDA graph (as the harness times it) takes the eager
+call's step."""
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import fcntl
 import importlib.util
+import io
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
-import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -81,22 +87,76 @@ class AsvRun:
     returncode: int
 
 
-@functools.cache
-def cpu_asv_run() -> AsvRun:
+def cpu_asv_run(root: Path) -> dict:
     """One real ``asv run --record-samples`` of the repository's suite on the CPU profile
-    (:data:`CPU_RUN_BENCH` of it), made once per pytest process and shared by the modules that read
-    its output and result file (its directory lives as long as the pytest process)."""
-    root = Path(tempfile.mkdtemp(prefix="kda-asv-cpu-"))
+    (:data:`CPU_RUN_BENCH` of it) under ``root``: what :class:`AsvRun` takes (the conftest's ``cpu_asv``
+    fixture makes it once per test session and shares it)."""
     env = asv_env(root, KDA_ASV_PROFILE="cpu", KDA_ASV_IMPLS=CPU_RUN_IMPLS)
     register_machine(env)
     conf = repo_conf(root)
+    # Each benchmark process forked from one that imported the suite (asv's forkserver), not spawned:
+    # spawn's reason, a fresh CUDA context per combination, does not arise on the CPU, and a spawned
+    # process imports torch and the suite again (a run of 54 CPU-seconds instead of 15)
+    conf.write_text(json.dumps(json.loads(conf.read_text()) | {"launch_method": "forkserver"}))
     bench = [arg for regex in CPU_RUN_BENCH for arg in ("--bench", regex)]
     done = run_asv(["run", "--config", str(conf), "-E", EXISTING, "--machine", MACHINE, "--set-commit-hash", "HEAD",
                     "--record-samples", "--show-stderr", *bench], env, timeout=400)
     results = root / "results"
     found = list((results / MACHINE).glob("*-existing-*.json"))
     assert len(found) == 1, done.stdout + done.stderr
-    return AsvRun(found[0], results / "benchmarks.json", done.stdout + done.stderr, done.returncode)
+    return dict(result=str(found[0]), benchmarks=str(results / "benchmarks.json"), output=done.stdout + done.stderr,
+                returncode=done.returncode)
+
+
+def once(tmp_path_factory, name: str, make: Callable[[Path], dict]) -> dict:
+    """``make(directory)``'s (JSON) answer, made once per test session in a directory of its own: the
+    pytest-xdist workers of one session share the parent of their base directories, and the first
+    to ask makes it while the others wait on a lock and then read the answer."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    directory, answer = base / name, base / f"{name}.json"
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not answer.exists():
+            shutil.rmtree(directory, ignore_errors=True)  # what an attempt that failed left
+            directory.mkdir()
+            answer.write_text(json.dumps(make(directory)))
+        return json.loads(answer.read_text())
+
+
+# The shared CPU sweep (conftest's cpu_sweep and cpu_shards): two rows of naive at a tiny shape, no charts
+CPU_SWEEP = ["--devices", "cpu", "--impls", "naive", "--B", "1,2", "--H", "1", "--HV", "2", "--K", "16", "--V", "16",
+             "--placements", "1", "--no-charts"]
+
+
+def sweep_process(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``kda-sweep ARGS`` (scripts/sweep.py: this checkout's code) in its own process."""
+    return subprocess.run([sys.executable, "scripts/sweep.py", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=None if env is None else os.environ | env)
+
+
+def in_process(main: Callable, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """A command's ``main(args)`` run in this process as its command line runs it, ``env`` added to the
+    environment meanwhile: its exit status (SystemExit's or the return value), stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    saved, sigterm = {k: os.environ.get(k) for k in env or {}}, signal.getsignal(signal.SIGTERM)
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args)) or 0
+            except SystemExit as exc:
+                code = exc.code or 0
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+        signal.signal(signal.SIGTERM, sigterm)  # kda-sweep's, set before it measures
+    return subprocess.CompletedProcess([getattr(main, "__module__", "main"), *args], code, out.getvalue(),
+                                       err.getvalue())
 
 
 def load_script(name: str) -> ModuleType:

@@ -1,5 +1,5 @@
 """The asv suite on a box without a GPU, as CI checks it: `asv check` passes; one real `asv run`
-(tests/helpers.cpu_asv_run, shared with the gate's tests) runs naive and the interpreted Triton
+(the session fixture cpu_asv, shared with the gate's tests) runs naive and the interpreted Triton
 kernel, skips exactly the combinations the implementations declare unsupported here, with their
 reason, and records bandwidth from the kernel time's own measurement; asv.conf.json's
 Regressions settings are the gate's thresholds.
@@ -24,7 +24,6 @@ from helpers import (
     REPO,
     AsvRun,
     asv_env,
-    cpu_asv_run,
     register_machine,
     repo_conf,
     run_asv,
@@ -101,10 +100,10 @@ def selected(run: AsvRun) -> dict[str, list[tuple[str, tuple]]]:
 
 
 @pytest.mark.skipif(common.DEVICE != "cpu", reason="expects the CPU profile; the GPU profiles run for minutes")
-def test_a_cpu_run_of_the_suite():
+def test_a_cpu_run_of_the_suite(cpu_asv):
     """naive and our interpreted Triton kernel run and record every benchmark asked of them; exactly
     the combinations the implementations declare unsupported here skip, with their reason."""
-    run = cpu_asv_run()
+    run = cpu_asv
     assert run.returncode == 0, run.output  # asv exits 2 when any benchmark fails
 
     # "For parameters: 'flashinfer', 2, ...\n  asv: skipped: NotImplementedError('flashinfer: <reason>')"
@@ -124,11 +123,11 @@ def test_a_cpu_run_of_the_suite():
         assert re.search(rf"\b{impl}\b.*\s[\d.]+±[\d.]+[μm]?s\b", run.output), run.output
 
 
-def test_bandwidth_is_the_kernel_times_measurement_in_units_asv_shows():
+def test_bandwidth_is_the_kernel_times_measurement_in_units_asv_shows(cpu_asv):
     """Each combination's GB/s samples are the bytes one step moves (DecodeInputs.nbytes(), the
     sweeps' byte model) over its kernel-time samples of the same run, placement by placement; its
     fraction of the copy bandwidth is that over one copy bandwidth measured in the same process."""
-    run = cpu_asv_run()
+    run = cpu_asv
     units = {name: bench["unit"] for name, bench in json.loads(run.benchmarks.read_text()).items()
              if isinstance(bench, dict) and "unit" in bench}
     assert units["decode.Bandwidth.track_gbps"] == "GB/s"

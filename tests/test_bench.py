@@ -8,6 +8,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, in_process, once
 from kda_impls import make_inputs
 from kda_impls.bench import case, clocks, driver, l2, timing
 from kda_impls.bench import sweep as sweep_module
@@ -37,22 +38,28 @@ SMOKE_CONFIGS = len(PRESETS["smoke"].configs(["x"]))
 QUICK = Method(kernel=Budget(1, 4, 0.05), call=Budget(1, 2, 0.01))
 
 
+SWEEP_ARGS = ["--preset", "smoke", "--devices", "cpu", "--impls", SWEEP_IMPLS]
+SWEEP_ENV = {"KDA_EXTRA_IMPLS": "misbehaves=bench_impls:Misbehaves",
+             "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+
+
 def sweep(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = os.environ | {
-        "KDA_EXTRA_IMPLS": "misbehaves=bench_impls:Misbehaves",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
-    }
-    return subprocess.run([sys.executable, "scripts/sweep.py", "--preset", "smoke", "--devices", "cpu",
-                           "--impls", SWEEP_IMPLS, "--out", str(out), *extra],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "scripts/sweep.py", *SWEEP_ARGS, "--out", str(out), *extra],
+                          cwd=REPO, env=os.environ | SWEEP_ENV, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sweep") / "smoke"
-    done = sweep(out)
+@pytest.fixture(scope="session")
+def swept(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The smoke preset swept once (helpers.once) for naive and misbehaves: its directory (to read, or
+    to copy and change) and its process."""
+    def make(directory: Path) -> dict:
+        done = sweep(directory / "smoke")
+        return {"args": done.args, "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+
+    made = once(tmp_path_factory, "smoke-sweep", make)
+    done = subprocess.CompletedProcess(made["args"], made["returncode"], made["stdout"], made["stderr"])
     assert done.returncode == 1, done.stdout + done.stderr  # misbehaves' wrong and crashed rows fail it
-    return out, done
+    return Path(made["args"][made["args"].index("--out") + 1]), done
 
 
 def test_sweep_writes_results_meta_samples_and_charts(swept):
@@ -160,30 +167,34 @@ def test_statuses_crashed_wrong_unsupported(swept):
     assert (table[table.impl == "naive"].status == "ok").all()
 
 
-def test_rerun_keeps_ok_rows_of_this_code_and_measures_the_rest(swept):
+def test_rerun_keeps_ok_rows_of_this_code_and_measures_the_rest(swept, tmp_path):
     """A resumed run keeps the ok rows whose fingerprint is the code's now, and measures again the
-    missing ones, those that were not ok and those another version of the code measured."""
-    out, _ = swept
+    missing ones, those that were not ok and those another version of the code measured (of naive's
+    rows in a copy of the smoke sweep, one deleted, one marked wrong, one of other code; misbehaves'
+    rows are outside the rerun's grid and stay as they are)."""
+    out = shutil.copytree(swept[0], tmp_path / "smoke")
     before = pd.read_csv(out / "results.csv")
     naive = before[before.impl == "naive"].key
-    dropped, stale = naive.iloc[0], naive.iloc[1]
+    dropped, failed, stale = naive.iloc[0], naive.iloc[1], naive.iloc[2]
     (out / "rows" / f"{dropped}.json").unlink()
-    row = json.loads((out / "rows" / f"{stale}.json").read_text())
-    (out / "rows" / f"{stale}.json").write_text(json.dumps(row | {"fingerprint": "other"}))
-    kept = {p.name: p.stat().st_mtime_ns for p in (out / "rows").glob("naive_*.json") if p.stem != stale}
+    for key, change in ((failed, {"status": "wrong"}), (stale, {"fingerprint": "other"})):
+        row = json.loads((out / "rows" / f"{key}.json").read_text())
+        (out / "rows" / f"{key}.json").write_text(json.dumps(row | change))
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / "rows").glob("*.json") if p.stem not in (failed, stale)}
 
-    dry = sweep(out, "--dry-run", "--fresh")  # measures nothing, writes nothing
+    rerun = ["--preset", "smoke", "--devices", "cpu", "--impls", "naive", "--no-charts", "--out", str(out)]
+    dry = in_process(sweep_module.main, *rerun, "--dry-run", "--fresh")  # measures nothing, writes nothing
     assert dry.returncode == 0, dry.stdout + dry.stderr
-    assert f"0 kept, {len(before)} to measure (1 new, {len(before) - 1} fresh)" in dry.stdout, dry.stdout
+    assert f"0 kept, {SMOKE_CONFIGS} to measure (1 new, {SMOKE_CONFIGS - 1} fresh)" in dry.stdout, dry.stdout
     assert "about" in dry.stdout and len(list((out / "rows").glob("*.json"))) == len(before) - 1
-    done = sweep(out)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert (f"{len(before) - SMOKE_CONFIGS - 2} kept, {SMOKE_CONFIGS + 2} to measure (1 new, {SMOKE_CONFIGS} "
-            "not ok, 1 other code)") in done.stdout, done.stdout
+    done = subprocess.run([sys.executable, "scripts/sweep.py", *rerun], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{SMOKE_CONFIGS - 3} kept, 3 to measure (1 new, 1 not ok, 1 other code)" in done.stdout, done.stdout
     assert {p.name: p.stat().st_mtime_ns for p in (out / "rows").glob("*.json") if p.name in kept} == kept
     after = pd.read_csv(out / "results.csv").set_index("key")
-    assert set(after.index) == set(before.key) and after.loc[[dropped, stale], "status"].eq("ok").all()
-    assert after.loc[stale, "fingerprint"] == after.loc[naive.iloc[2], "fingerprint"]
+    assert set(after.index) == set(before.key) and after.loc[[dropped, failed, stale], "status"].eq("ok").all()
+    assert after.loc[stale, "fingerprint"] == after.loc[naive.iloc[3], "fingerprint"]
     assert len(json.loads((out / "meta.json").read_text())["runs"]) == 2
 
 

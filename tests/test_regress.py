@@ -21,7 +21,18 @@ import pytest
 import torch
 from scipy.stats import mannwhitneyu
 
-from helpers import EXISTING, MACHINE, REPO, asv_env, cpu_asv_run, register_machine, run_asv, write_sweep_dir
+from helpers import (
+    CPU_SWEEP,
+    EXISTING,
+    MACHINE,
+    REPO,
+    asv_env,
+    once,
+    register_machine,
+    run_asv,
+    sweep_process,
+    write_sweep_dir,
+)
 from kda_impls import regress
 from kda_impls.bench.config import Config
 
@@ -194,7 +205,7 @@ def test_changed_timing_method_is_not_compared(tmp_path):
 def test_refuses_results_from_different_machines(tmp_path):
     a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0)}, machine="nvidia-h200")
     b = asv_file(tmp_path / "b.json", {("'triton'", "1"): timings(1)}, machine="nvidia-h100-80gb-hbm3")
-    code, _, out = gate(tmp_path, a, b, cli=True)
+    code, _, out = gate(tmp_path, a, b)
     assert code == 2 and "different machines" in out
 
 
@@ -246,8 +257,10 @@ def asv_project(tmp_path_factory):
     (root / "benchmarks").mkdir()
     (root / "benchmarks" / "__init__.py").write_text("")
     (root / "benchmarks" / "decode.py").write_text(textwrap.dedent(SUITE))
+    # forkserver: each benchmark process forked from one that imported the suite (a third of spawn's
+    # CPU time); the result files are the same
     conf = dict(version=1, project="toy", repo=".", branches=["main"], environment_type="existing",
-                benchmark_dir="benchmarks", results_dir="results", html_dir="html", launch_method="spawn")
+                benchmark_dir="benchmarks", results_dir="results", html_dir="html", launch_method="forkserver")
     (root / "asv.conf.json").write_text(json.dumps(conf))
     git = ["git", "-c", "user.name=ci", "-c", "user.email=ci@example.com"]
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=root, check=True)
@@ -305,12 +318,12 @@ def test_real_asv_files(tmp_path, asv_project):
 
 
 @pytest.mark.skipif(regress_cpu_skip, reason="expects the CPU profile")
-def test_the_suites_own_cpu_file_read_with_each_benchmarks_direction(tmp_path):
-    """The real suite's CPU result file (tests/helpers.cpu_asv_run): every bandwidth benchmark reads
+def test_the_suites_own_cpu_file_read_with_each_benchmarks_direction(tmp_path, cpu_asv):
+    """The real suite's CPU result file (the session fixture cpu_asv): every bandwidth benchmark reads
     as a rate, every time as a time; the file against itself is clean, and against a copy whose
     one bandwidth benchmark is 10% lower (each sample, its median and interval) that benchmark is
     slower and nothing else moves; the same benchmark skipped in the copy is broken."""
-    run = cpu_asv_run()
+    run = cpu_asv
     loaded = regress.load(run.result)
     assert any(m.rate for m in loaded.measurements.values())
     assert all(m.rate == (".track_gbps(" in n or ".track_roofline_frac(" in n) for n, m in loaded.measurements.items())
@@ -362,7 +375,7 @@ def test_sweep_directories(tmp_path):
     slower = sweep_dir(tmp_path / "slower", {TRITON: microseconds(4, 1.10)})
     code, report, out = gate(tmp_path, a, same)
     assert code == 0 and report["counts"]["same"] == 2, out
-    code, report, out = gate(tmp_path, a, slower, cli=True)
+    code, report, out = gate(tmp_path, a, slower)
     assert code == 1, out
     assert report["slower"] == [TRITON.key()] and statuses(report)[FLA.key()] == "missing"
     assert report["rows"][0]["test"] == "mann-whitney" and report["rows"][0]["n_a"] == 60
@@ -405,7 +418,7 @@ def test_call_time_is_reported_not_gated_by_default(tmp_path):
     assert code == 0 and {row["status"] for row in report["rows"]} == {"informational"}
     a = asv_file(tmp_path / "a.json", shifted)
     b = asv_file(tmp_path / "b.json", doubled)
-    code, report, printed = gate(tmp_path, a, b, "--threshold-for", r"'naive'=none", cli=True)
+    code, report, printed = gate(tmp_path, a, b, "--threshold-for", r"'naive'=none")
     assert code == 1 and report["slower"] == [name("triton", 1)]
     naive = next(row for row in report["rows"] if row["benchmark"] == name("naive", 1))
     assert naive["status"] == "informational" and naive["ratio"] > 1.5 and naive["p"] < 0.01
@@ -589,33 +602,30 @@ class BuggyNaive(NaiveTorch):
 """
 
 
-@pytest.fixture(scope="module")
-def cpu_sweeps(tmp_path_factory) -> dict[str, Path]:
+@pytest.fixture(scope="session")
+def cpu_sweeps(tmp_path_factory, cpu_sweep, cpu_shards) -> dict[str, Path]:
     """Real CPU sweeps of tiny shapes (naive only: every CPU row is unsure by its timer, whatever
-    the kernel): ``a`` (B 1 and 4), ``again`` (B = 1 only: an A/A pair on the row both have) and
-    ``buggy`` (B 1 and 4, an implementation under naive's name whose every output is 5% too large,
-    joined through KDA_EXTRA_IMPLS as a user's own would be)."""
-    root = tmp_path_factory.mktemp("cpu-sweeps")
-    (root / "buggy_naive.py").write_text(BUGGY_NAIVE)
-    runs = {"a": ("naive", "1,4", {}), "again": ("naive", "1", {}),
-            "buggy": ("naive", "1,4", {"KDA_EXTRA_IMPLS": "naive=buggy_naive:BuggyNaive",
-                                       "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get(
-                                           "PYTHONPATH")]))})}
-    for label, (impls, batches, env) in runs.items():
-        done = subprocess.run([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", impls, "--B", batches,
-                               "--H", "1", "--HV", "2", "--K", "16", "--V", "16", "--no-charts", "--out",
-                               str(root / label)], cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
-                              timeout=600)
-        assert (root / label / "results.csv").exists(), done.stdout + done.stderr
-    return {label: root / label for label in runs}
+    the kernel): ``a`` (B 1 and 2: the shared cpu_sweep), ``again`` (its shard of B = 1 only: an A/A
+    pair on the row both have) and ``buggy`` (the same grid, an implementation under naive's name
+    whose every output is 5% too large, joined through KDA_EXTRA_IMPLS as a user's own would be;
+    helpers.once)."""
+    def make(root: Path) -> dict:
+        (root / "buggy_naive.py").write_text(BUGGY_NAIVE)
+        env = {"KDA_EXTRA_IMPLS": "naive=buggy_naive:BuggyNaive",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+        done = sweep_process(*CPU_SWEEP, "--out", str(root / "buggy"), env=env)
+        assert (root / "buggy" / "results.csv").exists(), done.stdout + done.stderr
+        return {"buggy": str(root / "buggy")}
+
+    return {"a": cpu_sweep, "again": cpu_shards[0], "buggy": Path(once(tmp_path_factory, "buggy-sweep", make)["buggy"])}
 
 
 def test_two_cpu_sweeps_of_one_commit_pass_the_gate_on_the_rows_both_have(tmp_path, cpu_sweeps):
     """The A/A pair on a CPU, whose times move with the machine's load: nothing may be called
-    slower. The B = 4 row the second sweep left out is missing: the gate fails, unless
+    slower. The B = 2 row the second sweep left out is missing: the gate fails, unless
     --allow-missing says the smaller grid is meant."""
-    code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["again"], cli=True)
-    assert code == 1 and out.splitlines()[-1].startswith("FAIL: 1 missing: naive_B4_"), out
+    code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["again"])
+    assert code == 1 and out.splitlines()[-1].startswith("FAIL: 1 missing: naive_B2_"), out
     assert report["counts"]["unsure"] == 1 and report["counts"]["slower"] == 0
     code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["again"], "--allow-missing")
     assert code == 0 and report["counts"]["slower"] == 0 and report["counts"]["unsure"] == 1, out

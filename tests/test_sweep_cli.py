@@ -6,6 +6,7 @@ differ, shards merge into one result and a merge never relabels a target measure
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import REPO
+from helpers import REPO, in_process, once
 
 TINY = ["--devices", "cpu", "--impls", "naive", "--B", "2", "--H", "1", "--HV", "2", "--K", "16", "--V", "16",
         "--placements", "1", "--no-charts"]
@@ -27,24 +28,6 @@ TINY = ["--devices", "cpu", "--impls", "naive", "--B", "2", "--H", "1", "--HV", 
 MAINS = {"sweep": "kda_impls.bench.sweep:main", "merge": "kda_impls.bench.merge:main",
          "plot": "kda_impls.bench.plots:main", "regress": "kda_impls.regress:main", "survey": "kda_impls.__main__:main",
          "spec-step": "kda_impls.bench.spec_step:main"}
-# Runs each (tool, argv) of argv[1] (JSON) in turn in one process, as its command line would, and prints
-# each one's exit status, stdout and stderr (JSON): one process for many flags of one behaviour.
-EACH = """
-import contextlib, importlib, io, json, sys
-results = []
-for tool, argv in json.loads(sys.argv[1]):
-    path, func = json.loads(sys.argv[2])[tool].split(":")
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = getattr(importlib.import_module(path), func)(argv) or 0
-        except SystemExit as exc:
-            code = exc.code
-    results.append([code, out.getvalue(), err.getvalue()])
-print(json.dumps(results))
-"""
-
-
 def run(tool: str, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     path, func = MAINS[tool].split(":")
     code = f"import sys; from {path} import {func} as main; sys.exit(main(sys.argv[1:]))"
@@ -52,22 +35,23 @@ def run(tool: str, *args: str, timeout: float = 120, env: dict | None = None) ->
                           timeout=timeout, env=None if env is None else os.environ | env)
 
 
-def run_each(cases: list[tuple[str, list[str]]], timeout: float = 300) -> list[subprocess.CompletedProcess]:
-    """Each (tool, argv) through the tool's main in one process (:data:`EACH`), in turn."""
-    done = subprocess.run([sys.executable, "-c", EACH, json.dumps(cases), json.dumps(MAINS)], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr
-    return [subprocess.CompletedProcess(argv, code, out, err)
-            for (_, argv), (code, out, err) in zip(cases, json.loads(done.stdout.splitlines()[-1]), strict=True)]
+def call(tool: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The tool's main(args) in this process (helpers.in_process): for a behaviour that starts no worker,
+    where a process of its own would cost only its start-up (each command also has a test that runs it
+    in its own process: here, tests/test_regress.py and tests/test_plots.py)."""
+    path, func = MAINS[tool].split(":")
+    return in_process(getattr(importlib.import_module(path), func), *args, env=env)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    """One tiny sweep directory (two rows) that tests copy rather than measure again."""
-    out = tmp_path_factory.mktemp("tiny") / "s"
-    done = run("sweep", *TINY[:-1], "--B", "1,2", "--no-charts", "--out", str(out))
-    assert done.returncode == 0, done.stdout + done.stderr
-    return out
+def run_each(cases: list[tuple[str, list[str]]]) -> list[subprocess.CompletedProcess]:
+    """Each (tool, argv) through :func:`call`, in turn: many flags of one behaviour."""
+    return [call(tool, *argv) for tool, argv in cases]
+
+
+@pytest.fixture
+def tiny(cpu_sweep) -> Path:
+    """One tiny sweep directory (two rows: the session's cpu_sweep) that tests copy rather than measure again."""
+    return cpu_sweep
 
 
 def copy_of(directory: Path, to: Path, **settings) -> Path:
@@ -162,7 +146,7 @@ def test_a_read_only_out_is_refused_before_anything_runs(tmp_path):
     if os.geteuid() == 0:
         pytest.skip("root writes into a read-only directory")
     (tmp_path / "ro").mkdir(mode=0o555)
-    one_line_error(run("sweep", *TINY, "--out", str(tmp_path / "ro")), "cannot write there")
+    one_line_error(call("sweep", *TINY, "--out", str(tmp_path / "ro")), "cannot write there")
     assert not list((tmp_path / "ro").iterdir())
 
 
@@ -172,27 +156,27 @@ def test_a_read_only_out_is_refused_before_anything_runs(tmp_path):
 ])
 def test_a_mistyped_extra_implementation_is_one_line_and_writes_nothing(tmp_path, extra, fragments):
     impls = "naive,mine" if "mine" in extra else "naive"
-    one_line_error(run("sweep", *TINY, "--impls", impls, "--out", str(tmp_path / "s"),
-                       env={"KDA_EXTRA_IMPLS": extra}), *fragments)
+    one_line_error(call("sweep", *TINY, "--impls", impls, "--out", str(tmp_path / "s"),
+                        env={"KDA_EXTRA_IMPLS": extra}), *fragments)
     assert not (tmp_path / "s").exists()
 
 
 def test_survey_refuses_a_device_it_cannot_measure_on():
-    one_line_error(run("survey", "--device", "tpu"), "--device", "'tpu' is not a device")
+    one_line_error(call("survey", "--device", "tpu"), "--device", "'tpu' is not a device")
 
 
 def test_reusing_out_with_other_settings_names_the_fields_that_differ(tiny, tmp_path):
     out = copy_of(tiny, tmp_path / "s")
     before = files_of(out)
-    done = run("sweep", *TINY, "--out", str(out), "--l2-entry", "dirty", "--max-seconds", "0.5")
+    done = call("sweep", *TINY, "--out", str(out), "--l2-entry", "dirty", "--max-seconds", "0.5")
     one_line_error(done, "method.entry: 'previous-step' -> 'dirty'", "method.kernel.max_seconds")
     assert "device_type" not in done.stderr and "{" not in done.stderr  # the differences, not two whole dicts
     assert files_of(out) == before
 
 
 def test_dry_run_lists_the_rows_and_warns_of_a_cpu_days_long_grid(tmp_path):
-    done = run("sweep", "--devices", "cpu", "--preset", "kimi-linear-48b", "--impls", "naive,triton", "--dry-run",
-               "--out", str(tmp_path / "s"))
+    done = call("sweep", "--devices", "cpu", "--preset", "kimi-linear-48b", "--impls", "naive,triton", "--dry-run",
+                "--out", str(tmp_path / "s"))
     assert done.returncode == 0, done.stderr
     assert "120 rows in" in done.stdout and "0 kept, 120 to measure (120 new)" in done.stdout
     assert "1,2,4,8,16,32,64,128,256,512" in done.stdout and "on the CPU, kernels interpreted" in done.stdout
@@ -246,46 +230,42 @@ def test_ctrl_c_saves_the_rows_done_and_says_how_to_resume(tmp_path):
     assert len(pd.read_csv(out / "results.csv")) == saved  # assembled from what was done
 
 
-def test_shards_merge_into_the_whole_sweep(tmp_path):
+def test_shards_merge_into_the_whole_sweep(tmp_path, cpu_shards):
     from kda_impls.bench.config import PoolLayout
     from kda_impls.bench.presets import adhoc_configs
 
-    grid = [*TINY[:-1], "--B", "1,2,3", "--state-dtype", "bf16,fp32", "--no-charts"]
-    for i in (0, 1):
-        done = run("sweep", *grid, "--shard", f"{i}/2", "--out", str(tmp_path / f"shard{i}"))
-        assert done.returncode == 0, done.stderr
-    keys = [set(pd.read_csv(tmp_path / f"shard{i}" / "results.csv").key) for i in (0, 1)]
-    axes = {"B": (1, 2, 3), "H": (1,), "HV": (2,), "K": (16,), "V": (16,), "state_dtype": ("bfloat16", "float32")}
+    keys = [set(pd.read_csv(shard / "results.csv").key) for shard in cpu_shards]  # --shard 0/2, 1/2
+    axes = {"B": (1, 2), "H": (1,), "HV": (2,), "K": (16,), "V": (16,), "state_dtype": ("bfloat16",)}
     whole = {c.key() for c in adhoc_configs(["naive"], axes, PoolLayout(placements=1))}
     assert keys[0] and keys[1] and not keys[0] & keys[1] and keys[0] | keys[1] == whole
-    merged = run("merge", str(tmp_path / "merged"), str(tmp_path / "shard0"), str(tmp_path / "shard1"))
+    merged = run("merge", str(tmp_path / "merged"), *map(str, cpu_shards))
     assert merged.returncode == 0, merged.stderr
     assert set(pd.read_csv(tmp_path / "merged" / "results.csv").key) == keys[0] | keys[1]
     meta = json.loads((tmp_path / "merged" / "meta.json").read_text())
     assert len(meta["runs"]) == 2 and len(meta["merged_from"]) == 2
-    again = run("merge", str(tmp_path / "twice"), str(tmp_path / "shard0"), str(tmp_path / "shard0"))
+    again = call("merge", str(tmp_path / "twice"), str(cpu_shards[0]), str(cpu_shards[0]))
     one_line_error(again, "is in two of the directories")
 
 
 def test_merge_refuses_directories_measured_otherwise(tiny, tmp_path):
     default, dirty = copy_of(tiny, tmp_path / "default"), copy_of(tiny, tmp_path / "dirty", entry="dirty")
-    one_line_error(run("merge", str(tmp_path / "m"), str(default), str(dirty)),
+    one_line_error(call("merge", str(tmp_path / "m"), str(default), str(dirty)),
                    "method.entry: 'previous-step' -> 'dirty'")
     assert not (tmp_path / "m").exists()
     before = files_of(dirty)  # a target of other settings is neither relabelled nor joined
-    one_line_error(run("merge", str(dirty), str(default)), f"{dirty} was measured otherwise", "nothing was changed")
+    one_line_error(call("merge", str(dirty), str(default)), f"{dirty} was measured otherwise", "nothing was changed")
     assert files_of(dirty) == before
 
 
 def test_plot_errors_are_one_line(tmp_path):
-    one_line_error(run("plot", str(tmp_path / "missing")), "no such directory")
+    one_line_error(call("plot", str(tmp_path / "missing")), "no such directory")
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "results.csv").write_text("")
-    one_line_error(run("plot", str(tmp_path / "empty")), "results.csv: empty or cut short")
+    one_line_error(call("plot", str(tmp_path / "empty")), "results.csv: empty or cut short")
 
 
 def test_plot_refuses_a_baseline_not_in_the_run(tiny):
-    one_line_error(run("plot", str(tiny), "--baseline", "flashinfer"), "--baseline flashinfer is not in")
+    one_line_error(call("plot", str(tiny), "--baseline", "flashinfer"), "--baseline flashinfer is not in")
 
 
 def test_regress_refuses_bad_thresholds_in_one_line(tmp_path):
@@ -301,27 +281,43 @@ def test_regress_names_an_unreadable_result_file(tmp_path):
     empty, cut = tmp_path / "empty.json", tmp_path / "cut.json"
     empty.write_text("")
     cut.write_text('{"result_columns": ["result"], "results": {"x": [')
-    one_line_error(run("regress", str(empty), str(empty)), f"{empty}: not valid JSON")
-    one_line_error(run("regress", str(cut), str(cut)), f"{cut}: not valid JSON")
+    one_line_error(call("regress", str(empty), str(empty)), f"{empty}: not valid JSON")
+    one_line_error(call("regress", str(cut), str(cut)), f"{cut}: not valid JSON")
     sweep_dir = tmp_path / "sweep"
     sweep_dir.mkdir()
     (sweep_dir / "results.csv").write_text("impl,key,status\nnaive,k,o")
-    one_line_error(run("regress", str(sweep_dir), str(sweep_dir)), "results.csv: not a sweep's results")
+    one_line_error(call("regress", str(sweep_dir), str(sweep_dir)), "results.csv: not a sweep's results")
 
 
-def test_survey_and_sweep_agree_on_what_runs_on_a_cpu(tmp_path):
+# naive and the interpreted Triton kernels in each mode, at two tokens per row (in place storing the last state)
+MODES = [*TINY, "--impls", "naive,triton,fla", "--T", "2", "--checkpoints", "last", "--mode", "inplace,frozen"]
+
+
+@pytest.fixture(scope="session")
+def modes(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One sweep of :data:`MODES` (helpers.once; its directory and process), run as a user would:
+    without TRITON_INTERPRET, which kda-sweep sets for the CPU itself."""
+    def make(directory: Path) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        done = subprocess.run([sys.executable, "scripts/sweep.py", *MODES, "--out", str(directory / "s")], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=300)
+        return {"out": str(directory / "s"), "returncode": done.returncode, "stdout": done.stdout,
+                "stderr": done.stderr}
+
+    made = once(tmp_path_factory, "modes-sweep", make)
+    return Path(made["out"]), subprocess.CompletedProcess(MODES, made["returncode"], made["stdout"], made["stderr"])
+
+
+def test_survey_and_sweep_agree_on_what_runs_on_a_cpu(modes):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     survey = subprocess.run([sys.executable, "-m", "kda_impls"], cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=300)
     assert survey.returncode == 0, survey.stderr
     lines = {tuple(line.split()[:2]): line for line in survey.stdout.splitlines()[2:] if line.strip()}
-    sweep = subprocess.run([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", "naive,triton,fla",
-                            "--B", "4", "--H", "2", "--HV", "4", "--K", "64", "--placements", "1", "--max-seconds",
-                            "0.01", "--no-charts", "--out", str(tmp_path / "s")],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    table = pd.read_csv(tmp_path / "s" / "results.csv").set_index("impl")
+    table = pd.read_csv(modes[0] / "results.csv")
     for impl in ("naive", "triton", "fla"):
-        assert table.loc[impl, "status"] == "ok", (impl, sweep.stderr)
+        rows = table[table.impl == impl]
+        assert sorted(rows["mode"]) == ["frozen", "inplace"] and (rows.status == "ok").all(), (impl, modes[1].stderr)
         assert all(" ok " in lines[impl, mode] for mode in ("inplace", "frozen")), survey.stdout  # each mode a row
     assert " unsupported " in lines["flashinfer", "frozen"], survey.stdout  # not here: said with its reason
 
@@ -464,18 +460,16 @@ def test_a_cpu_run_of_a_gpu_sized_grid_warns_with_its_estimate(tmp_path):
     assert done.returncode == 1 and "1 crashed" in done.stderr.splitlines()[-1]
 
 
-def test_mode_axis_measures_frozen_verify_beside_in_place_and_reads_older_rows_as_in_place(tmp_path):
+def test_mode_axis_measures_frozen_verify_beside_in_place_and_reads_older_rows_as_in_place(modes, tmp_path):
     """--mode inplace,frozen: a row per mode (frozen verify its own key, its checkpoints one spelling),
     both checked against the reference (Triton interpreted), the summary naming the mode; a directory
     whose rows predate the axis (and the ring's) reads as in-place and resumes them."""
-    out = tmp_path / "s"
-    args = [*TINY, "--impls", "naive,triton", "--T", "2", "--checkpoints", "last", "--mode", "inplace,frozen",
-            "--out", str(out)]
-    done = run("sweep", *args, timeout=300)
+    done = modes[1]
     assert done.returncode == 0, done.stdout + done.stderr
+    out = shutil.copytree(modes[0], tmp_path / "s")
     table = pd.read_csv(out / "results.csv")
     assert (table.status == "ok").all(), table[["key", "status", "reason"]]
-    assert sorted(k.split("_")[6] for k in table.key) == ["T2frozen", "T2frozen", "T2last", "T2last"]
+    assert sorted(k.split("_")[6] for k in table.key) == 3 * ["T2frozen"] + 3 * ["T2last"]
     assert set(zip(table["mode"], table.checkpoints, strict=True)) == {("frozen", "all"), ("inplace", "last")}
     lines = [line.split() for line in done.stdout.splitlines()]
     assert ["checkpoints", "mode", "B"] in lines  # the summary's index: what varies (the rest said above it)
@@ -491,7 +485,6 @@ def test_mode_axis_measures_frozen_verify_beside_in_place_and_reads_older_rows_a
 
     assemble(out)
     older = load(out).table
-    assert older["mode"].tolist() == ["inplace", "inplace"] and older.ring.tolist() == [0, 0]
-    again = run("sweep", *args[:-4], "--mode", "inplace", "--out", str(out))
-    assert again.returncode == 0 and "2 kept, 0 to measure" in again.stdout, again.stdout + again.stderr
-
+    assert older["mode"].tolist() == ["inplace"] * 3 and older.ring.tolist() == [0] * 3
+    again = call("sweep", *MODES[:-2], "--mode", "inplace", "--out", str(out))  # resumes: starts no worker
+    assert again.returncode == 0 and "3 kept, 0 to measure" in again.stdout, again.stdout + again.stderr

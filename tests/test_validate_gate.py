@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from helpers import REPO, asv_env, write_sweep_dir
+from helpers import REPO, asv_env, in_process, write_sweep_dir
 from kda_impls import validate_gate
 from kda_impls.bench.config import Config
 
@@ -54,17 +54,26 @@ def run_dir(path, seed: int, triton_scale=(1.0, 1.0)):
     return out
 
 
-def evaluate(tmp_path, slow_scale):
+def evaluate(tmp_path, slow_scale, process: bool = False):
+    """The sweep form on three A runs and a slow one (``process``: scripts/validate_gate.py in its own
+    process, else its main here): the command's result and its summary."""
     runs = [run_dir(tmp_path / f"a{i}", i) for i in (1, 2, 3)]
     slow = run_dir(tmp_path / "slow", 9, slow_scale)
-    out = tmp_path / "gate"
-    done = subprocess.run([sys.executable, str(SCRIPT), "sweep", str(out), *map(str, runs), str(slow)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    return gate_sweeps(tmp_path / "gate", runs, slow, process)
+
+
+def gate_sweeps(out, runs, slow, process: bool = False):
+    args = ["sweep", str(out), *map(str, runs), str(slow)]
+    if process:
+        done = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+    else:
+        done = in_process(validate_gate.main, *args)
     return done, json.loads((out / "summary.json").read_text())
 
 
 def test_sweep_form_passes_a_caught_slowdown(tmp_path):
-    done, summary = evaluate(tmp_path, (1.07, 1.03))
+    done, summary = evaluate(tmp_path, (1.07, 1.03), process=True)
     assert done.returncode == 0 and summary["ok"], done.stdout + done.stderr
     assert all(pair["exit"] == 0 and not pair["slower"] for pair in summary["aa"].values())
     assert summary["planted_must_flag"] == 1 and summary["slow"]["missed"] == []
@@ -75,7 +84,7 @@ def test_sweep_form_passes_a_caught_slowdown(tmp_path):
     assert summary["run_to_run"]["largest_per_impl"]["fla"] == round(spread[FLA.key()], 4)
 
 
-def test_sweep_form_fails_when_the_gate_misses_a_slowdown(tmp_path, monkeypatch):
+def test_sweep_form_fails_when_the_gate_misses_a_slowdown(tmp_path):
     """A 7% slowdown whose placement spreads overlap by more than 5% is unsure, not slower: the
     validation must say the gate missed it."""
     done, summary = evaluate(tmp_path / "wide", (1.07, 1.0))
@@ -87,18 +96,16 @@ def test_sweep_form_fails_when_the_gate_misses_a_slowdown(tmp_path, monkeypatch)
         table["kernel_us_placement_min"] = table.kernel_us_mean * 0.9
         table["kernel_us_placement_max"] = table.kernel_us_mean * 1.1
         table.to_csv(directory / "results.csv", index=False)
-    done = subprocess.run([sys.executable, str(SCRIPT), "sweep", str(tmp_path / "g2"), *map(str, runs), str(slow)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    summary = json.loads((tmp_path / "g2" / "summary.json").read_text())
+    done, summary = gate_sweeps(tmp_path / "g2", runs, slow)
     assert done.returncode == 1 and not summary["ok"] and summary["slow"]["missed"] == [TRITON[0].key()]
 
 
-def test_asv_form_max_runs_stops_before_a_run_it_may_not_start(tmp_path):
-    env = asv_env(tmp_path)
-    env.pop("KDA_GIT_SHA", None)
-    done = subprocess.run([sys.executable, str(SCRIPT), "asv", str(tmp_path / "out"), "--machine", "cpu-ci",
-                           "--max-runs", "0", "--profile", "cpu"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+def test_asv_form_max_runs_stops_before_a_run_it_may_not_start(tmp_path, monkeypatch):
+    for name, value in asv_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("KDA_GIT_SHA", raising=False)
+    done = in_process(validate_gate.main, "asv", str(tmp_path / "out"), "--machine", "cpu-ci", "--max-runs", "0",
+                      "--profile", "cpu")
     assert done.returncode == 3, done.stdout + done.stderr
     assert "--max-runs 0 reached before run a1" in done.stdout
     assert not (tmp_path / "out" / "a1.log").exists()
