@@ -33,4 +33,8 @@ def test_the_first_readme_example_runs_as_copied_on_a_cpu(tmp_path):
     assert lines[0] == "None", lines  # impl.unsupported(x): it runs here
     assert re.match(r"err_out=\S+ \(tol 1e-02\) err_state=\S+ \(tol 1e-02\) err_steps=\S+ \(tol \S+, \d+ steps\)$",
                     lines[1]), lines  # a passing verdict: no problems after it
+    # frozen verify (one step: nothing is stored) and replay (its ring's L + 1 steps), both passing
+    verdict = r"err_out=\S+ \(tol 1e-02\) err_state=\S+ \(tol 1e-02\) err_steps=\S+ \(tol \S+, \d+ steps\)"
+    assert re.fullmatch(f"{verdict} {verdict}", lines[2]), lines
+    assert re.findall(r"(\d+) steps", lines[2]) == ["1", "9"], lines
     assert seconds < 30, f"{seconds:.1f} s"
