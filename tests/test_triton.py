@@ -101,22 +101,20 @@ def test_forced_tile_configs(config):
     assert verdict.ok, verdict
 
 
-# Each form of the one-token step on every small case (-1 rows, padded slots, GVA, K != V), in bf16
-# and fp32 state (form_runs() pairs them): the head counts compiled in (alone and with sub-tiles;
-# every other config passes them at run time), the state loaded before the small inputs (alone and
-# with a pipelined head group; every other one-tile config loads it after them), sub-tiles (two per
-# program; more than V holds, fitted to V), the persistent grid (one program walking every tile, so
-# each look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs than tiles),
-# the stored tile widened twice (alone; with sub-tiles, a head group and a register cap), the state
-# loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head group), and
-# the persistent grid with only the slots looked ahead (one program walking every tile; three
-# programs), the state read by TMA (one program per tile; three programs pipelined three deep, a tail;
-# one program walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the
-# pointer form), the state's accesses without eviction hints (one program per tile, persistent, TMA),
-# the gate in base 2 (one program per tile, with sub-tiles, persistent, TMA; the interpreter's log2 is
-# tl.log2's), and the small inputs loaded as tiles of copies (in base 2, the state between them and
-# the gate, widened twice; with the libdevice gate, sub-tiles and a pipelined head group; the state
-# after the gate).
+# Each form of the one-token step, in bf16 and fp32 state (form_runs() says on which cases): the head counts
+# compiled in (alone and with sub-tiles; every other config passes them at run time), the state loaded
+# before the small inputs (alone and with a pipelined head group; every other one-tile config loads it after
+# them), sub-tiles (two per program; more than V holds, fitted to V), the persistent grid (one program
+# walking every tile, so each look-ahead crosses rows, heads and V-tiles; three programs, a tail; more
+# programs than tiles), the stored tile widened twice (alone; with sub-tiles, a head group and a register
+# cap), the state loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head
+# group), and the persistent grid with only the slots looked ahead (one program walking every tile; three
+# programs), the state read by TMA (one program per tile; three programs pipelined three deep, a tail; one
+# program walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the pointer form),
+# the state's accesses without eviction hints (one program per tile, persistent, TMA), the gate in base 2
+# (one program per tile, with sub-tiles, persistent, TMA; the interpreter's log2 is tl.log2's), and the
+# small inputs loaded as tiles of copies (in base 2, the state between them and the gate, widened twice;
+# with the libdevice gate, sub-tiles and a pipelined head group; the state after the gate).
 FORMS = [
     TileConfig(BV=8, num_warps=1, const_heads=1),
     TileConfig(BV=8, num_warps=1, state_first=1),
@@ -150,23 +148,56 @@ FORMS = [
 ]
 
 
-# Every (form, case) pair once, the state dtype alternating along both, so that every form and every
-# case also runs in bf16 and in fp32: each pair of the three axes is covered at half the product's runs.
+# The cases the forms run on, at their smallest: every form on the first two, the state dtype alternating
+# (each form once in bf16, once in fp32). The first has GVA with two q/k heads (a wrong head mapping reads
+# the other one), K < V, padded slots TMA can address, a -1 row, tiles a three-program grid leaves a tail
+# of and fewer than 64; the second K > V, H = HV, a slot pad TMA cannot address (the TMA forms run
+# as pointers), untouched slots, two live rows and a -1 row, fewer tiles than 64 programs.
+FORM_CASES = {
+    "gva-k<v-padded": dict(B=2, H=2, HV=4, K=16, V=32, slot_pad=8, pad_rows=1),
+    "k>v-odd-pad": dict(B=3, H=2, HV=2, K=32, V=16, slot_pad=7, pad_rows=1, n_slots=9),
+    "tiny-heads-grouped": dict(B=2, H=1, HV=8, K=16, V=16, slot_pad=3, n_slots=6),
+    "all-rows-padding": SMALL_CASES["all-rows-padding"],
+    "one-row-one-slot": SMALL_CASES["one-row-one-slot"],
+    "largest-k": dict(B=2, H=1, HV=2, K=256, V=32, slot_pad=16, pad_rows=1),
+}
+# The forms whose change meets what one of the other cases has: head groups and compiled head counts in
+# a GVA group of 8; the persistent and TMA walks over rows that are all -1; the TMA box and the
+# persistent grid on a pool of one slot; the small inputs as tiles, sub-tiles and the twice-widened
+# store at K = 256.
+FORM_INTERACTIONS = {
+    "tiny-heads-grouped": [FORMS[0], FORMS[2], FORMS[3], FORMS[12]],
+    "all-rows-padding": [FORMS[6], FORMS[13], FORMS[16], FORMS[27]],
+    "one-row-one-slot": [FORMS[8], FORMS[15], FORMS[17]],
+    "largest-k": [FORMS[4], FORMS[9], FORMS[25], FORMS[27]],
+}
+
+
+# The forms that store the state by a path of their own, run over verify's default steps on the first
+# case (an error of the form that compounds from step to step): sub-tiles, the persistent grid, the
+# tile widened twice, TMA, the base-2 gate, the small inputs as tiles. Every other run takes one step
+# (the default config's steps: test_matches_reference).
+MULTI_STEP = [FORMS[4], FORMS[6], FORMS[9], FORMS[15], FORMS[23], FORMS[27]]
+
+
 def form_runs() -> list:
+    """(case, state dtype, form, steps): every form on the first two cases, the forms of
+    FORM_INTERACTIONS on theirs."""
     dtypes = [("bf16", torch.bfloat16), ("fp32", torch.float32)]
-    runs = []
-    for i, config in enumerate(FORMS):
-        for j, (name, case) in enumerate(SMALL_CASES.items()):
-            dtype_name, state_dtype = dtypes[(i + j) % 2]
-            runs.append(pytest.param(case, state_dtype, config, id=f"{name}-{dtype_name}-{config}"))
-    return runs
+    main, other = list(FORM_CASES)[:2]
+    runs = [(main, i % 2, config, None if config in MULTI_STEP else 1) for i, config in enumerate(FORMS)]
+    runs += [(other, (i + 1) % 2, config, 1) for i, config in enumerate(FORMS)]
+    runs += [(name, i % 2, config, 1) for name, configs in FORM_INTERACTIONS.items()
+             for i, config in enumerate(configs)]
+    return [pytest.param(FORM_CASES[name], dtypes[d][1], config, steps, id=f"{name}-{dtypes[d][0]}-{config}")
+            for name, d, config, steps in runs]
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("case, state_dtype, config", form_runs())
-def test_kernel_forms_match_reference(case, state_dtype, config):
+@pytest.mark.parametrize("case, state_dtype, config, steps", form_runs())
+def test_kernel_forms_match_reference(case, state_dtype, config, steps):
     inputs = runnable(make_inputs(**case, state_dtype=state_dtype, device=DEVICE, seed=21))
-    verdict = verify(TritonKDA(config), inputs)
+    verdict = verify(TritonKDA(config), inputs, steps=steps)
     assert verdict.ok, verdict
 
 
