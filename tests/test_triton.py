@@ -154,9 +154,9 @@ FORMS = [
 
 # The cases the forms run on, at their smallest: every form on the first two, the state dtype alternating
 # (each form once in bf16, once in fp32). The first has GVA with two q/k heads (a wrong head mapping reads
-# the other one), K < V, padded slots TMA can address, a -1 row, tiles a three-program grid leaves a tail
-# of and fewer than 64; the second K > V, H = HV, a slot pad TMA cannot address (the TMA forms run
-# as pointers), untouched slots, two live rows and a -1 row, fewer tiles than 64 programs.
+# the other one), K < V, padded slots TMA can address, a -1 row, untouched slots, and tile counts a
+# three-program grid leaves a tail of; the second K > V, H = HV, a slot pad TMA cannot address (the TMA
+# forms run as pointers), two live rows and a -1 row, fewer tiles than 64 programs.
 FORM_CASES = {
     "gva-k<v-padded": dict(B=2, H=2, HV=4, K=16, V=32, slot_pad=8, pad_rows=1),
     "k>v-odd-pad": dict(B=3, H=2, HV=2, K=32, V=16, slot_pad=7, pad_rows=1, n_slots=9),
@@ -166,7 +166,7 @@ FORM_CASES = {
     "largest-k": dict(B=2, H=1, HV=2, K=256, V=32, slot_pad=16, pad_rows=1),
 }
 # The forms whose change meets what one of the other cases has: head groups and compiled head counts in
-# a GVA group of 8; the persistent and TMA walks over rows that are all -1; the TMA box and the
+# a GVA group of 8; the persistent and TMA walks and the inputs as tiles on rows all -1; the TMA box and the
 # persistent grid on a pool of one slot; the small inputs as tiles, sub-tiles and the twice-widened
 # store at K = 256.
 FORM_INTERACTIONS = {
