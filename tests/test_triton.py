@@ -7,14 +7,18 @@ Every check goes through kda_impls.verify: output poisoned with NaN, state and o
 reference, untouched slots and the padding between slots compared bit for bit.
 """
 
+import functools
 import itertools
+import json
 import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from helpers import (
     DEVICE,
@@ -95,28 +99,26 @@ FORCED = [
 @pytest.mark.interpreter
 @pytest.mark.parametrize("config", FORCED, ids=str)
 def test_forced_tile_configs(config):
-    inputs = runnable(make_inputs(3, 3, 6, 32, 32, state_dtype=torch.bfloat16, slot_pad=16, pad_rows=1,
+    inputs = runnable(make_inputs(3, 3, 6, 16, 32, state_dtype=torch.bfloat16, slot_pad=16, pad_rows=1,
                                   device=DEVICE, seed=13))
-    verdict = verify(TritonKDA(config), inputs)
+    verdict = verify(TritonKDA(config), inputs, steps=1)  # the mapping, not compounding: the forms grid's
     assert verdict.ok, verdict
 
 
-# Each form of the one-token step on every small case (-1 rows, padded slots, GVA, K != V), in bf16
-# and fp32 state (form_runs() pairs them): the head counts compiled in (alone and with sub-tiles;
-# every other config passes them at run time), the state loaded before the small inputs (alone and
-# with a pipelined head group; every other one-tile config loads it after them), sub-tiles (two per
-# program; more than V holds, fitted to V), the persistent grid (one program walking every tile, so
-# each look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs than tiles),
-# the stored tile widened twice (alone; with sub-tiles, a head group and a register cap), the state
-# loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head group), and
-# the persistent grid with only the slots looked ahead (one program walking every tile; three
-# programs), the state read by TMA (one program per tile; three programs pipelined three deep, a tail;
-# one program walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the
-# pointer form), the state's accesses without eviction hints (one program per tile, persistent, TMA),
-# the gate in base 2 (one program per tile, with sub-tiles, persistent, TMA; the interpreter's log2 is
-# tl.log2's), and the small inputs loaded as tiles of copies (in base 2, the state between them and
-# the gate, widened twice; with the libdevice gate, sub-tiles and a pipelined head group; the state
-# after the gate).
+# Each form of the one-token step, in bf16 and fp32 state (form_runs() says on which cases): the head counts
+# compiled in (alone and with sub-tiles; every other config passes them at run time), the state loaded
+# before the small inputs (alone and with a pipelined head group; every other one-tile config loads it after
+# them), sub-tiles (two per program; more than V holds, fitted to V), the persistent grid (one program
+# walking every tile, so each look-ahead crosses rows, heads and V-tiles; three programs, a tail; more
+# programs than tiles), the stored tile widened twice (alone; with sub-tiles, a head group and a register
+# cap), the state loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head
+# group), and the persistent grid with only the slots looked ahead (one program walking every tile; three
+# programs), the state read by TMA (one program per tile; three programs pipelined three deep, a tail; one
+# program walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the pointer form),
+# the state's accesses without eviction hints (one program per tile, persistent, TMA), the gate in base 2
+# (one program per tile, with sub-tiles, persistent, TMA; the interpreter's log2 is tl.log2's), and the
+# small inputs loaded as tiles of copies (in base 2, the state between them and the gate, widened twice;
+# with the libdevice gate, sub-tiles and a pipelined head group; the state after the gate).
 FORMS = [
     TileConfig(BV=8, num_warps=1, const_heads=1),
     TileConfig(BV=8, num_warps=1, state_first=1),
@@ -150,23 +152,56 @@ FORMS = [
 ]
 
 
-# Every (form, case) pair once, the state dtype alternating along both, so that every form and every
-# case also runs in bf16 and in fp32: each pair of the three axes is covered at half the product's runs.
+# The cases the forms run on, at their smallest: every form on the first two, the state dtype alternating
+# (each form once in bf16, once in fp32). The first has GVA with two q/k heads (a wrong head mapping reads
+# the other one), K < V, padded slots TMA can address, a -1 row, untouched slots, and tile counts a
+# three-program grid leaves a tail of; the second K > V, H = HV, a slot pad TMA cannot address (the TMA
+# forms run as pointers), two live rows and a -1 row, fewer tiles than 64 programs.
+FORM_CASES = {
+    "gva-k<v-padded": dict(B=2, H=2, HV=4, K=16, V=32, slot_pad=8, pad_rows=1),
+    "k>v-odd-pad": dict(B=3, H=2, HV=2, K=32, V=16, slot_pad=7, pad_rows=1, n_slots=9),
+    "tiny-heads-grouped": dict(B=2, H=1, HV=8, K=16, V=16, slot_pad=3, n_slots=6),
+    "all-rows-padding": SMALL_CASES["all-rows-padding"],
+    "one-row-one-slot": SMALL_CASES["one-row-one-slot"],
+    "largest-k": dict(B=2, H=1, HV=2, K=256, V=32, slot_pad=16, pad_rows=1),
+}
+# The forms whose change meets what one of the other cases has: head groups and compiled head counts in
+# a GVA group of 8; the persistent and TMA walks and the inputs as tiles on rows all -1; the TMA box and the
+# persistent grid on a pool of one slot; the small inputs as tiles, sub-tiles and the twice-widened
+# store at K = 256.
+FORM_INTERACTIONS = {
+    "tiny-heads-grouped": [FORMS[0], FORMS[2], FORMS[3], FORMS[12]],
+    "all-rows-padding": [FORMS[6], FORMS[13], FORMS[16], FORMS[27]],
+    "one-row-one-slot": [FORMS[8], FORMS[15], FORMS[17]],
+    "largest-k": [FORMS[4], FORMS[9], FORMS[25], FORMS[27]],
+}
+
+
+# The forms that store the state by a path of their own, run over verify's default steps on the first
+# case (an error of the form that compounds from step to step): sub-tiles, the persistent grid, the
+# tile widened twice, TMA, the base-2 gate, the small inputs as tiles. Every other run takes one step
+# (the default config's steps: test_matches_reference).
+MULTI_STEP = [FORMS[4], FORMS[6], FORMS[9], FORMS[15], FORMS[23], FORMS[27]]
+
+
 def form_runs() -> list:
+    """(case, state dtype, form, steps): every form on the first two cases, the forms of
+    FORM_INTERACTIONS on theirs."""
     dtypes = [("bf16", torch.bfloat16), ("fp32", torch.float32)]
-    runs = []
-    for i, config in enumerate(FORMS):
-        for j, (name, case) in enumerate(SMALL_CASES.items()):
-            dtype_name, state_dtype = dtypes[(i + j) % 2]
-            runs.append(pytest.param(case, state_dtype, config, id=f"{name}-{dtype_name}-{config}"))
-    return runs
+    main, other = list(FORM_CASES)[:2]
+    runs = [(main, i % 2, config, None if config in MULTI_STEP else 1) for i, config in enumerate(FORMS)]
+    runs += [(other, (i + 1) % 2, config, 1) for i, config in enumerate(FORMS)]
+    runs += [(name, i % 2, config, 1) for name, configs in FORM_INTERACTIONS.items()
+             for i, config in enumerate(configs)]
+    return [pytest.param(FORM_CASES[name], dtypes[d][1], config, steps, id=f"{name}-{dtypes[d][0]}-{config}")
+            for name, d, config, steps in runs]
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("case, state_dtype, config", form_runs())
-def test_kernel_forms_match_reference(case, state_dtype, config):
+@pytest.mark.parametrize("case, state_dtype, config, steps", form_runs())
+def test_kernel_forms_match_reference(case, state_dtype, config, steps):
     inputs = runnable(make_inputs(**case, state_dtype=state_dtype, device=DEVICE, seed=21))
-    verdict = verify(TritonKDA(config), inputs)
+    verdict = verify(TritonKDA(config), inputs, steps=steps)
     assert verdict.ok, verdict
 
 
@@ -416,57 +451,70 @@ def test_forced_config_is_validated():
         TritonKDA(TileConfig(BV=12))
 
 
+# Every config a test below reads, per (HV, D, T) shape, compiled in one process of
+# scripts/triton_registers.py the first time a test asks for that shape. HV = 64, K = V = 64 (a shape
+# the table tunes) unless a count needs the 128-wide rows: a compile there costs three times as much.
 SM90_CONFIGS = {
-    (32, 128, 1): ["BV=8,num_warps=1", "BV=8,num_warps=1,state_first=1",
-                   "BV=8,num_warps=1,state_first=1,fast_gate=1", "BV=8,num_warps=1,programs_per_sm=8",
-                   "BV=8,num_warps=1,programs_per_sm=8,fast_gate=1",
-                   "BV=8,num_warps=1,programs_per_sm=8,lookahead=0",
-                   "BV=8,num_warps=1,programs_per_sm=8,load_evict_first=0,store_evict_first=0",
-                   "BV=16,num_warps=1,state_first=1", "BV=16,num_warps=1,state_first=1,load_evict_first=0",
-                   "BV=16,num_warps=1,state_first=1,store_evict_first=0", "BV=16,num_warps=4",
-                   "BV=16,num_warps=4,tma=1", "BV=16,num_warps=4,tma=1,fast_gate=1",
-                   "BV=16,num_warps=4,tma=1,programs_per_sm=4,num_stages=3",
-                   "BV=4,num_warps=1,state_first=1,const_heads=1,fast_gate=1",
-                   "BV=8,num_warps=1,state_first=1,const_heads=1,fast_gate=1",
-                   "BV=8,num_warps=1,state_first=1,const_heads=1,fast_gate=1,maxnreg=96",
-                   "BV=32,num_warps=1", "BV=32,num_warps=1,maxnreg=96", "BV=32,num_warps=1,rewiden=1"],
-    (32, 128, 4): ["BV=8,num_warps=1", "BV=8,num_warps=1,fast_gate=1",
-                   "BV=8,num_warps=1,load_evict_first=0,store_evict_first=0"],
-    (64, 64, 1): ["BV=32,num_warps=1", "BV=32,num_warps=1,state_first=1", "BV=32,num_warps=1,state_first=2",
+    (64, 64, 1): ["BV=8,num_warps=1", "BV=8,num_warps=1,state_first=1", "BV=8,num_warps=1,state_first=1,fast_gate=1",
+                  "BV=8,num_warps=1,programs_per_sm=8", "BV=8,num_warps=1,programs_per_sm=8,fast_gate=1",
+                  "BV=8,num_warps=1,programs_per_sm=8,lookahead=0",
+                  "BV=8,num_warps=1,programs_per_sm=8,load_evict_first=0,store_evict_first=0",
+                  "BV=16,num_warps=1,state_first=1", "BV=16,num_warps=1,state_first=1,load_evict_first=0",
+                  "BV=16,num_warps=1,state_first=1,store_evict_first=0", "BV=16,num_warps=4",
+                  "BV=16,num_warps=4,tma=1", "BV=16,num_warps=4,tma=1,fast_gate=1",
+                  "BV=16,num_warps=4,tma=1,programs_per_sm=4,num_stages=3",
+                  "BV=32,num_warps=1", "BV=32,num_warps=1,state_first=1", "BV=32,num_warps=1,state_first=2",
+                  "BV=32,num_warps=1,maxnreg=64", "BV=32,num_warps=1,rewiden=1",
                   "BV=4,num_warps=1,const_heads=1,state_first=2,rewiden=1,fast_gate=1",
                   "BV=4,num_warps=1,const_heads=1,state_first=2,rewiden=1,fast_gate=1,tiled_inputs=1"],
+    (64, 64, 4): ["BV=8,num_warps=1", "BV=8,num_warps=1,fast_gate=1",
+                  "BV=8,num_warps=1,load_evict_first=0,store_evict_first=0"],
+    (32, 128, 1): ["BV=8,num_warps=1", "BV=4,num_warps=1,state_first=1,const_heads=1,fast_gate=1",
+                   "BV=8,num_warps=1,state_first=1,const_heads=1,fast_gate=1",
+                   "BV=8,num_warps=1,state_first=1,const_heads=1,fast_gate=1,maxnreg=96"],
 }
-_sm90_rows: dict[tuple, list[str] | str] = {}  # (config, HV, D, T): its row, or why it could not compile
 
 
-def offline_sm90(configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
-    """scripts/triton_registers.py's line per config (bf16 state, B = 256, T tokens), split into fields:
-    state, config, kernel, regs, spill, warps/SM, SASS to the first load, SASS, MUFU.LG2, state load
-    spread, loads before the first warp-wide instruction, shuffles, evict-first loads, evict-first stores, TMA
-    loads, loads before the first 16-byte one, SASS digest. Skips where no ptxas here reads this
-    Triton's PTX."""
+def _offline_sm90(cache: Path, configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
     asked = configs.split(";")
-    wanted = asked + SM90_CONFIGS.get((HV, D, T), [])
-    missing = list(dict.fromkeys(c for c in wanted if (c, HV, D, T) not in _sm90_rows))
-    if missing:
-        done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", ";".join(missing),
-                               "--state-dtypes", "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256",
-                               "--T", str(T)], capture_output=True, text=True, cwd=REPO,
-                              timeout=120 + 60 * len(missing))  # a compile takes seconds; a loaded box, more
-        if done.returncode == 2 and "no ptxas here" in done.stdout:
-            _sm90_rows.update({(c, HV, D, T): done.stdout.strip() for c in missing})
-        else:
-            assert done.returncode == 0, done.stdout + done.stderr
-            rows = [line.split() for line in done.stdout.splitlines() if line.startswith("bfloat16")]
-            assert len(rows) == len(missing), done.stdout
-            _sm90_rows.update({(c, HV, D, T): row for c, row in zip(missing, rows, strict=True)})
-    rows = [_sm90_rows[(c, HV, D, T)] for c in asked]
-    if isinstance(rows[0], str):
-        pytest.skip(rows[0])
-    return rows
+    cache.mkdir(exist_ok=True)
+    path = cache / f"HV{HV}-D{D}-T{T}.json"
+    with FileLock(f"{path}.lock"):  # one compile of a shape for all workers of the run
+        known = json.loads(path.read_text()) if path.exists() else {"skip": None, "rows": {}}
+        missing = [c for c in dict.fromkeys(asked + SM90_CONFIGS.get((HV, D, T), [])) if c not in known["rows"]]
+        if missing and known["skip"] is None:
+            done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", ";".join(missing),
+                                   "--state-dtypes", "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256",
+                                   "--T", str(T)], capture_output=True, text=True, cwd=REPO,
+                                  timeout=120 + 60 * len(missing))  # a compile takes seconds; a loaded box, more
+            if done.returncode == 2 and "no ptxas here" in done.stdout:
+                known["skip"] = done.stdout.strip()
+            else:
+                assert done.returncode == 0, done.stdout + done.stderr
+                rows = [line.split() for line in done.stdout.splitlines() if line.startswith("bfloat16")]
+                assert len(rows) == len(missing), done.stdout
+                known["rows"].update(zip(missing, rows, strict=True))
+            path.write_text(json.dumps(known))
+    if known["skip"] is not None:
+        pytest.skip(known["skip"])
+    return [known["rows"][c] for c in asked]
 
 
-def test_state_first_issues_the_state_load_ahead_of_the_small_inputs():
+@pytest.fixture(scope="session")
+def offline_sm90(tmp_path_factory):
+    """offline_sm90(configs, HV, D, T=1): scripts/triton_registers.py's line per config (bf16 state,
+    B = 256, T tokens), split into fields: state, config, kernel, regs, spill, warps/SM, SASS to the
+    first load, SASS, MUFU.LG2, state load spread, loads before the first warp-wide instruction,
+    shuffles, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte one, SASS
+    digest. Each shape compiled once per run (SM90_CONFIGS with it), kept in a directory the xdist
+    workers share. Skips where no ptxas here reads this Triton's PTX."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # each worker's base directory is a folder of the run's
+    return functools.partial(_offline_sm90, shared / "offline-sm90")
+
+
+def test_state_first_issues_the_state_load_ahead_of_the_small_inputs(offline_sm90):
     """state_first=1 compiles the bf16 32-row tile (HV=64 K=V=64, the tile it slowed on the H200)
     with fewer of the small inputs' loads ahead of the first 16-byte state load than state_first=0
     (8 against 2 under Triton 3.6: results/offline-sm90/triton36/load_order_hv64_d64*.txt): fails if
@@ -480,31 +528,31 @@ def test_state_first_issues_the_state_load_ahead_of_the_small_inputs():
     assert between_digest not in (first_digest, after_digest), rows  # state_first=2: a third order
 
 
-def test_tma_form_moves_the_state_by_tma_and_pipelines_its_loop():
-    """tma=1 compiles to TMA loads of the state and no 16-byte global loads (the state does not pass
-    through the pointer path), and its persistent loop pipelined three deep issues one more TMA
-    load, ahead of the loop, than the unpipelined one: fails if the field is ignored or the loop
-    loses its pipelining."""
+def test_tma_form_moves_the_state_by_tma_and_pipelines_its_loop(offline_sm90):
+    """tma=1 compiles to TMA loads of the state and none of the state's 16-byte global loads (those
+    masked on the row's slot: the state does not pass through the pointer path), and its persistent
+    loop pipelined three deep issues one more TMA load, ahead of the loop, than the unpipelined one:
+    fails if the field is ignored or the loop loses its pipelining."""
     pointers, tma, pipelined = offline_sm90("BV=16,num_warps=4;BV=16,num_warps=4,tma=1;"
-                                            "BV=16,num_warps=4,tma=1,programs_per_sm=4,num_stages=3", 32, 128)
+                                            "BV=16,num_warps=4,tma=1,programs_per_sm=4,num_stages=3", 64, 64)
     if pointers[-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
     assert (pointers[-3], tma[-3], pipelined[-3]) == ("0", "1", "2"), (pointers, tma, pipelined)
-    assert pointers[-2] != "None" and tma[-2] == pipelined[-2] == "None"  # no 16-byte global load
+    assert pointers[9] != "None" and tma[9] == pipelined[9] == "None"  # the state load spread: no such load
 
 
-def test_persistent_form_without_the_tile_look_ahead_compiles_to_its_own_code():
+def test_persistent_form_without_the_tile_look_ahead_compiles_to_its_own_code(offline_sm90):
     """lookahead=0 keeps no next tile in registers: the persistent 8-row bf16 tile compiles to other
-    code, on no more registers than with the look-ahead (82 and 80 under Triton 3.9; fails if the
-    field is ignored)."""
+    code, on no more registers than with the look-ahead (72 and 59 at K=V=64 under Triton 3.9; fails if
+    the field is ignored)."""
     ahead, slots_only = offline_sm90("BV=8,num_warps=1,programs_per_sm=8;"
-                                     "BV=8,num_warps=1,programs_per_sm=8,lookahead=0", 32, 128)
+                                     "BV=8,num_warps=1,programs_per_sm=8,lookahead=0", 64, 64)
     assert int(slots_only[3]) <= int(ahead[3]), (ahead, slots_only)
     if ahead[-1] != "None":  # a SASS digest, where cuobjdump is beside this Triton
         assert slots_only[-1] != ahead[-1], (ahead, slots_only)
 
 
-def test_eviction_hints_mark_only_the_state_accesses_they_name():
+def test_eviction_hints_mark_only_the_state_accesses_they_name(offline_sm90):
     """load_evict_first and store_evict_first reach the SASS: by default every state load and store
     is marked evict-first (.EF) and nothing else is; each field at 0 clears its own accesses' marks
     alone, in the one-program-per-tile, the persistent and the multi-token kernels; the TMA form marks
@@ -512,50 +560,52 @@ def test_eviction_hints_mark_only_the_state_accesses_they_name():
     rows = offline_sm90("BV=16,num_warps=1,state_first=1;BV=16,num_warps=1,state_first=1,load_evict_first=0;"
                         "BV=16,num_warps=1,state_first=1,store_evict_first=0;BV=8,num_warps=1,programs_per_sm=8;"
                         "BV=8,num_warps=1,programs_per_sm=8,load_evict_first=0,store_evict_first=0;"
-                        "BV=16,num_warps=4,tma=1", 32, 128)
+                        "BV=16,num_warps=4,tma=1", 64, 64)
     if rows[0][-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
     (plain, no_loads, no_stores, persistent, persistent_unhinted, tma) = ((int(r[-5]), int(r[-4])) for r in rows)
-    # 16 rows of 128 bf16 in 16-byte accesses on one warp: 8 loads and 8 stores per thread
-    assert plain == (8, 8) and no_loads == (0, 8) and no_stores == (8, 0), rows
+    # 16 rows of 64 bf16 in 16-byte accesses on one warp: 4 loads and 4 stores per thread
+    assert plain == (4, 4) and no_loads == (0, 4) and no_stores == (4, 0), rows
     assert persistent[0] > 0 and persistent[1] > 0 and persistent_unhinted == (0, 0), rows
     assert tma[0] == 0 and tma[1] > 0, rows
-    multitoken = offline_sm90("BV=8,num_warps=1;BV=8,num_warps=1,load_evict_first=0,store_evict_first=0", 32, 128, T=4)
+    multitoken = offline_sm90("BV=8,num_warps=1;BV=8,num_warps=1,load_evict_first=0,store_evict_first=0", 64, 64, T=4)
     (hinted, unhinted) = ((int(r[-5]), int(r[-4])) for r in multitoken)
     assert hinted[0] > 0 and hinted[1] > 0 and unhinted == (0, 0), multitoken
 
 
-def test_fast_gate_takes_its_log2_from_mufu_in_every_form():
+def test_fast_gate_takes_its_log2_from_mufu_in_every_form(offline_sm90):
     """fast_gate=1 computes the gate's log2 with MUFU.LG2 (lg2.approx) in the one-program-per-tile,
     persistent, TMA and multi-token kernels, where fast_gate=0 has none (libdevice's logf is a
     polynomial): fails if the field is ignored or a form calls tl.log2 on the GPU. Fewer instructions
-    in all (640 against 824 in the bf16 8-row tile B = 1 ran under Triton 3.6)."""
+    in all (640 against 824 in the bf16 8-row tile B = 1 ran under Triton 3.6 at K=V=128; 400 against
+    480 here at K=V=64 under 3.9)."""
     forms = ("BV=8,num_warps=1,state_first=1", "BV=8,num_warps=1,programs_per_sm=8", "BV=16,num_warps=4,tma=1")
-    rows = offline_sm90(";".join(f"{form}{gate}" for form in forms for gate in ("", ",fast_gate=1")), 32, 128)
+    rows = offline_sm90(";".join(f"{form}{gate}" for form in forms for gate in ("", ",fast_gate=1")), 64, 64)
     if rows[0][-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
-    rows += offline_sm90("BV=8,num_warps=1;BV=8,num_warps=1,fast_gate=1", 32, 128, T=4)
+    rows += offline_sm90("BV=8,num_warps=1;BV=8,num_warps=1,fast_gate=1", 64, 64, T=4)
     for libdevice, fast in zip(rows[::2], rows[1::2], strict=True):
         assert int(libdevice[8]) == 0 < int(fast[8]), (libdevice, fast)
         assert int(fast[7]) < int(libdevice[7]), (libdevice, fast)  # SASS instructions in all
 
 
-def test_state_load_spread_counts_from_the_first_state_load_to_the_last():
-    """triton_registers.py's state load spread: the 4-row base-2 tile's two 16-byte state loads a
-    thread go out together, the TMA form has no such load (None), and the 8-row base-2 tile's four
-    spread through the gate unless a register cap keeps them together (262 against 11 under Triton
+def test_state_load_spread_counts_from_the_first_state_load_to_the_last(offline_sm90):
+    """triton_registers.py's state load spread: at K=V=128 the 4-row base-2 tile's two 16-byte state
+    loads a thread go out together, the TMA form has no such load (None), and the 8-row base-2 tile's
+    four spread through the gate unless a register cap keeps them together (262 against 11 under Triton
     3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt; the tune run triton-tune-b1-eight-rows in
     results/h200/tuning-table/rows.csv times the
     capped tile level with the table): fails if the column counts other loads or the wrong span."""
     fast = "num_warps=1,state_first=1,const_heads=1,fast_gate=1"
-    rows = offline_sm90(f"BV=4,{fast};BV=8,{fast};BV=8,{fast},maxnreg=96;BV=16,num_warps=4,tma=1", 32, 128)
+    rows = offline_sm90(f"BV=4,{fast};BV=8,{fast};BV=8,{fast},maxnreg=96", 32, 128)
     if rows[0][-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
-    four_rows, eight_rows, eight_capped, tma = (r[9] for r in rows)
-    assert tma == "None" and 0 < int(four_rows) < int(eight_capped) < int(eight_rows), rows
+    four_rows, eight_rows, eight_capped = (r[9] for r in rows)
+    tma = offline_sm90("BV=16,num_warps=4,tma=1", 64, 64)[0][9]
+    assert tma == "None" and 0 < int(four_rows) < int(eight_capped) < int(eight_rows), (rows, tma)
 
 
-def test_tiled_inputs_issue_every_load_before_the_first_warp_wide_instruction():
+def test_tiled_inputs_issue_every_load_before_the_first_warp_wide_instruction(offline_sm90):
     """The bf16 K=V=64 4-row tile (the table's B = 1 entry at HV=64 before tiled_inputs) loads q and k
     as vectors whose layout changes to meet the tile: under Triton 3.6 (the H200's) through shared
     memory, before which ptxas issues only the slot's, q's and k's loads; under either Triton at least
@@ -572,23 +622,24 @@ def test_tiled_inputs_issue_every_load_before_the_first_warp_wide_instruction():
     assert vectors < 9 and tiled == 10, rows
 
 
-def test_shuffle_column_counts_the_reductions_steps():
+def test_shuffle_column_counts_the_reductions_steps(offline_sm90):
     """triton_registers.py's SHFL column: the bf16 8-row one-warp tile at K=V=128 gives a row 16 lanes
-    and a thread four rows, so its two reductions take at least 4 x 4 x 2 = 32 shuffles; at K=V=32 a row
-    has 4 lanes and a thread one row (58 and 15 under Triton 3.6, 66 and 15 under 3.9). Fails if the
+    and a thread four rows, so its two reductions take at least 4 x 4 x 2 = 32 shuffles; at K=V=64 a row
+    has 8 lanes and a thread two rows, at least 3 x 2 x 2 = 12 (66 and 24 under Triton 3.9). Fails if the
     column counts nothing, or every instruction."""
-    wide, narrow = (offline_sm90("BV=8,num_warps=1", 32, D)[0] for D in (128, 32))
+    wide, narrow = (offline_sm90("BV=8,num_warps=1", HV, D)[0] for HV, D in ((32, 128), (64, 64)))
     if wide[-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
     assert int(narrow[11]) < 32 <= int(wide[11]) < int(wide[7]) // 4, (wide, narrow)
 
 
-def test_register_cap_and_rewiden_reach_ptxas():
-    """maxnreg reaches the compile (ptxas keeps to the cap, where the same tile uncapped takes more),
-    and rewiden=1 compiles to other code than the tile widened once."""
-    plain, capped, rewidened = offline_sm90("BV=32,num_warps=1;BV=32,num_warps=1,maxnreg=96;"
-                                            "BV=32,num_warps=1,rewiden=1", 32, 128)
-    assert int(capped[3]) <= 96 < int(plain[3]), (plain, capped)
+def test_register_cap_and_rewiden_reach_ptxas(offline_sm90):
+    """maxnreg reaches the compile (ptxas keeps to the cap, where the same tile uncapped takes more:
+    99 registers under Triton 3.9, 125 under 3.6), and rewiden=1 compiles to other code than the tile
+    widened once."""
+    plain, capped, rewidened = offline_sm90("BV=32,num_warps=1;BV=32,num_warps=1,maxnreg=64;"
+                                            "BV=32,num_warps=1,rewiden=1", 64, 64)
+    assert int(capped[3]) <= 64 < int(plain[3]), (plain, capped)
     if plain[-1] != "None":  # a SASS digest, where cuobjdump is beside this Triton
         assert rewidened[-1] != plain[-1], (plain, rewidened)
 
@@ -688,11 +739,11 @@ def test_register_script_compiles_for_sm90_without_a_gpu():
     """scripts/triton_registers.py: the launcher's kernel and arguments compiled offline. A 32-row
     tile holds more registers than an 8-row one (each config compiled as it is), and the 8-row tile
     B = 1 uses reaches its first load within 40 instructions with the head counts compiled in, sooner
-    than with them passed at run time and divided by on the way (21 against 43 under Triton 3.6:
-    results/offline-sm90/triton36/)."""
+    than with them passed at run time and divided by on the way (21 against 43 at HV=32 K=V=128 under
+    Triton 3.6: results/offline-sm90/triton36/; 17 against 43 at HV=64 K=V=64, compiled here, under 3.9)."""
     done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs",
                            "BV=32,num_warps=1;BV=8,num_warps=1,const_heads=1;BV=8,num_warps=1",
-                           "--state-dtypes", "bfloat16", "--B", "1"],
+                           "--state-dtypes", "bfloat16", "--B", "1", "--HV", "64", "--D", "64"],
                           capture_output=True, text=True, cwd=REPO, timeout=600)
     if done.returncode == 2 and "no ptxas here" in done.stdout:
         pytest.skip(done.stdout.strip())
