@@ -5,8 +5,8 @@ its module is imported, so TRITON_INTERPRET must be set before any test module i
 a CUDA GPU the Triton kernels (ours and fla's) can only run interpreted on the CPU, and tests
 marked ``gpu`` skip. Plain helpers the test modules share are in tests/helpers.py.
 
-The session fixtures below are real runs several test modules read (a process that spawns workers or
-asv's benchmark processes costs seconds): each is made once per session, across pytest-xdist
+The session-scoped fixtures below are real runs several test modules read (a process that spawns workers or
+asv's benchmark processes costs seconds): each is made once per test run, across pytest-xdist
 workers too (helpers.once). A test that changes one works on a copy in its own tmp_path.
 """
 

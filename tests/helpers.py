@@ -1,7 +1,7 @@
 """What several test modules share: loading a script of scripts/ as a module; running asv from
 tests (this interpreter as the existing environment, a throwaway HOME for the machine file
 ~/.asv-machine.json, and this checkout importable in the benchmark processes); making a run once
-per test session (:func:`once`: the conftest's shared asv run and CPU sweeps); running a command's
+per test run (:func:`once`: the conftest's shared asv run and CPU sweeps); running a command's
 main in this process (:func:`in_process`) or kda-sweep in its own; and sweep result directories
 written by the sweep's own writer, so that readers are tested against the real format; and the
 check that an implementation replayed from a CUDA graph (as the harness times it) takes the eager
@@ -90,7 +90,7 @@ class AsvRun:
 def cpu_asv_run(root: Path) -> dict:
     """One real ``asv run --record-samples`` of the repository's suite on the CPU profile
     (:data:`CPU_RUN_BENCH` of it) under ``root``: what :class:`AsvRun` takes (the conftest's ``cpu_asv``
-    fixture makes it once per test session and shares it)."""
+    fixture makes it once per test run and shares it)."""
     env = asv_env(root, KDA_ASV_PROFILE="cpu", KDA_ASV_IMPLS=CPU_RUN_IMPLS)
     register_machine(env)
     conf = repo_conf(root)
@@ -109,8 +109,8 @@ def cpu_asv_run(root: Path) -> dict:
 
 
 def once(tmp_path_factory, name: str, make: Callable[[Path], dict]) -> dict:
-    """``make(directory)``'s (JSON) answer, made once per test session in a directory of its own: the
-    pytest-xdist workers of one session share the parent of their base directories, and the first
+    """``make(directory)``'s (JSON) answer, made once per test run in a directory of its own: the
+    pytest-xdist workers of one run share the parent of their base directories, and the first
     to ask makes it while the others wait on a lock and then read the answer."""
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):

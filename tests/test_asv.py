@@ -1,5 +1,5 @@
 """The asv suite on a box without a GPU, as CI checks it: `asv check` passes; one real `asv run`
-(the session fixture cpu_asv, shared with the gate's tests) runs naive and the interpreted Triton
+(the session-scoped fixture cpu_asv, shared with the gate's tests) runs naive and the interpreted Triton
 kernel, skips exactly the combinations the implementations declare unsupported here, with their
 reason, and records bandwidth from the kernel time's own measurement; asv.conf.json's
 Regressions settings are the gate's thresholds.

@@ -319,7 +319,7 @@ def test_real_asv_files(tmp_path, asv_project):
 
 @pytest.mark.skipif(regress_cpu_skip, reason="expects the CPU profile")
 def test_the_suites_own_cpu_file_read_with_each_benchmarks_direction(tmp_path, cpu_asv):
-    """The real suite's CPU result file (the session fixture cpu_asv): every bandwidth benchmark reads
+    """The real suite's CPU result file (the session-scoped fixture cpu_asv): every bandwidth benchmark reads
     as a rate, every time as a time; the file against itself is clean, and against a copy whose
     one bandwidth benchmark is 10% lower (each sample, its median and interval) that benchmark is
     slower and nothing else moves; the same benchmark skipped in the copy is broken."""

@@ -50,7 +50,7 @@ def run_each(cases: list[tuple[str, list[str]]]) -> list[subprocess.CompletedPro
 
 @pytest.fixture
 def tiny(cpu_sweep) -> Path:
-    """One tiny sweep directory (two rows: the session's cpu_sweep) that tests copy rather than measure again."""
+    """One tiny sweep directory (two rows: the session-scoped cpu_sweep) that tests copy rather than measure again."""
     return cpu_sweep
 
 
