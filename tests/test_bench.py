@@ -1123,3 +1123,16 @@ def test_gpu_replay_pass_is_whole_ring_cycles_and_leaves_every_sets_ring_where_i
     torch.cuda.synchronize()
     assert all(torch.equal(x.cache.length, b) for x, b in zip(sets, before, strict=True))
     assert all(((b >= 0) & (b < cfg.ring)).all() for b in before)
+
+
+def test_an_implementation_that_cannot_run_on_the_device_gets_its_rows_without_a_worker(tmp_path, monkeypatch):
+    """A GPU-only library on the CPU (FlashInfer: its packages missing here, CUDA absent): its rows are
+    unsupported with the reason its worker would give, and no worker process is started for it."""
+    started = []
+    monkeypatch.setattr(driver, "Worker", lambda impl, *args: started.append(impl) or pytest.fail(f"{impl} started"))
+    cfg = Config("flashinfer", 1, 2, 2, 16, 16)
+    table = driver.Sweep([cfg], tmp_path, ["cpu"], QUICK, command="", preset="smoke").run()
+    assert started == [] and table.status.tolist() == ["unsupported"]
+    reason = case.run_case(cfg, "cpu")["reason"]
+    assert table.reason.tolist() == [reason] and reason  # what the worker's run_case says, word for word
+    assert table.library.tolist() == ["flashinfer"]
