@@ -866,3 +866,22 @@ def test_asv_bandwidth_sets_the_suites_gbps_beside_a_sweeps(tmp_path):
                           capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "needs a CUDA GPU" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_asv_file_gives_each_benchmark_its_direction_and_its_placements(tmp_path):
+    """Read from asv's own format without an asv run: a bandwidth benchmark (track_gbps) is a rate,
+    higher better, and a kernel time is not; each samples list (one median per placement) is the
+    measurement's placements, its range the spread. So a bandwidth that fell is slower, and one that
+    rose is faster, the way kernel times are judged the other way round."""
+    samples = {("'triton'", "64"): [100.0, 102.0, 98.0, 101.0]}
+    kernel = regress.load(asv_file(tmp_path / "kernel.json", samples))
+    gbps = regress.load(asv_file(tmp_path / "gbps.json", samples, bench="decode.Bandwidth.track_gbps"))
+    (k,), (g,) = kernel.measurements.values(), gbps.measurements.values()
+    assert (k.rate, g.rate) == (False, True)
+    assert g.placements == g.samples == (100.0, 102.0, 98.0, 101.0) and g.spread == (98.0, 102.0)
+    fell = regress.load(asv_file(tmp_path / "fell.json", {key: [0.8 * x for x in s] for key, s in samples.items()},
+                                 bench="decode.Bandwidth.track_gbps"))
+    rose = regress.load(asv_file(tmp_path / "rose.json", {key: [1.25 * x for x in s] for key, s in samples.items()},
+                                 bench="decode.Bandwidth.track_gbps"))
+    assert regress.compare(gbps, fell)["status"].tolist() == ["slower"]
+    assert regress.compare(gbps, rose)["status"].tolist() == ["faster"]
