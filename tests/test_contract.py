@@ -312,6 +312,10 @@ def test_capabilities_describe_themselves():
     pairs = Capabilities(slot_stride_multiple=2, base_alignment=2)
     assert pairs.describe().endswith(", GVA, T = 1 only, slot stride % 2, base % 2 B")
     assert repr(Strict()) == f"<kda implementation 'strict': {Strict().capabilities.describe()}>"
+    # the tokens a step takes, and the decode modes besides in-place
+    assert Capabilities(max_tokens=None, frozen=True).describe().endswith(", GVA, any T, frozen verify")
+    assert Capabilities(max_tokens=16, replay=True).describe().endswith(", GVA, T <= 16, replay")
+    assert Capabilities(max_tokens=8, frozen=True, replay=True).describe().endswith(", T <= 8, frozen verify, replay")
 
 
 def test_package_version(tmp_path, monkeypatch):
