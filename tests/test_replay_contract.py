@@ -58,11 +58,15 @@ def lengths(*values):
     (lambda: replay(num_accepted=torch.tensor([2, 2, 2], dtype=torch.int32)), "num-accepted",
      r"length\[slots\[i\]\] \+ num_accepted\[i\] <= L=4 .*got min 2, largest sum 5"),
     (lambda: replay(num_accepted=torch.tensor([0, -1, 0], dtype=torch.int32)), "num-accepted", "got min -1"),
+    (lambda: replay(slots=torch.tensor([2, 0, 1], dtype=torch.int32), num_accepted=torch.tensor([0, 5, 0],
+                                                                                               dtype=torch.int32)),
+     "num-accepted", "largest sum 5"),  # slot 0 is a live row's too
     (lambda: replay(num_accepted=torch.zeros(2, dtype=torch.int32)), "shape", r"num_accepted shape must be \(3,\)"),
     (lambda: replay(slots=torch.tensor([1, 1, 2], dtype=torch.int32)), "slot-duplicate", "repeated slots"),
 ], ids=["not-a-cache", "frozen", "per-token-slots", "other-pool", "kg-width", "ring-sizes-differ", "other-heads",
         "u-bf16", "kg-not-activation-dtype", "length-int64", "u-strided", "grad", "T>L", "full-ring",
-        "negative-length", "commit-overflows", "negative-commit", "num-accepted-shape", "duplicate-slots"])
+        "negative-length", "commit-overflows", "negative-commit", "slot-0-commit-overflows", "num-accepted-shape",
+        "duplicate-slots"])
 def test_contract_refuses_what_replay_does_not_define(x, rule, message):
     x = x()
     with pytest.raises(ContractError, match=message) as err:
@@ -85,6 +89,8 @@ def test_the_commits_the_contract_allows_run():
     x = replay(num_accepted=torch.tensor([1, 3, 0], dtype=torch.int32))  # slots 0, 1, 2 hold 0, 1, 2 records
     x.slots = torch.tensor([1, 0, 2], dtype=torch.int32)  # 1 + 1, 0 + 3, 2 + 0 are all <= L
     get("naive").check(x)
+    padding = replay(slots=torch.full((3,), -1, dtype=torch.int32), num_accepted=torch.full((3,), 9, dtype=torch.int32))
+    get("naive").check(padding)  # -1 rows commit nothing, whatever their num_accepted says
 
 
 class InPlaceOnly(Implementation):
