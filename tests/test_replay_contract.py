@@ -169,3 +169,14 @@ def test_make_inputs_ring_is_the_frozen_draw_with_a_cache(T):
         ReplayCache.empty(4, 0, 1, 1, 16, 16)
     with pytest.raises(ValueError, match="no frozen spelling"):
         a.as_frozen()
+
+
+def test_make_inputs_draws_the_cache_from_its_seed_alone():
+    """The same seed gives the same records and lengths whatever the global RNG did in between, and the
+    lengths span the whole ring, an empty one (0) included."""
+    first = make_inputs(64, 1, 2, 16, 8, ring=4, seed=3)
+    torch.rand(7)  # the global generator moved on
+    again = make_inputs(64, 1, 2, 16, 8, ring=4, seed=3)
+    for name, t in first.cache.tensors().items():
+        assert torch.equal(t, again.cache.tensors()[name]), name
+    assert set(first.cache.length.tolist()) == {0, 1, 2, 3}
