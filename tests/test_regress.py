@@ -885,3 +885,21 @@ def test_an_asv_file_gives_each_benchmark_its_direction_and_its_placements(tmp_p
                                  bench="decode.Bandwidth.track_gbps"))
     assert regress.compare(gbps, fell)["status"].tolist() == ["slower"]
     assert regress.compare(gbps, rose)["status"].tolist() == ["faster"]
+
+
+def test_a_sweeps_rows_without_a_kernel_time_are_failures_with_their_status_and_reason(tmp_path):
+    """What the gate prints of each row it cannot compare: the row's status and its reason, "no reason
+    recorded" where the row has none, "ok but no kernel time" for an ok row without one; every row with
+    a kernel time is a measurement, none of them a failure."""
+    naive, wrong = Config("naive", 64, 32, 32, 128, 128), Config("naive", 1, 32, 32, 128, 128)
+    sweep = write_sweep_dir(tmp_path / "s", {TRITON: microseconds(0), FLA: "unsupported", wrong: "wrong",
+                                             naive: microseconds(1)}, {"gpu": "g"})
+    table = pd.read_csv(sweep / "results.csv")
+    table.loc[table.key == wrong.key(), "reason"] = ""
+    table.loc[table.key == naive.key(), "kernel_us_mean"] = float("nan")
+    table.to_csv(sweep / "results.csv", index=False)
+    loaded = regress.load(sweep)
+    assert set(loaded.measurements) == {TRITON.key()}
+    assert {key: (f.status, f.reason) for key, f in loaded.failures.items()} == {
+        FLA.key(): ("unsupported", "a test's row"), wrong.key(): ("wrong", "no reason recorded"),
+        naive.key(): ("ok", "ok but no kernel time")}
