@@ -175,10 +175,10 @@ from kda_impls.impls import triton_replay
 pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accepted_ptr="*i32", u_ptr="*fp32",
                 length_ptr="*i32")
 runtime = dict(slot_stride="i32", scale="fp32")
-for fn, T in ((triton_replay._kda_replay_decode_kernel, 1), (triton_replay._kda_replay_verify_kernel, 4),
+BV, warps = triton_replay.replay_tile(128)
+shape = dict(HV=32, GROUP=2, K=128, V=128, BV=BV, L=16, LP=16, L2_EPS=1e-6)
+for fn, T in ((triton_replay._kda_replay_kernel, 1), (triton_replay._kda_replay_kernel, 4),
               (triton_replay._flush_first_kernel, 4)):
-    BV, warps = triton_replay.replay_tile(128, T)
-    shape = dict(HV=32, GROUP=2, K=128, V=128, BV=BV, L=16, LP=16, L2_EPS=1e-6)
     params = list(inspect.signature(fn.fn).parameters)
     meta = {n: v for n, v in dict(shape, T=T).items() if n in params}
     sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
@@ -204,12 +204,12 @@ def test_the_replay_kernel_compiles_for_sm90():
 def test_triton_replay_tile_from_the_environment(monkeypatch):
     from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV, replay_tile
 
-    assert replay_tile(128) == (32, 4) and replay_tile(128, T=4) == (64, 4)
+    assert replay_tile(128) == (64, 4)
     monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4")
     assert replay_tile(64) == (32, 4)
     x = make_inputs(**TRITON_CASES["two-v-tiles-gva-fp32"], ring=2, seed=5)
     assert run_steps(get("triton"), x, 2) == []
-    for bad in ("BV=24", "BV=128", "BV=8", "warps=4", "num_warps=3"):  # 8 rows: under the flush's product
+    for bad in ("BV=24", "BV=128", "warps=4", "num_warps=3"):
         monkeypatch.setenv(REPLAY_CONFIG_ENV, bad)
         with pytest.raises(ValueError, match=REPLAY_CONFIG_ENV):
             get("triton").bind(x)

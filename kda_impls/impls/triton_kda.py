@@ -27,9 +27,9 @@ unrolled: registers do not grow with T, and one compiled kernel serves every T) 
 token t only where ``slots[row, t] >= 0``; each token's inputs are loaded while the previous token
 computes. It moves one state read per live row and one write per stored slot, the floor of that
 step. A T = 1 step, in either spelling, runs the one-token kernel (the math is shared through
-inlined helpers). Frozen verify (``update_state=False``, any T) has its own kernel in
-``triton_frozen.py``: each tile read once, the tokens' products taken from it (never applied to it),
-every token's output written and no state: one state read per live row. Replay
+inlined helpers). Frozen verify (``update_state=False``, any T) runs the multi-token kernel with its
+stores compiled out (``STORES=0``): each tile read once from ``slots[row]``, the T tokens chained
+in registers, every token's output written and no state: one state read per live row. Replay
 (a ``ReplayCache``: decode, a verify and its commit) has its own kernels in ``triton_replay.py``.
 
 The tile config (:class:`TileConfig`) comes from the committed table
@@ -412,15 +412,19 @@ def _kda_decode_tma_kernel(
 
 @triton.jit
 def _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, token, h, hv, H, HV, offs_k, offs_v,
-                K: tl.constexpr, V: tl.constexpr):
-    """The inputs of one token (``row * T + t``) of one value head, and the slot its state goes to."""
+                K: tl.constexpr, V: tl.constexpr, STORES: tl.constexpr):
+    """The inputs of one token (``row * T + t``) of one value head, and the slot its state goes to
+    (-1 without ``STORES``: frozen verify's slots are one per row, and no token is stored)."""
     token_hv = token * HV + hv
     q = tl.load(q_ptr + (token * H + h) * K + offs_k).to(tl.float32)
     k = tl.load(k_ptr + (token * H + h) * K + offs_k).to(tl.float32)
     a = tl.load(a_ptr + token_hv * K + offs_k).to(tl.float32)
     beta_logit = tl.load(b_ptr + token_hv).to(tl.float32)
     v = tl.load(v_ptr + token_hv * V + offs_v).to(tl.float32)
-    slot = tl.load(slots_ptr + token)
+    if STORES:
+        slot = tl.load(slots_ptr + token)
+    else:
+        slot = -1
     return q, k, a, beta_logit, v, slot
 
 
@@ -430,11 +434,12 @@ def _kda_multitoken_kernel(
     slot_stride, scale, T, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HEADS: tl.constexpr, NUM_STAGES: tl.constexpr,
     LOAD_HINT: tl.constexpr, STORE_HINT: tl.constexpr, L2_EPS: tl.constexpr, SOFTPLUS_LINEAR_ABOVE: tl.constexpr,
-    FAST_GATE: tl.constexpr,
+    FAST_GATE: tl.constexpr, STORES: tl.constexpr,
 ):
     """T tokens per row (T > 1): the program mapping of :func:`_kda_decode_kernel`; each state tile
     is read once, from the row's start slot, carried through the T tokens in registers and
-    stored after token t where ``slots[row, t] >= 0``."""
+    stored after token t where ``slots[row, t] >= 0``. Without ``STORES`` (frozen verify, any T) the
+    row starts from ``slots[row]`` and no state is stored."""
     row, first_head, v_tile = _program_tile(HV, HEADS, V // BV)
     H = HV // GROUP
     offs_k = tl.arange(0, K)
@@ -443,7 +448,10 @@ def _kda_multitoken_kernel(
     no_slot = tl.zeros([BV, K], dtype=tl.int32)  # [BV, K] splats of slots: see _kda_decode_kernel
 
     first_token = row * T
-    start = tl.load(slots_ptr + first_token + tl.load(accepted_ptr + row) - 1)
+    if STORES:
+        start = tl.load(slots_ptr + first_token + tl.load(accepted_ptr + row) - 1)
+    else:
+        start = tl.load(slots_ptr + row)
     live = (no_slot + start) >= 0  # a padding row reads and writes no state and outputs zeros
     start_state = state_ptr + tl.maximum(start, 0).to(tl.int64) * slot_stride
 
@@ -453,7 +461,7 @@ def _kda_multitoken_kernel(
         dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
         A_log = tl.load(A_log_ptr + hv)
         q, k, a, beta_logit, v, slot = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, first_token, h, hv,
-                                                   H, HV, offs_k, offs_v, K, V)
+                                                   H, HV, offs_k, offs_v, K, V, STORES)
         S = tl.load(start_state + hv * (V * K) + tile, mask=live, other=0.0,
                     eviction_policy=LOAD_HINT).to(tl.float32)
         for t in tl.range(0, T, num_stages=1):
@@ -461,13 +469,14 @@ def _kda_multitoken_kernel(
             # rather than a branch) are issued before this token's stores, which the compiler may not
             # move loads past (it cannot tell the pointers apart): they arrive while this token computes.
             ahead = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, slots_ptr, first_token + tl.minimum(t + 1, T - 1),
-                                h, hv, H, HV, offs_k, offs_v, K, V)
+                                h, hv, H, HV, offs_k, offs_v, K, V, STORES)
             q, k, decay, beta = _token_gate(q, k, a, dt_bias, A_log, beta_logit, scale, L2_EPS,
                                             SOFTPLUS_LINEAR_ABOVE, FAST_GATE)
             S, o = _delta_rule(S, q, k, v, decay, beta)
-            stores = live & ((no_slot + slot) >= 0)
-            tl.store(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K) + tile,
-                     S.to(state_ptr.dtype.element_ty), mask=stores, eviction_policy=STORE_HINT)
+            if STORES:
+                stores = live & ((no_slot + slot) >= 0)
+                tl.store(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K) + tile,
+                         S.to(state_ptr.dtype.element_ty), mask=stores, eviction_policy=STORE_HINT)
             tl.store(out_ptr + ((first_token + t) * HV + hv) * V + offs_v,
                      tl.where(start >= 0, o, 0.0).to(out_ptr.dtype.element_ty))
             q, k, a, beta_logit, v, slot = ahead
@@ -693,7 +702,8 @@ class TritonKDA(Implementation):
                 config = TileConfig.parse(override, config)
         if config.tma and not tma_addressable(inputs):
             config = replace(config, tma=0, programs_per_sm=0, num_stages=1)
-        return config.fitted(inputs.HV, inputs.V, inputs.T)
+        # frozen verify runs the multi-token kernel at any T, so a T = 1 one takes its forms too
+        return config.fitted(inputs.HV, inputs.V, inputs.T if inputs.update_state else max(inputs.T, 2))
 
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
         if inputs.B == 0:
@@ -702,10 +712,6 @@ class TritonKDA(Implementation):
             from .triton_replay import replay_launcher  # its kernels import this module's constants
 
             return replay_launcher(inputs, out)
-        if not inputs.update_state:
-            from .triton_frozen import frozen_launcher
-
-            return frozen_launcher(inputs, out)
         config = self.config_for(inputs)
         kernel, grid, args, meta = kernel_arguments(inputs, out, config)
         if inputs.device.type == "cuda":
@@ -724,10 +730,11 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
 
     A T = 1 step, in either spelling (the same memory), launches the one-token kernel (its persistent
     form where ``config.programs_per_sm`` > 0: that many programs per SM, at most one per tile);
-    T > 1 the multi-token one, with num_accepted (all ones allocated here where None).
+    T > 1 the multi-token one, with num_accepted (all ones allocated here where None); frozen verify
+    (any T) the multi-token one without its stores.
     """
     grid = (inputs.B * (inputs.HV // config.heads) * (inputs.V // config.BV),)  # one program per tile
-    one_token = inputs.T == 1
+    one_token = inputs.T == 1 and inputs.update_state  # the one-token kernels always store
     pool = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots)
     scalars = (inputs.slot_stride, inputs.effective_scale)
     # The head counts are compile-time constants (the one-token kernel's unless config.const_heads is
@@ -761,7 +768,7 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
                             STATE_FIRST=config.state_first, REWIDEN=config.rewiden,
                             TILED_INPUTS=config.tiled_inputs))
     return (_kda_multitoken_kernel, grid, (*pool, inputs.accepted(), out, *scalars, inputs.T),
-            meta)
+            meta | dict(STORES=int(inputs.update_state)))
 
 
 def tma_addressable(inputs: DecodeInputs) -> bool:

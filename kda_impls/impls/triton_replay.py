@@ -27,36 +27,52 @@ advance last (one program per row), as every program of a row reads its length.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from ..inputs import DecodeInputs
 from ..reference import L2_EPS
-from .triton_frozen import _log_decay, _normalised, env_tile
+from .triton_kda import SOFTPLUS_LINEAR_ABOVE
 
+_LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
 REPLAY_CONFIG_ENV = "KDA_TRITON_REPLAY_CONFIG"
 
 
 @triton.jit
-def _committed_keys(kg_ptr, records, n, dt_bias, A, offs_l, offs_k, K: tl.constexpr, L2_EPS: tl.constexpr):
-    """The keys and decays of a slot's head's first ``n`` records as register tiles: ``(k^ [LP, K],
-    G_j [LP, K], G_n [K])``, G_j the cumulative log decay through record j; rows at and past ``n`` zero
-    (never loaded)."""
+def _log_decay(a, dt_bias, A):
+    x = a + dt_bias
+    return -A * tl.where(x > _LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
+
+
+@triton.jit
+def _normalised(x, L2_EPS: tl.constexpr):
+    return x / tl.sqrt(tl.sum(x * x, axis=0) + L2_EPS)
+
+
+@triton.jit
+def _committed(u_ptr, kg_ptr, records, n, dt_bias, A, offs_l, offs_k, offs_v, K: tl.constexpr, V: tl.constexpr,
+               L2_EPS: tl.constexpr):
+    """The first ``n`` records of a slot's head as register tiles: ``(k^ [LP, K], G_j [LP, K], u [LP, BV],
+    G_n [K])``, rows at and past ``n`` zero (never loaded)."""
     kept = offs_l[:, None] < n
     kg_rows = kg_ptr + (records + offs_l)[:, None] * (2 * K) + offs_k[None, :]
     in_k = kept & (offs_k[None, :] < K)
     g = tl.where(in_k, _log_decay(tl.load(kg_rows + K, mask=in_k, other=0.0).to(tl.float32), dt_bias[None, :], A), 0.0)
     k = tl.load(kg_rows, mask=in_k, other=0.0).to(tl.float32)
     k_hat = k / tl.sqrt(tl.sum(k * k, axis=1) + L2_EPS)[:, None]
-    return k_hat, tl.cumsum(g, axis=0), tl.sum(g, axis=0)
+    in_v = kept & (offs_v[None, :] < V)
+    u = tl.load(u_ptr + (records + offs_l)[:, None] * V + offs_v[None, :], mask=in_v, other=0.0)
+    return k_hat, tl.cumsum(g, axis=0), u, tl.sum(g, axis=0)
 
 
 @triton.jit
 def _carried(S0, G, u_ptr, kg_ptr, records, count, dt_bias, A, offs_k, offs_v, K: tl.constexpr, V: tl.constexpr,
              L2_EPS: tl.constexpr):
     """``S_0 exp(G) + sum_{j<count} u_j (k^_j exp(G - G_j))^T`` over the first ``count`` records in memory:
-    the state they carry, decayed through ``G``, formed only for a flush first (one record a loop step)."""
+    the state they carry, decayed through ``G``, formed only for a flush (one record a loop step)."""
     E = S0 * tl.exp(G)[None, :]
     G_j = tl.zeros([K], dtype=tl.float32)
     for j in range(0, count):
@@ -86,7 +102,7 @@ def _flush_first_kernel(
             dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
             A = tl.exp(tl.load(A_log_ptr + hv))
             records = (s * HV + hv) * L
-            G = _committed_keys(kg_ptr, records, n, dt_bias, A, tl.arange(0, LP), offs_k, K, L2_EPS)[2]
+            G = _committed(u_ptr, kg_ptr, records, n, dt_bias, A, tl.arange(0, LP), offs_k, offs_v, K, V, L2_EPS)[3]
             tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
             E = _carried(tl.load(tile).to(tl.float32), G, u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V,
                          L2_EPS)
@@ -94,74 +110,11 @@ def _flush_first_kernel(
 
 
 @triton.jit
-def _kda_replay_decode_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr, u_ptr,
-    kg_ptr, length_ptr, slot_stride, scale, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr,
-    V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr,
-):
-    """A one-token step: one program a row and value head, its record terms computed once, then a
-    loop over the checkpoint's V-tiles."""
-    pid = tl.program_id(0)
-    row = (pid // HV).to(tl.int64)
-    hv = pid % HV
-    offs_k = tl.arange(0, K)
-    offs_l = tl.arange(0, LP)
-    offs_b = tl.arange(0, BV)
-    out_head = out_ptr + (row * HV + hv) * V
-    slot = tl.load(slots_ptr + row)
-    if slot < 0:
-        for i in range(0, V // BV):
-            tl.store(out_head + i * BV + offs_b, tl.zeros([BV], dtype=tl.float32).to(out_ptr.dtype.element_ty))
-    else:
-        s = slot.to(tl.int64)
-        n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)  # the commit
-        n = tl.where(n + 1 > L, 0, n)  # flushed first by _flush_first_kernel: the state is the pool's
-        dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
-        A = tl.exp(tl.load(A_log_ptr + hv))
-        records = (s * HV + hv) * L  # record j of this slot and head: index records + j
-        k_hat, G_j, G = _committed_keys(kg_ptr, records, n, dt_bias, A, offs_l, offs_k, K, L2_EPS)
-        tok_h = row * (HV // GROUP) + hv // GROUP
-        tok_hv = row * HV + hv
-        k_raw = tl.load(k_ptr + tok_h * K + offs_k)
-        a_raw = tl.load(a_ptr + tok_hv * K + offs_k)
-        q = _normalised(tl.load(q_ptr + tok_h * K + offs_k).to(tl.float32), L2_EPS) * scale
-        k = _normalised(k_raw.to(tl.float32), L2_EPS)
-        G += _log_decay(a_raw.to(tl.float32), dt_bias, A)  # G': the records' decay and this token's
-        w = tl.where(offs_l[:, None] < n, k_hat * tl.exp(G[None, :] - G_j), 0.0)  # [LP, K]
-        w_k = tl.sum(w * k[None, :], axis=1)  # w_j . k^, one a record: V-independent, so once a head
-        w_q = tl.sum(w * q[None, :], axis=1)
-        decay = tl.exp(G)
-        beta = tl.sigmoid(tl.load(b_ptr + tok_hv).to(tl.float32))
-        k_q = tl.sum(k * q, axis=0)
-        at = records + n
-        tl.store(kg_ptr + at * 2 * K + offs_k, k_raw)
-        tl.store(kg_ptr + at * 2 * K + K + offs_k, a_raw)
-        flush = n + 1 == L  # the committed record fills the ring: the new effective state goes to the pool
-        head = state_ptr + s * slot_stride + hv * (V * K)
-        for i in range(0, V // BV):
-            offs_v = i * BV + offs_b
-            tile = head + offs_v[:, None] * K + offs_k[None, :]
-            S0 = tl.load(tile).to(tl.float32)
-            u_j = tl.load(u_ptr + (records + offs_l)[None, :] * V + offs_v[:, None], mask=offs_l[None, :] < n,
-                          other=0.0)  # [BV, LP]
-            u = beta * (tl.load(v_ptr + tok_hv * V + offs_v).to(tl.float32) - tl.sum(S0 * (decay * k)[None, :], axis=1)
-                        - tl.sum(u_j * w_k[None, :], axis=1))
-            o = tl.sum(S0 * (decay * q)[None, :], axis=1) + tl.sum(u_j * w_q[None, :], axis=1) + u * k_q
-            tl.store(out_head + offs_v, o.to(out_ptr.dtype.element_ty))
-            tl.store(u_ptr + at * V + offs_v, u)
-            if flush:
-                E = S0 * decay[None, :] + tl.dot(u_j, w, input_precision="tf32x3") + u[:, None] * k[None, :]
-                tl.store(tile, E.to(state_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _kda_replay_verify_kernel(
+def _kda_replay_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr, u_ptr,
     kg_ptr, length_ptr, slot_stride, scale, T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr,
 ):
-    """A verify of T > 1 tokens: one program a row, value head and V-tile; the tokens' records
-    written, none committed."""
     pid = tl.program_id(0)
     row = (pid // (V // BV) // HV).to(tl.int64)
     hv = (pid // (V // BV)) % HV
@@ -181,10 +134,11 @@ def _kda_replay_verify_kernel(
         A = tl.exp(tl.load(A_log_ptr + hv))
         records = (s * HV + hv) * L  # record j of this slot and head: index records + j
         offs_l = tl.arange(0, LP)
-        k_hat, G_j, G = _committed_keys(kg_ptr, records, n, dt_bias, A, offs_l, offs_k, K, L2_EPS)
-        u_j = tl.load(u_ptr + (records + offs_l)[:, None] * V + offs_v[None, :], mask=offs_l[:, None] < n, other=0.0)
+        k_hat, G_j, u_j, G = _committed(u_ptr, kg_ptr, records, n, dt_bias, A, offs_l, offs_k, offs_v, K, V, L2_EPS)
         tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
         S0 = tl.load(tile).to(tl.float32)
+        k = tl.zeros([K], dtype=tl.float32)  # the last token's k^ and u, for a one-token step's flush
+        u = tl.zeros([BV], dtype=tl.float32)
         for t in range(T):
             tok = row * T + t
             tok_h = tok * (HV // GROUP) + hv // GROUP
@@ -212,6 +166,10 @@ def _kda_replay_verify_kernel(
             k_hat = tl.where(new, k[None, :], k_hat)
             G_j = tl.where(new, G[None, :], G_j)
             u_j = tl.where(new, u[None, :], u_j)
+        if T == 1:
+            if n + 1 == L:  # the committed record fills the ring: the flush forms the new effective state's tile
+                E = _carried(S0, G, u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V, L2_EPS)
+                tl.store(tile, (E + u[:, None] * k[None, :]).to(state_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -227,36 +185,44 @@ def _advance_lengths(slots_ptr, accepted_ptr, length_ptr, T: tl.constexpr, L: tl
         tl.store(length_ptr + slot, n)
 
 
-def replay_tile(V: int, T: int = 1) -> tuple[int, int]:
+def replay_tile(V: int) -> tuple[int, int]:
     """``(BV, num_warps)``: the environment's ``KDA_TRITON_REPLAY_CONFIG`` (e.g. ``"BV=32,num_warps=4"``)
-    over the default: a one-token step's program loops over V-tiles of 32 rows with 4 warps (at least
-    16 rows: the flush's product's operand); a verify's programs own 64-row tiles, 4 warps each."""
-    return env_tile(REPLAY_CONFIG_ENV, V, 32, 4, min_BV=16) if T == 1 else env_tile(REPLAY_CONFIG_ENV, V, 64, 4)
+    over the default, 64 rows and 4 warps: the fastest of the tiles timed on the H200 at ring 16
+    (``results/h200/replay-tiles/``; fewer, wider programs repeat each record's key and gate work
+    across fewer V-tiles)."""
+    tile = {"BV": min(V, 64), "num_warps": 4}
+    text = os.environ.get(REPLAY_CONFIG_ENV, "")
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in tile or not value.isdigit():
+            raise ValueError(f"{REPLAY_CONFIG_ENV} items must be BV=<int> or num_warps=<int>; got {item!r}")
+        tile[name] = int(value)
+    BV, warps = tile["BV"], tile["num_warps"]
+    if BV < 1 or BV & (BV - 1) or V % BV or warps not in (1, 2, 4, 8, 16):
+        raise ValueError(f"{REPLAY_CONFIG_ENV}: BV must be a power of two dividing V={V} and num_warps one of "
+                         f"1/2/4/8/16; got BV={BV}, num_warps={warps}")
+    return BV, warps
 
 
 def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
     """The zero-argument launch of a replay step: the flush-first kernel (where a commit or T > 1 can
-    make one), the step (the one-token kernel or the verify), the lengths."""
+    make one), the step, the lengths."""
     cache, T = inputs.cache, inputs.T
-    BV, warps = replay_tile(inputs.V, T)
-    tiles = (inputs.B * inputs.HV * (inputs.V // BV),)
+    BV, warps = replay_tile(inputs.V)
+    grid = (inputs.B * inputs.HV * (inputs.V // BV),)
     # None commits nothing; the zeros are allocated here, never in the launch
     accepted = inputs.num_accepted if inputs.num_accepted is not None else \
         torch.zeros(inputs.B, dtype=torch.int32, device=inputs.device)
-    ring = dict(L=cache.L, LP=max(16, triton.next_power_of_2(cache.L)))  # the flush's product: 16 rows at least
+    ring = dict(L=cache.L, LP=triton.next_power_of_2(cache.L))
     args = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
             inputs.slots, accepted, out, cache.u, cache.kg, cache.length, inputs.slot_stride, inputs.effective_scale)
-    meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=BV, **ring, L2_EPS=L2_EPS,
+    meta = dict(T=T, HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=BV, **ring, L2_EPS=L2_EPS,
                 num_warps=warps)
     flush_args = (inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots, accepted, cache.u, cache.kg, cache.length,
                   inputs.slot_stride)
     flush_meta = dict(T=T, HV=inputs.HV, K=inputs.K, V=inputs.V, BV=BV, **ring, L2_EPS=L2_EPS, num_warps=warps)
     may_flush_first = T > 1 or inputs.num_accepted is not None  # else n + 1 <= L: the contract holds n < L
-    flush, advance = _flush_first_kernel[tiles], _advance_lengths[(inputs.B,)]
-    if T == 1:
-        step = _kda_replay_decode_kernel[(inputs.B * inputs.HV,)]
-    else:
-        step, meta = _kda_replay_verify_kernel[tiles], meta | dict(T=T)
+    flush, step, advance = _flush_first_kernel[grid], _kda_replay_kernel[grid], _advance_lengths[(inputs.B,)]
 
     def launch() -> torch.Tensor:
         if may_flush_first:
