@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pandas as pd
 
+from kda_impls.bench.config import Config
 from kda_impls.tools import cupti_crosscheck as crosscheck
 
 
@@ -33,3 +35,11 @@ def test_report_counts_agreement_by_batch_and_by_implementation():
 
 def test_report_adds_the_replay_table_where_the_run_profiled_it():
     assert "## Inside the harness's pass (`--replay`)" in crosscheck.report(table(replay=True))
+
+
+def test_a_replay_row_is_profiled_over_whole_ring_cycles_of_every_input_set():
+    """The harness times a replay step over whole ring cycles (each slot's flush once in L steps): the eager
+    steps CUPTI averages must be whole cycles of every rotated input set too, else the flush's share is off."""
+    replay = Config(impl="triton", B=64, H=32, HV=32, K=128, V=128, mode="replay", ring=16)
+    assert crosscheck.whole_cycle(replay, 1) == 16 and crosscheck.whole_cycle(replay, 3) == 48
+    assert crosscheck.whole_cycle(dataclasses.replace(replay, mode="inplace", ring=0), 3) == 1

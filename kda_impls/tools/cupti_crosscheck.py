@@ -6,7 +6,9 @@ of the same configurations, in the same L2 entry state, on the same GPU.
 For every ok row: the configuration's inputs are drawn again (the first placement's seed), bound,
 and ``--calls`` steps run eagerly, each after the entry op the row was timed with (the rotation's
 input sets in turn for ``previous-step``), under the profiler. The harness's figure (its statistic
-over placements) is compared with the median summed duration of each step's kernels; agreement means
+over placements) is compared with the median summed duration of each step's kernels (a replay row's:
+their mean over whole ring cycles of every input set, the calls rounded up to them, as the harness
+times a replay step with its share of the flush); agreement means
 |harness / CUPTI - 1| <= 3%. The harness divides a replay of back-to-back calls by its calls, so it
 also counts the launch gap between them, which CUPTI's durations do not (the step's span, first
 kernel start to last kernel end, is reported too); where an entry op precedes each call, it also
@@ -25,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
@@ -49,7 +52,11 @@ def crosscheck_row(row: dict, device: torch.device, calls: int, seed: int, befor
     op = entry_op(made, device)
     if op is not None and made not in before_kernels:
         before_kernels[made] = kernels_of(op, device)
+    cycle = whole_cycle(cfg, len(launchers))
+    calls = -(-calls // cycle) * cycle
     cupti = step_durations(launchers, device, calls, before=op, before_kernels=before_kernels.get(made, 0))
+    if cycle > 1:  # a replay step's time is the mean over whole ring cycles, flush included, as the harness's
+        cupti["busy_us"] = float(np.mean(cupti["busy_samples_us"]))
     if op is not None and f"{made}-alone" not in before_kernels:
         before_kernels[f"{made}-alone"] = op_busy(op, device, calls)
     # what the step costs the op after it, as the harness's subtraction counts it
@@ -65,6 +72,12 @@ def crosscheck_row(row: dict, device: torch.device, calls: int, seed: int, befor
             "kernel_names": " | ".join(cupti["names"])[:300],
             # each kernel's share, in launch order: a precompute launch apart from the main kernel
             "kernel_us": " | ".join(f"{us:.3f}" for _, us in cupti["kernel_us"])}
+
+
+def whole_cycle(cfg: Config, input_sets: int) -> int:
+    """Eager steps that take every slot of every rotated input set through its ring once (each input set
+    steps every ``len(sets)``-th call): 1 outside replay, where every step is alike."""
+    return input_sets * cfg.ring if cfg.mode == "replay" else 1
 
 
 def replay_section(table: pd.DataFrame) -> str:
