@@ -85,15 +85,16 @@ def test_misses_across_runs_count_each_point_in_every_run():
     assert "| 2/3 " in sections[placements_head]
 
 
-def mode_row(impl, B, us, mode, T=1, ring=0, library=None, state="bfloat16", HV=32):
-    return row(impl, B, us, 0.5, state=state, library=library) | dict(T=T, mode=mode, ring=ring, H=HV, HV=HV)
+def mode_row(impl, B, us, mode, T=1, ring=0, library=None, state="bfloat16", HV=32, floor=1.0):
+    return row(impl, B, us, 0.5, state=state, library=library) | dict(T=T, mode=mode, ring=ring, H=HV, HV=HV,
+                                                                      floor_us=floor)
 
 
 def test_mode_targets_judge_frozen_against_flashinfers_best_and_replay_against_in_place():
     frozen = pd.DataFrame([
         mode_row("triton", 16, 8.0, "frozen", T=4), mode_row("flashinfer", 16, 10.0, "frozen", T=4),  # 0.80x: met
         mode_row("flashinfer-loggate", 16, 12.0, "frozen", T=4, library="flashinfer"),
-        mode_row("triton", 64, 30.0, "frozen", T=4), mode_row("flashinfer", 64, 40.0, "frozen", T=4),
+        mode_row("triton", 64, 30.0, "frozen", T=4, floor=29.0), mode_row("flashinfer", 64, 40.0, "frozen", T=4),
         mode_row("flashinfer-loggate", 64, 32.0, "frozen", T=4, library="flashinfer"),  # 30/32 = 0.94x: missed
         mode_row("triton", 1, 1.0, "frozen", T=4), mode_row("flashinfer", 1, 9.0, "frozen", T=4),  # B < 16: not judged
         mode_row("triton", 16, 1.0, "frozen", T=2), mode_row("flashinfer", 16, 9.0, "frozen", T=2),  # T = 2: not judged
@@ -101,6 +102,9 @@ def test_mode_targets_judge_frozen_against_flashinfers_best_and_replay_against_i
     points = mode_targets.frozen_points(frozen, "triton")
     assert points.B.tolist() == [16, 64] and points.met.tolist() == [True, False]
     assert points.flashinfer_variant.tolist() == ["flashinfer", "flashinfer-loggate"]
+    assert points.target_us.tolist() == pytest.approx([9.0, 28.8])  # 0.9 x FlashInfer's best
+    assert "met at 1 of 2 points; the target is under the step's copy floor at 1 of them" in \
+        mode_targets.section("frozen", "target", points)  # 28.8 us < the 29 us its bytes take at copy speed
     replay = pd.DataFrame([
         mode_row("triton", 64, 40.0, "inplace"), mode_row("triton", 64, 29.0, "replay", ring=16),  # 1.38x: met
         mode_row("triton", 256, 140.0, "inplace"), mode_row("triton", 256, 110.0, "replay", ring=16),  # 1.27x
@@ -109,6 +113,7 @@ def test_mode_targets_judge_frozen_against_flashinfers_best_and_replay_against_i
     ])
     points = mode_targets.replay_points(replay, "triton")
     assert points.B.tolist() == [64, 256] and points.met.tolist() == [True, False]
+    assert points.target_us.tolist() == pytest.approx([40 / 1.35, 140 / 1.35])
 
 
 def test_mode_targets_cli_exits_1_on_a_miss_and_2_without_rows(tmp_path, capsys):
@@ -117,7 +122,8 @@ def test_mode_targets_cli_exits_1_on_a_miss_and_2_without_rows(tmp_path, capsys)
     rows.to_csv(tmp_path / "results.csv", index=False)
     (tmp_path / "meta.json").write_text('{"gpu": "test GPU", "git": {"sha": "abc"}}')
     assert mode_targets.main([str(tmp_path)]) == 1  # 1.14x < 1.35x
-    assert "met at 0 of 1 points" in (tmp_path / "mode-targets.md").read_text()
+    assert "met at 0 of 1 points; the target is under the step's copy floor at 0 of them" in \
+        (tmp_path / "mode-targets.md").read_text()
     rows.assign(mode="inplace").to_csv(tmp_path / "results.csv", index=False)
     with pytest.raises(SystemExit) as exit_:
         mode_targets.main([str(tmp_path)])
