@@ -113,3 +113,21 @@ def test_shape_properties():
     assert math.isclose(make_inputs(1, 1, 1, 64, 8).effective_scale, 0.125)
     assert x.pool_span().numel() == 4 * (4 * 8 * 16 + 7) + 4 * 8 * 16  # N-1 strides, then the last slot
     assert make_inputs(0, 1, 1, 4, 4, n_slots=0, slot_pad=3).pool_span().numel() == 0
+
+
+def test_the_smallest_axes_are_accepted():
+    """Each axis's lower bound itself is a valid draw (B = 0, one head, K = V = T = 1, no padding)."""
+    x = make_inputs(0, 1, 1, 1, 1, T=1, slot_pad=0)
+    assert x.out_shape == (0, 1, 1) and x.K == x.V == 1
+
+
+def test_the_one_token_spelling():
+    """A T = 1 step with a token axis drops it (the same memory); one without is itself; T > 1 has none."""
+    x = make_inputs(3, 1, 2, 8, 8, seed=1)
+    assert x.one_token_spelling() is x
+    p = x.per_token_spelling()
+    one = p.one_token_spelling()
+    assert not one.per_token and one.out_shape == x.out_shape and one.q.data_ptr() == x.q.data_ptr()
+    assert torch.equal(one.slots, x.slots)
+    with pytest.raises(ValueError, match=r"^a step of T=2 tokens has no one-token spelling$"):
+        make_inputs(3, 1, 2, 8, 8, T=2).one_token_spelling()

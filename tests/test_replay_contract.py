@@ -163,11 +163,11 @@ def test_make_inputs_ring_is_the_frozen_draw_with_a_cache(T):
     c = a.clone()
     assert c.cache is not a.cache and all(torch.equal(t, a.cache.tensors()[n]) for n, t in c.cache.tensors().items())
     assert not a.stored().any() and torch.equal(a.start_slots(), a.slots.long())
-    with pytest.raises(ValueError, match="ring"):
+    with pytest.raises(ValueError, match=r"^ring \(replay\) needs update_state=True: a replay step writes its records$"):
         make_inputs(5, 2, 4, 16, 8, ring=4, update_state=False)
     with pytest.raises(ValueError, match="L must be an integer >= 1"):
         ReplayCache.empty(4, 0, 1, 1, 16, 16)
-    with pytest.raises(ValueError, match="no frozen spelling"):
+    with pytest.raises(ValueError, match=r"^a replay step has no frozen spelling \(its state is not one slot's\)$"):
         a.as_frozen()
 
 
@@ -180,3 +180,18 @@ def test_make_inputs_draws_the_cache_from_its_seed_alone():
     for name, t in first.cache.tensors().items():
         assert torch.equal(t, again.cache.tensors()[name]), name
     assert set(first.cache.length.tolist()) == {0, 1, 2, 3}
+
+
+def test_the_draws_keep_their_pool_and_slot_order_and_an_empty_pool_passes():
+    """The frozen and replay draws build on the in-place one: they keep ``n_slots`` and ``sorted_slots``;
+    the records' deltas are drawn with standard deviation 0.5; an empty pool (no lengths to bound) with a
+    ring of one record passes the contract."""
+    for kw in (dict(update_state=False), dict(ring=4)):
+        x = make_inputs(6, 1, 2, 8, 8, n_slots=9, sorted_slots=True, seed=2, **kw)
+        live = x.slots[x.slots >= 0]
+        assert x.N == 9 and torch.equal(live, live.sort().values), kw
+    u = make_inputs(8, 2, 4, 16, 32, ring=8, seed=3).cache.u
+    assert 0.45 < float(u.std()) < 0.55
+    empty = make_inputs(0, 1, 1, 4, 4, n_slots=0, ring=1)
+    assert empty.N == 0
+    get("naive").check(empty)
