@@ -163,7 +163,8 @@ def test_make_inputs_ring_is_the_frozen_draw_with_a_cache(T):
     c = a.clone()
     assert c.cache is not a.cache and all(torch.equal(t, a.cache.tensors()[n]) for n, t in c.cache.tensors().items())
     assert not a.stored().any() and torch.equal(a.start_slots(), a.slots.long())
-    with pytest.raises(ValueError, match=r"^ring \(replay\) needs update_state=True: a replay step writes its records$"):
+    refusal = r"^ring \(replay\) needs update_state=True: a replay step writes its records$"
+    with pytest.raises(ValueError, match=refusal):
         make_inputs(5, 2, 4, 16, 8, ring=4, update_state=False)
     with pytest.raises(ValueError, match="L must be an integer >= 1"):
         ReplayCache.empty(4, 0, 1, 1, 16, 16)
