@@ -204,7 +204,7 @@ def test_the_replay_kernel_compiles_for_sm90():
 def test_triton_replay_tile_from_the_environment(monkeypatch):
     from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV, replay_tile
 
-    assert replay_tile(128) == (64, 4)
+    assert replay_tile(128) == (64, 2)
     monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4")
     assert replay_tile(64) == (32, 4)
     x = make_inputs(**TRITON_CASES["two-v-tiles-gva-fp32"], ring=2, seed=5)
