@@ -903,3 +903,15 @@ def test_a_sweeps_rows_without_a_kernel_time_are_failures_with_their_status_and_
     assert {key: (f.status, f.reason) for key, f in loaded.failures.items()} == {
         FLA.key(): ("unsupported", "a test's row"), wrong.key(): ("wrong", "no reason recorded"),
         naive.key(): ("ok", "ok but no kernel time")}
+
+
+def test_a_sweep_from_before_placements_and_reasons_were_recorded_still_loads(tmp_path):
+    """A directory without placements.json (older sweeps) gives its measurements no placements, and a
+    results.csv without a reason column gives its failed rows "no reason recorded"."""
+    sweep = write_sweep_dir(tmp_path / "s", {TRITON: microseconds(0), FLA: "unsupported"}, {"gpu": "g"})
+    (sweep / "placements.json").unlink()
+    pd.read_csv(sweep / "results.csv").drop(columns="reason").to_csv(sweep / "results.csv", index=False)
+    loaded = regress.load(sweep)
+    assert loaded.measurements[TRITON.key()].placements is None
+    assert (loaded.failures[FLA.key()].status, loaded.failures[FLA.key()].reason) == ("unsupported",
+                                                                                      "no reason recorded")
