@@ -20,10 +20,10 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from test_replay import poison_unused_records, step_problems, tolerance
 
 from kda_impls import Unsupported, get, make_inputs
 from kda_impls.impls.flashinfer_kda import FlashInferRecoverSSM
+from replay_checks import poison_unused_records, step_problems, tolerance
 
 
 def verify_with_records_as_documented(q, k, v, g, beta, A_log, dt_bias, scale, output_final_state,

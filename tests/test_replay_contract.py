@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 import torch
-from test_replay import bits, run_steps
 
 from kda_impls import ContractError, ReplayCache, get, make_inputs, names
 from kda_impls.contract import Capabilities, Implementation
+from replay_checks import bits, run_steps
 
 
 def replay(T=2, **changes):
@@ -186,13 +186,15 @@ def test_make_inputs_draws_the_cache_from_its_seed_alone():
 def test_the_draws_keep_their_pool_and_slot_order_and_an_empty_pool_passes():
     """The frozen and replay draws build on the in-place one: they keep ``n_slots`` and ``sorted_slots``;
     the records' deltas are drawn with standard deviation 0.5; an empty pool (no lengths to bound) with a
-    ring of one record passes the contract."""
+    ring of one record, every row padding, passes the contract."""
     for kw in (dict(update_state=False), dict(ring=4)):
         x = make_inputs(6, 1, 2, 8, 8, n_slots=9, sorted_slots=True, seed=2, **kw)
         live = x.slots[x.slots >= 0]
         assert x.N == 9 and torch.equal(live, live.sort().values), kw
     u = make_inputs(8, 2, 4, 16, 32, ring=8, seed=3).cache.u
     assert 0.45 < float(u.std()) < 0.55
-    empty = make_inputs(0, 1, 1, 4, 4, n_slots=0, ring=1)
-    assert empty.N == 0
+    padding = make_inputs(2, 1, 1, 4, 4, pad_rows=2, ring=1)
+    empty = dataclasses.replace(padding, state=padding.state[:0],
+                                cache=ReplayCache.empty(0, 1, 1, 1, 4, 4, dtype=padding.q.dtype))
+    assert empty.N == 0 and (empty.slots == -1).all()
     get("naive").check(empty)
