@@ -57,6 +57,11 @@ def test_make_inputs_is_seeded():
         same = torch.equal(t, b.tensors()[name]) if name != "state" else torch.equal(a.pool_span(), b.pool_span())
         assert same, f"{name}: the default seed is 0 and the same seed gives the same inputs"
     assert not torch.equal(a.q, c.q) and not torch.equal(a.pool_span(), c.pool_span())
+    # a T-token draw takes num_accepted from the seed too, whatever the global RNG did in between
+    first = make_inputs(8, 1, 2, 8, 8, T=4, seed=2).num_accepted
+    torch.manual_seed(12345)
+    torch.randint(0, 9, (100,))
+    assert torch.equal(first, make_inputs(8, 1, 2, 8, 8, T=4, seed=2).num_accepted)
 
 
 def test_make_inputs_distributions():
