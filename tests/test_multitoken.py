@@ -246,6 +246,11 @@ def test_one_token_implementations_get_a_t1_step_in_their_spelling():
     assert ("launcher", 3, (4, 4, 8)) in impl.seen and ("unsupported", 3) in impl.seen
     out = impl.decode(x.clone())
     assert out.shape == (4, 1, 4, 8)  # the caller gets the output in its own spelling
+    # an implementation of any T is handed the step as it was called, token axis and all
+    any_t = OneToken()
+    any_t.capabilities = replace(OneToken.capabilities, max_tokens=None)
+    any_t.decode(x.clone())
+    assert ("launcher", 4, (4, 1, 4, 8)) in any_t.seen and ("unsupported", 4) in any_t.seen
 
 
 def test_every_built_in_implementation_takes_multi_token_steps():

@@ -309,6 +309,7 @@ def test_verify_then_commit_across_every_edge_of_the_ring():
     x.cache.length.copy_(torch.tensor([2, 3, 1, 0, 3, 1, 0, 2], dtype=torch.int32))
     poison_unused_records(x)
     E = effective_state(x)
+    assert reference(x)[0].shape == x.out_shape  # the verify's T outputs, in its own spelling
     pool_before, records_before = x.pool_span().clone(), x.cache.clone()
     want, chain = reference(dataclasses.replace(in_place(x, E.clone()), update_state=False))  # frozen from E
     out = get("naive").decode(x, torch.full(x.out_shape, float("nan")))
