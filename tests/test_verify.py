@@ -500,3 +500,51 @@ def test_a_verifys_records_are_judged_before_any_commit_reads_them():
     verdict = verify(OffRecords(), x)
     assert verdict.steps == 1 and len(verdict.problems) == 1, verdict
     assert re.fullmatch(r"cache.u record error 2.00e-02 > 1e-02 \(the records the step writes\)", verdict.problems[0])
+
+
+class StaleInput(NaiveTorch):
+    """Planted: every step after the first computes with the first step's ``tensor`` (q, k, v, a or b), as
+    a kernel reading a stale buffer would."""
+
+    name = "stale-input"
+
+    def __init__(self, tensor):
+        self.tensor, self.first = tensor, None
+
+    def _launcher(self, inputs, out):
+        if self.first is None:
+            self.first = getattr(inputs, self.tensor).clone()
+        return super()._launcher(replace(inputs, **{self.tensor: self.first}), out)
+
+
+@pytest.mark.parametrize("tensor", ["q", "k", "v", "a", "b"])
+def test_each_step_draws_every_activation_afresh(tensor):
+    """A stale q, k, v, a or b passes one step and fails the next: verify's later steps draw each afresh."""
+    assert verify(StaleInput(tensor), case(), steps=1).ok
+    verdict = verify(StaleInput(tensor), case(), steps=3)
+    assert not verdict.ok and "output error" in str(verdict), verdict
+
+
+class StoresAtBf16Precision(NaiveTorch):
+    """Planted: an fp32 pool's states stored through bf16 (truncated), as a kernel narrowing its tile
+    would: only a bf16 pool's kernel, interpreted, may round that way."""
+
+    name = "stores-at-bf16-precision"
+
+    def _launcher(self, inputs, out):
+        launch = super()._launcher(inputs, out)
+
+        stored = inputs.slots[inputs.slots >= 0].long()
+
+        def run():
+            launch()
+            inputs.state[stored] = (inputs.state[stored].view(torch.int32) & -65536).view(torch.float32)
+            return out
+
+        return run
+
+
+def test_an_fp32_state_stored_at_bf16_precision_is_wrong():
+    verdict = verify(StoresAtBf16Precision(), case(state_dtype=torch.float32, dtype=torch.float32), steps=1)
+    assert not verdict.ok and re.search(r"state error [0-9.e+-]+ > 1e-05", str(verdict)), verdict
+    assert "untouched" not in str(verdict)  # the stored slots alone were narrowed
