@@ -565,5 +565,5 @@ class WrongOnTheGivenInputs(NaiveTorch):
 
 def test_the_first_step_runs_on_the_inputs_as_given():
     x = case()
-    verdict = verify(WrongOnTheGivenInputs(x), x, steps=2)
+    verdict = verify(WrongOnTheGivenInputs(x), x, steps=1)
     assert not verdict.ok and "output error" in str(verdict), verdict
