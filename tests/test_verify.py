@@ -525,27 +525,15 @@ def test_each_step_draws_every_activation_afresh(tensor):
     assert not verdict.ok and "output error" in str(verdict), verdict
 
 
-class StoresAtBf16Precision(NaiveTorch):
-    """Planted: an fp32 pool's states stored through bf16 (truncated), as a kernel narrowing its tile
-    would: only a bf16 pool's kernel, interpreted, may round that way."""
-
-    name = "stores-at-bf16-precision"
-
-    def _launcher(self, inputs, out):
-        launch = super()._launcher(inputs, out)
-
-        stored = inputs.slots[inputs.slots >= 0].long()
-
-        def run():
-            launch()
-            inputs.state[stored] = (inputs.state[stored].view(torch.int32) & -65536).view(torch.float32)
-            return out
-
-        return run
+def stored_at_bf16_precision(inputs, out, live):
+    """Planted: an fp32 pool's stored states narrowed through bf16 (truncated), as a kernel narrowing its
+    tile would: only a bf16 pool's kernel, interpreted, may round that way."""
+    stored = inputs.slots[live].long()
+    inputs.state[stored] = (inputs.state[stored].view(torch.int32) & -65536).view(torch.float32)
 
 
 def test_an_fp32_state_stored_at_bf16_precision_is_wrong():
-    verdict = verify(StoresAtBf16Precision(), case(state_dtype=torch.float32, dtype=torch.float32), steps=1)
+    verdict = verify(Planted(stored_at_bf16_precision), case(state_dtype=torch.float32, dtype=torch.float32), steps=1)
     assert not verdict.ok and re.search(r"state error [0-9.e+-]+ > 1e-05", str(verdict)), verdict
     assert "untouched" not in str(verdict)  # the stored slots alone were narrowed
 
