@@ -538,20 +538,8 @@ def test_an_fp32_state_stored_at_bf16_precision_is_wrong():
     assert "untouched" not in str(verdict)  # the stored slots alone were narrowed
 
 
-class WrongOnTheGivenInputs(NaiveTorch):
-    """Planted: right on any draw but the caller's own inputs, whose outputs it zeroes."""
-
-    name = "wrong-on-the-given-inputs"
-
-    def __init__(self, given):
-        self.given = given
-
-    def _launcher(self, inputs, out):
-        launch = super()._launcher(inputs, out)
-        return (lambda: launch().zero_()) if inputs.q is self.given.q else launch
-
-
 def test_the_first_step_runs_on_the_inputs_as_given():
+    """Planted: right on any draw but the caller's own inputs, whose outputs it zeroes."""
     x = case()
-    verdict = verify(WrongOnTheGivenInputs(x), x, steps=1)
+    verdict = verify(Planted(lambda inputs, out, live: out.zero_() if inputs.q is x.q else None), x, steps=1)
     assert not verdict.ok and "output error" in str(verdict), verdict
