@@ -88,10 +88,9 @@ TRITON_CASES = {
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", TRITON_CASES, ids=list(TRITON_CASES))
-def test_3L_triton_replay_steps_are_3L_in_place_steps(case, monkeypatch):
+def test_3L_triton_replay_steps_are_3L_in_place_steps(case):
     """Our kernel's replay path (interpreted on the CPU): the output from the checkpoint and the
-    records, the pool written only at a flush."""
-    monkeypatch.setenv(triton_replay.REPLAY_CONFIG_ENV, "BV=16")  # V = 64 in four tiles (the default takes one)
+    records, the pool written only at a flush; V = 64 in four tiles of the default 16 rows."""
     x = make_inputs(**TRITON_CASES[case], ring=4, seed=3)
     live = x.slots.long()[x.live_rows()]
     x.cache.length[live] = torch.arange(len(live), dtype=torch.int32) % x.cache.L
@@ -104,28 +103,28 @@ COMPILE_FOR_SM90 = """
 import inspect, re, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kda_impls.impls import triton_replay
+from kda_impls.impls import triton_replay as r
 pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accepted_ptr="*i32", u_ptr="*fp32",
-                length_ptr="*i32")
+                length_ptr="*i32", vec_ptr="*fp32", coef_ptr="*fp32")
 runtime = dict(slot_stride="i32", scale="fp32")
-BV, warps = triton_replay.replay_tile(128)
-shape = dict(HV=32, GROUP=2, K=128, V=128, BV=BV, L=16, LP=16, L2_EPS=1e-6)
-for fn, T in ((triton_replay._kda_replay_kernel, 1), (triton_replay._kda_replay_kernel, 4),
-              (triton_replay._flush_first_kernel, 4)):
+shape = dict(HV=32, GROUP=2, K=128, V=128, L=16, LP=16, L2_EPS=1e-6)
+for fn, T, warps in ((r._token_terms_kernel, 1, "terms_warps"), (r._token_step_kernel, 1, "num_warps"),
+                     (r._verify_kernel, 4, "num_warps"), (r._flush_first_kernel, 4, "num_warps")):
+    tile = r.replay_tile(128, T)
     params = list(inspect.signature(fn.fn).parameters)
-    meta = {n: v for n, v in dict(shape, T=T).items() if n in params}
+    meta = {n: v for n, v in dict(shape, T=T, BV=tile["BV"]).items() if n in params}
     sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
     constants = {(params.index(n),): v for n, v in meta.items()}
     compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=warps))
+                              options=dict(num_warps=tile[warps]))
     print(len(re.findall(r"st\\.global", compiled.asm["ptx"])))
 """
 
 
 def test_the_replay_kernel_compiles_for_sm90():
-    """Compiled for the H200 at a serving shape and the default tile, the step at T = 1 and 4 and the flush
-    first (Triton's own ptxas, no GPU needed): the interpreter accepts what the compiler refuses (a plain
-    global read inside a kernel, a loop variable changing shape)."""
+    """Compiled for the H200 at a serving shape and the default tiles, a one-token step's two kernels, a
+    verify's (T = 4) and the flush first (Triton's own ptxas, no GPU needed): the interpreter accepts what
+    the compiler refuses (a plain global read inside a kernel, a loop variable changing shape)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KDA_TRITON_REPLAY_CONFIG")}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
                           timeout=300)
@@ -137,12 +136,13 @@ def test_the_replay_kernel_compiles_for_sm90():
 def test_triton_replay_tile_from_the_environment(monkeypatch):
     from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV, replay_tile
 
-    assert replay_tile(128) == (64, 2)
-    monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4")
-    assert replay_tile(64) == (32, 4)
+    assert replay_tile(128, 1) == dict(BV=16, num_warps=1, terms_warps=4)
+    assert replay_tile(128, 4) == dict(BV=64, num_warps=2, terms_warps=4)
+    monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4,terms_warps=2")
+    assert replay_tile(64, 1) == replay_tile(64, 3) == dict(BV=32, num_warps=4, terms_warps=2)
     x = make_inputs(**TRITON_CASES["two-v-tiles-gva-fp32"], ring=2, seed=5)
     assert run_steps(get("triton"), x, 2) == []
-    for bad in ("BV=24", "BV=128", "warps=4", "num_warps=3"):
+    for bad in ("BV=24", "BV=128", "warps=4", "num_warps=3", "terms_warps=32"):
         monkeypatch.setenv(REPLAY_CONFIG_ENV, bad)
         with pytest.raises(ValueError, match=REPLAY_CONFIG_ENV):
             get("triton").bind(x)
@@ -196,7 +196,7 @@ def test_triton_verify_and_commit_sequence_is_the_reference(case, monkeypatch):
     with a commit, at every edge of the ring: equal to the reference step by step, nothing else written.
     Two V-tiles: a step that wrote the new key/gate records before every V-tile of the row had read the
     committed ones (a flush first in one launch) would be caught, as the interpreter runs them in order."""
-    monkeypatch.setenv(triton_replay.REPLAY_CONFIG_ENV, "BV=16")  # V = 32 in two tiles (the default takes one)
+    monkeypatch.setenv(triton_replay.REPLAY_CONFIG_ENV, "BV=16")  # V = 32 in two tiles (a verify's default takes one)
     x = make_inputs(4, T=3, ring=4, seed=4, **COMMIT_CASES[case])
     assert commit_sequence_problems(get("triton"), x) == []
 

@@ -7,7 +7,8 @@ once (compilation, autotuning), timed by the harness (:func:`harness_times`: ``t
 sweep's timer, with the sweep's budget and entry state, and once more in the ``dirty`` entry state, whose
 L2 is written over before each call as nvbench's flush leaves it), timed once more with one eager call per
 sample between events in the sweep's entry state (:func:`.eager.held_call_time`: nvbench's cold method less
-its flush), its kernels per call counted (CUPTI through ``torch.profiler``), then handed to ``State.exec`` and
+its flush) and once more after a write over the L2 before each sample (its cold method whole), its kernels
+per call counted (CUPTI through ``torch.profiler``), then handed to ``State.exec`` and
 launched on nvbench's stream (``torch.cuda.ExternalStream`` over ``launch.get_stream()``). nvbench's *cold*
 measurement writes a buffer of the L2's size before every sample and brackets one launch with events,
 until its relative noise is under ``--max-noise`` after ``--min-time`` of GPU time (or the noise stops
@@ -48,6 +49,8 @@ EMPTY = "empty launch"  # the name of the benchmark of a one-byte copy
 # the harness's kernel-time columns of a row: in the sweep's entry state, and in the one nvbench's flush makes
 HARNESS_COLUMNS = ("harness_us", "harness_dirty_us")
 EAGER_COLUMN = "harness_eager_us"  # one eager call per sample between events, the sweep's entry state
+# the same after a write over the L2 before each sample: nvbench's cold method, flush and all, on the harness's clock
+FLUSHED_EAGER_COLUMN = "harness_eager_flushed_us"
 KERNELS_COLUMN = "kernels_per_call"  # GPU kernels one eager call launches
 
 
@@ -105,7 +108,8 @@ def harness_times(inputs, launcher: Launcher, bind, device, budget: Budget, entr
     ``inputs`` in each entry state of ``entries`` (column -> state), in us, and the state each made
     (``<column without _us>_entry``): one placement, these inputs; the other input sets of a rotation
     are copies of them bound by ``bind``, as in a sweep. Then EAGER_COLUMN: one eager call per sample
-    (:func:`.eager.held_call_time`) in the first entry state, with the same budget; on a GPU, first,
+    (:func:`.eager.held_call_time`) in the first entry state, and FLUSHED_EAGER_COLUMN in ``dirty``, with
+    the same budget; on a GPU, first,
     KERNELS_COLUMN (CUPTI: the profiler's state is then the same for every job both clocks time)."""
     times = {}
     if as_device(device).type == "cuda":
@@ -117,9 +121,10 @@ def harness_times(inputs, launcher: Launcher, bind, device, budget: Budget, entr
                              placements=1, entry=entry)
         times[column] = timing.time * 1e6
         times[column.removesuffix("_us") + "_entry"] = timing.entry
-    eager = held_call_time(inputs, launcher, bind, device, budget, next(iter(entries.values())))
-    times[EAGER_COLUMN] = eager.time * 1e6
-    times[EAGER_COLUMN.removesuffix("_us") + "_entry"] = eager.entry
+    for column, entry in ((EAGER_COLUMN, next(iter(entries.values()))), (FLUSHED_EAGER_COLUMN, "dirty")):
+        eager = held_call_time(inputs, launcher, bind, device, budget, entry)
+        times[column] = eager.time * 1e6
+        times[column.removesuffix("_us") + "_entry"] = eager.entry
     return times
 
 
@@ -220,7 +225,8 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
     with torch.cuda.device(device):
         bench.run_all_benchmarks(["kda-nvbench", "--json", str(json_path), "--devices", str(device.index or 0),
                                   *nvbench_args])
-    return pd.DataFrame(harness) if harness else pd.DataFrame(columns=["name", *HARNESS_COLUMNS, EAGER_COLUMN])
+    return pd.DataFrame(harness) if harness else pd.DataFrame(columns=["name", *HARNESS_COLUMNS, EAGER_COLUMN,
+                                                                           FLUSHED_EAGER_COLUMN])
 
 
 def _value(summary: dict) -> float | None:
@@ -257,7 +263,7 @@ def compare(rows: pd.DataFrame, times: pd.DataFrame, harness: pd.DataFrame) -> p
     table = table.merge(harness, on="name", how="left", suffixes=("", "_harness"))
     if "error_nvbench" in table:
         table["error"] = table.error.fillna(table.pop("error_nvbench"))
-    for column in (*HARNESS_COLUMNS, EAGER_COLUMN, KERNELS_COLUMN):
+    for column in (*HARNESS_COLUMNS, EAGER_COLUMN, FLUSHED_EAGER_COLUMN, KERNELS_COLUMN):
         if column not in table:
             table[column] = np.nan
     row = table.kind == "row"

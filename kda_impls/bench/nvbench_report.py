@@ -6,7 +6,9 @@ overhead (its cold mean of the empty launch less the harness's kernel time of it
 L2 state nvbench's flush leaves (the harness's kernel time of the row in the ``dirty`` entry state less
 its time in the sweep's), and the row's own eager launch (the harness's time of one eager call per sample
 between events, in the sweep's entry state: nvbench's cold method less its flush, for which the empty
-launch's overhead stands in only where a call launches like a one-byte copy). A row beyond AGREEMENT that
+launch's overhead stands in only where a call launches like a one-byte copy), and that eager call after a
+write over the L2 before each sample (nvbench's cold method whole, on the harness's clock and stopping
+rule). A row beyond AGREEMENT that
 none of them brings within AGREEMENT is counted as unexplained, with the numbers; a row nvbench did not
 settle (its noise over the limit, or its timeout reached) says so with the noise and the limit.
 """
@@ -20,7 +22,8 @@ from .config import CONFIG_COLUMNS
 
 AGREEMENT = 0.03  # |harness / nvbench - 1|, as for the CUPTI cross-check
 SETTLED_B = 16  # batches from which the fixed per-sample overhead is a small share of the time
-CAUSES = ("overhead", "overhead + L2 flush", "eager launch", "eager launch + L2 flush", "unexplained")
+CAUSES = ("overhead", "overhead + L2 flush", "eager launch", "eager launch + L2 flush", "flushed eager launch",
+          "unexplained")
 CONFIGURATION = [c for c in CONFIG_COLUMNS if c not in ("impl", "placements")]  # whose implementations rank
 # the columns a cross-check table needs for its report (a table made before the harness timed each row
 # beside nvbench lacks the harness's)
@@ -68,12 +71,20 @@ def _cause(row, overhead: float, unsettled: str) -> tuple[str, str]:
     if abs(eager - flush) <= tolerance:
         return CAUSES[3], (f"one eager launch between events, {launch}, and the flushed L2 {flush:+.2f} us; "
                            f"{(eager - flush) / row.nvbench_us:+.1%} left")
+    flushed = row.nvbench_us - row.harness_eager_flushed_us  # NaN where that timer did not run: nothing explained
+    if abs(flushed) <= tolerance:
+        return CAUSES[4], (f"one eager launch between events after a write over the L2, nvbench's cold method on "
+                           f"the harness's clock: {row.harness_eager_flushed_us:.2f} us; "
+                           f"{flushed / row.nvbench_us:+.1%} left")
     why = (f"nvbench - harness {row.diff_us:+.2f} us; less the overhead ({overhead:.2f} us) "
            f"{rest / row.nvbench_us:+.1%}, less the flushed L2 too ({flush:+.2f} us) {left / row.nvbench_us:+.1%}")
     if pd.notna(eager):
         why += (f"; nvbench - the harness's eager call ({row.harness_eager_us:.2f} us) {eager / row.nvbench_us:+.1%}, "
                 f"less the flushed L2 too {(eager - flush) / row.nvbench_us:+.1%}")
-    return CAUSES[4], why + (f"; nvbench did not settle: {unsettled}" if unsettled else "")
+    if pd.notna(flushed):
+        why += (f"; nvbench - the flushed eager call ({row.harness_eager_flushed_us:.2f} us) "
+                f"{flushed / row.nvbench_us:+.1%}")
+    return CAUSES[5], why + (f"; nvbench did not settle: {unsettled}" if unsettled else "")
 
 
 def with_causes(table: pd.DataFrame, settings: dict) -> pd.DataFrame:
@@ -83,7 +94,7 @@ def with_causes(table: pd.DataFrame, settings: dict) -> pd.DataFrame:
     of nvbench's mean: noise / sqrt(samples)), ``cause`` (a CAUSES entry or "") and ``why``,
     by the rules as they are now; ``settings`` are nvbench's (max-noise in %, timeout in s)."""
     overhead = fixed_overhead_us(table)
-    for column in ("harness_eager_us", "kernels_per_call"):  # a table made before the eager timer: NaN
+    for column in ("harness_eager_us", "harness_eager_flushed_us", "kernels_per_call"):  # made before a timer: NaN
         if column not in table:
             table = table.assign(**{column: np.nan})
     table = table.assign(eager_launch_us=table.harness_eager_us - table.harness_us,

@@ -1,32 +1,42 @@
 """Our Triton kernels' replay step (any T <= L, with a commit): outputs from the checkpoint and the records.
 
-Each program owns one row, one value head and one V-tile of ``BV`` rows of the ``[V, K]`` state, as
-the in-place kernel does. It never forms the effective state ``E`` (``kda_impls/replay.py``): a token
-needs only ``E_dec k^`` and ``E_dec q^`` (``E_dec`` the state before the token, decayed by its gate),
-and with ``G'`` the log decay from the checkpoint through this token's gate and ``w_j = k^_j *
+No kernel forms the effective state ``E`` (``kda_impls/replay.py``) except at a flush: a token needs
+only ``E_dec k^`` and ``E_dec q^`` (``E_dec`` the state before the token, decayed by its gate), and
+with ``G'`` the log decay from the checkpoint through this token's gate and ``w_j = k^_j *
 exp(G' - G_j)`` over every record j before the token those are
 
     E_dec x = S_0 (exp(G') * x) + sum_j u_j (w_j . x)        (x = k^ or q^)
 
-one pass over the checkpoint tile (two reductions) and one over the records, held as ``[LP, K]``
-(normalised keys, cumulative decays) and ``[LP, BV]`` (deltas) register tiles: the committed ones
-loaded once (the rows past the commit masked off, never read), then each token of the step appended
-to them as the record the next token reads. The output is ``E_dec q^ + u (k^ . q^)``; each token's
-record (``u`` fp32, the raw key and gate input) is written at ``n + t``. A one-token step commits its
-record, and where that fills the ring the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T`` is formed (a
-loop over the cached records in memory, on the flush only) and stored into the pool; else the pool is
-not written.
+a pass over the checkpoint (two reductions) and one over the records. The record terms ``w_j . x``
+depend on the keys and gates only, not on the value rows; the deltas ``u_j`` on the rows only.
 
-Three launches, in this order. A flush first (``n + T > L`` after the commit) is a launch of its own:
-every V-tile program of a row reads the row's committed key/gate records while the step writes the
-new ones over them from position 0, and a program cannot wait for the others of its row, but the next
-launch can; it runs only where a commit or T > 1 can make one (a one-token step without a commit never
+**A one-token step** (decode) splits the two: a *terms* launch, one program per row and head, loads
+the committed keys and gates as ``[LP, K]`` register tiles (the rows past the commit masked off,
+never read), forms ``exp(G') k^``, ``exp(G') q^``, the record terms and ``k^ . q^`` into a small
+scratch, and writes the token's key/gate record at ``n``; a *step* launch, one program per row, head
+and ``BV``-row tile of the state, as the in-place kernel's, streams the checkpoint tile, adds
+``sum_j u_j (w_j . x)`` from the deltas' ``[LP, BV]`` tile, stores the output and the token's delta
+record, and where the record fills the ring forms the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T``
+(a loop over the records in memory, on the flush only) and stores it into the pool; else the pool is
+not written. The record work is done once a head, not once a V-tile, and the step's programs are as
+small as the in-place kernel's.
+
+**A verify** (T > 1) is one fused launch: each program of a row, head and V-tile holds the records'
+tiles, then appends each token of the step to them as the record the next token reads (its delta
+depends on the previous tokens' deltas, so the tokens chain through the value rows); each token's
+record (``u`` fp32, the raw key and gate input) is written at ``n + t``.
+
+A flush first (``n + T > L`` after the commit) is a launch of its own before either form: every
+V-tile program of a row reads the row's committed key/gate records while the step writes the new ones
+over them from position 0, and a program cannot wait for the others of its row, but the next launch
+can; it runs only where a commit or T > 1 can make one (a one-token step without a commit never
 does). Then the step, which finds a flushed row's state in the pool and its ring empty. The lengths
 advance last (one program per row), as every program of a row reads its length.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -53,9 +63,8 @@ def _normalised(x, L2_EPS: tl.constexpr):
 
 
 @triton.jit
-def _committed(u_ptr, kg_ptr, records, n, dt_bias, A, offs_l, offs_k, offs_v, K: tl.constexpr, V: tl.constexpr,
-               L2_EPS: tl.constexpr):
-    """The first ``n`` records of a slot's head as register tiles: ``(k^ [LP, K], G_j [LP, K], u [LP, BV],
+def _committed_keys(kg_ptr, records, n, dt_bias, A, offs_l, offs_k, K: tl.constexpr, L2_EPS: tl.constexpr):
+    """The first ``n`` key/gate records of a slot's head as register tiles: ``(k^ [LP, K], G_j [LP, K],
     G_n [K])``, rows at and past ``n`` zero (never loaded)."""
     kept = offs_l[:, None] < n
     kg_rows = kg_ptr + (records + offs_l)[:, None] * (2 * K) + offs_k[None, :]
@@ -63,9 +72,15 @@ def _committed(u_ptr, kg_ptr, records, n, dt_bias, A, offs_l, offs_k, offs_v, K:
     g = tl.where(in_k, _log_decay(tl.load(kg_rows + K, mask=in_k, other=0.0).to(tl.float32), dt_bias[None, :], A), 0.0)
     k = tl.load(kg_rows, mask=in_k, other=0.0).to(tl.float32)
     k_hat = k / tl.sqrt(tl.sum(k * k, axis=1) + L2_EPS)[:, None]
-    in_v = kept & (offs_v[None, :] < V)
-    u = tl.load(u_ptr + (records + offs_l)[:, None] * V + offs_v[None, :], mask=in_v, other=0.0)
-    return k_hat, tl.cumsum(g, axis=0), u, tl.sum(g, axis=0)
+    return k_hat, tl.cumsum(g, axis=0), tl.sum(g, axis=0)
+
+
+@triton.jit
+def _committed_deltas(u_ptr, records, n, offs_l, offs_v, V: tl.constexpr):
+    """The first ``n`` delta records of a slot's head, this program's value rows: ``[LP, BV]``, rows at
+    and past ``n`` zero (never loaded)."""
+    in_v = (offs_l[:, None] < n) & (offs_v[None, :] < V)
+    return tl.load(u_ptr + (records + offs_l)[:, None] * V + offs_v[None, :], mask=in_v, other=0.0)
 
 
 @triton.jit
@@ -102,7 +117,7 @@ def _flush_first_kernel(
             dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
             A = tl.exp(tl.load(A_log_ptr + hv))
             records = (s * HV + hv) * L
-            G = _committed(u_ptr, kg_ptr, records, n, dt_bias, A, tl.arange(0, LP), offs_k, offs_v, K, V, L2_EPS)[3]
+            G = _committed_keys(kg_ptr, records, n, dt_bias, A, tl.arange(0, LP), offs_k, K, L2_EPS)[2]
             tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
             E = _carried(tl.load(tile).to(tl.float32), G, u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V,
                          L2_EPS)
@@ -110,7 +125,7 @@ def _flush_first_kernel(
 
 
 @triton.jit
-def _kda_replay_kernel(
+def _verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr, u_ptr,
     kg_ptr, length_ptr, slot_stride, scale, T: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr,
@@ -134,11 +149,10 @@ def _kda_replay_kernel(
         A = tl.exp(tl.load(A_log_ptr + hv))
         records = (s * HV + hv) * L  # record j of this slot and head: index records + j
         offs_l = tl.arange(0, LP)
-        k_hat, G_j, u_j, G = _committed(u_ptr, kg_ptr, records, n, dt_bias, A, offs_l, offs_k, offs_v, K, V, L2_EPS)
+        k_hat, G_j, G = _committed_keys(kg_ptr, records, n, dt_bias, A, offs_l, offs_k, K, L2_EPS)
+        u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
         tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
         S0 = tl.load(tile).to(tl.float32)
-        k = tl.zeros([K], dtype=tl.float32)  # the last token's k^ and u, for a one-token step's flush
-        u = tl.zeros([BV], dtype=tl.float32)
         for t in range(T):
             tok = row * T + t
             tok_h = tok * (HV // GROUP) + hv // GROUP
@@ -166,10 +180,93 @@ def _kda_replay_kernel(
             k_hat = tl.where(new, k[None, :], k_hat)
             G_j = tl.where(new, G[None, :], G_j)
             u_j = tl.where(new, u[None, :], u_j)
-        if T == 1:
-            if n + 1 == L:  # the committed record fills the ring: the flush forms the new effective state's tile
-                E = _carried(S0, G, u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V, L2_EPS)
-                tl.store(tile, (E + u[:, None] * k[None, :]).to(state_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _token_terms_kernel(
+    q_ptr, k_ptr, a_ptr, A_log_ptr, dt_bias_ptr, slots_ptr, accepted_ptr, kg_ptr, length_ptr, vec_ptr, coef_ptr,
+    scale, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+    L2_EPS: tl.constexpr,
+):
+    """A one-token step's per-head terms: ``vec`` ``[B * HV, 4, K]`` holds ``exp(G') k^``, ``exp(G') q^``,
+    ``k^`` and ``G'``; ``coef`` ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and
+    ``k^ . q^``. The token's key/gate record is written here, once a head."""
+    pid = tl.program_id(0)
+    row = (pid // HV).to(tl.int64)
+    hv = pid % HV
+    slot = tl.load(slots_ptr + row)
+    if slot >= 0:
+        s = slot.to(tl.int64)
+        n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)  # the commit
+        n = tl.where(n + 1 > L, 0, n)  # flushed first by _flush_first_kernel: the state is the pool's
+        offs_k = tl.arange(0, K)
+        offs_l = tl.arange(0, LP)
+        dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
+        A = tl.exp(tl.load(A_log_ptr + hv))
+        records = (s * HV + hv) * L
+        k_hat, G_j, G = _committed_keys(kg_ptr, records, n, dt_bias, A, offs_l, offs_k, K, L2_EPS)
+        tok_h = row * (HV // GROUP) + hv // GROUP
+        k_raw = tl.load(k_ptr + tok_h * K + offs_k)
+        a_raw = tl.load(a_ptr + pid * K + offs_k)
+        q = _normalised(tl.load(q_ptr + tok_h * K + offs_k).to(tl.float32), L2_EPS) * scale
+        k = _normalised(k_raw.to(tl.float32), L2_EPS)
+        G += _log_decay(a_raw.to(tl.float32), dt_bias, A)  # G': the records' decay and this token's
+        w = tl.where(offs_l[:, None] < n, k_hat * tl.exp(G[None, :] - G_j), 0.0)
+        decay = tl.exp(G)
+        vec = vec_ptr + pid * (4 * K) + offs_k
+        tl.store(vec, decay * k)
+        tl.store(vec + K, decay * q)
+        tl.store(vec + 2 * K, k)
+        tl.store(vec + 3 * K, G)
+        coef = coef_ptr + pid * (2 * LP + 1)
+        tl.store(coef + offs_l, tl.sum(w * k[None, :], axis=1))
+        tl.store(coef + LP + offs_l, tl.sum(w * q[None, :], axis=1))
+        tl.store(coef + 2 * LP, tl.sum(k * q, axis=0))
+        at = records + n
+        tl.store(kg_ptr + at * 2 * K + offs_k, k_raw)
+        tl.store(kg_ptr + at * 2 * K + K + offs_k, a_raw)
+
+
+@triton.jit
+def _token_step_kernel(
+    v_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr, u_ptr, kg_ptr, length_ptr,
+    vec_ptr, coef_ptr, slot_stride, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr,
+):
+    """A one-token step's outputs and delta records from the checkpoint tile and the per-head terms; the
+    flush where the record fills the ring."""
+    pid = tl.program_id(0)
+    head = pid // (V // BV)  # row * HV + hv
+    row = (head // HV).to(tl.int64)
+    hv = head % HV
+    offs_v = (pid % (V // BV)) * BV + tl.arange(0, BV)
+    slot = tl.load(slots_ptr + row)
+    if slot < 0:
+        tl.store(out_ptr + head * V + offs_v, tl.zeros([BV], dtype=tl.float32).to(out_ptr.dtype.element_ty))
+    else:
+        s = slot.to(tl.int64)
+        offs_k = tl.arange(0, K)
+        tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
+        S0 = tl.load(tile).to(tl.float32)  # first: the step's one large read
+        n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)
+        n = tl.where(n + 1 > L, 0, n)
+        records = (s * HV + hv) * L
+        offs_l = tl.arange(0, LP)
+        u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
+        vec = vec_ptr + head * (4 * K) + offs_k
+        coef = coef_ptr + head * (2 * LP + 1)
+        acc_k = tl.sum(u_j * tl.load(coef + offs_l)[:, None], axis=0)  # sum_j u_j (w_j . k^)
+        acc_q = tl.sum(u_j * tl.load(coef + LP + offs_l)[:, None], axis=0)
+        u = tl.sigmoid(tl.load(b_ptr + head).to(tl.float32)) * (
+            tl.load(v_ptr + head * V + offs_v).to(tl.float32) - tl.sum(S0 * tl.load(vec)[None, :], axis=1) - acc_k)
+        o = tl.sum(S0 * tl.load(vec + K)[None, :], axis=1) + acc_q + u * tl.load(coef + 2 * LP)
+        tl.store(out_ptr + head * V + offs_v, o.to(out_ptr.dtype.element_ty))
+        tl.store(u_ptr + (records + n) * V + offs_v, u)
+        if n + 1 == L:  # the record fills the ring: the flush forms the new effective state's tile
+            dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
+            A = tl.exp(tl.load(A_log_ptr + hv))
+            E = _carried(S0, tl.load(vec + 3 * K), u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V, L2_EPS)
+            tl.store(tile, (E + u[:, None] * tl.load(vec + 2 * K)[None, :]).to(state_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -185,50 +282,72 @@ def _advance_lengths(slots_ptr, accepted_ptr, length_ptr, T: tl.constexpr, L: tl
         tl.store(length_ptr + slot, n)
 
 
-def replay_tile(V: int) -> tuple[int, int]:
-    """``(BV, num_warps)``: the environment's ``KDA_TRITON_REPLAY_CONFIG`` (e.g. ``"BV=32,num_warps=4"``)
-    over the default, 64 rows and 2 warps: the fastest of the tiles timed on the H200 at ring 16
-    (``results/h200/replay-tiles/tiles.csv``; fewer, wider programs repeat each record's key and gate
-    work across fewer V-tiles; of two warp counts at 64 rows, 2 were faster than 4)."""
-    tile = {"BV": min(V, 64), "num_warps": 2}
+def replay_tile(V: int, T: int) -> dict[str, int]:
+    """``{BV, num_warps, terms_warps}`` of a ``T``-token step: the environment's ``KDA_TRITON_REPLAY_CONFIG``
+    (e.g. ``"BV=32,num_warps=4"``) over the default of its form. A one-token step's ``BV``-row step
+    programs take 16 rows and one warp, as the in-place kernel's at these shapes, and its terms programs
+    (``terms_warps``) four warps; a verify's fused programs 64 rows and 2 warps, the fastest of the fused
+    tiles timed on the H200 (``results/h200/replay-tiles/tiles.csv``)."""
+    tile = {"BV": min(V, 16), "num_warps": 1, "terms_warps": 4} if T == 1 else \
+        {"BV": min(V, 64), "num_warps": 2, "terms_warps": 4}
     text = os.environ.get(REPLAY_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
         if name not in tile or not value.isdigit():
-            raise ValueError(f"{REPLAY_CONFIG_ENV} items must be BV=<int> or num_warps=<int>; got {item!r}")
+            raise ValueError(f"{REPLAY_CONFIG_ENV} items must be BV=, num_warps= or terms_warps=<int>; got {item!r}")
         tile[name] = int(value)
-    BV, warps = tile["BV"], tile["num_warps"]
-    if BV < 1 or BV & (BV - 1) or V % BV or warps not in (1, 2, 4, 8, 16):
-        raise ValueError(f"{REPLAY_CONFIG_ENV}: BV must be a power of two dividing V={V} and num_warps one of "
-                         f"1/2/4/8/16; got BV={BV}, num_warps={warps}")
-    return BV, warps
+    BV = tile["BV"]
+    if BV < 1 or BV & (BV - 1) or V % BV or not {tile["num_warps"], tile["terms_warps"]} <= {1, 2, 4, 8, 16}:
+        raise ValueError(f"{REPLAY_CONFIG_ENV}: BV must be a power of two dividing V={V} and num_warps and "
+                         f"terms_warps each one of 1/2/4/8/16; got {text!r}")
+    return tile
 
 
 def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
     """The zero-argument launch of a replay step: the flush-first kernel (where a commit or T > 1 can
-    make one), the step, the lengths."""
+    make one), the step (a one-token step's terms and step launches, or a verify's fused one), the lengths."""
     cache, T = inputs.cache, inputs.T
-    BV, warps = replay_tile(inputs.V)
-    grid = (inputs.B * inputs.HV * (inputs.V // BV),)
-    # None commits nothing; the zeros are allocated here, never in the launch
+    tile = replay_tile(inputs.V, T)
+    BV, heads = tile["BV"], inputs.B * inputs.HV
+    grid = (heads * (inputs.V // BV),)
+    # None commits nothing; the zeros and the one-token step's scratch are allocated here, never in the launch
     accepted = inputs.num_accepted if inputs.num_accepted is not None else \
         torch.zeros(inputs.B, dtype=torch.int32, device=inputs.device)
-    ring = dict(L=cache.L, LP=triton.next_power_of_2(cache.L))
-    args = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
-            inputs.slots, accepted, out, cache.u, cache.kg, cache.length, inputs.slot_stride, inputs.effective_scale)
-    meta = dict(T=T, HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=BV, **ring, L2_EPS=L2_EPS,
-                num_warps=warps)
+    ring = dict(L=cache.L, LP=triton.next_power_of_2(cache.L), L2_EPS=L2_EPS)
+    shape = dict(HV=inputs.HV, K=inputs.K)
     flush_args = (inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots, accepted, cache.u, cache.kg, cache.length,
                   inputs.slot_stride)
-    flush_meta = dict(T=T, HV=inputs.HV, K=inputs.K, V=inputs.V, BV=BV, **ring, L2_EPS=L2_EPS, num_warps=warps)
+    flush_first = functools.partial(_flush_first_kernel[grid], *flush_args, T=T, **shape, V=inputs.V, BV=BV, **ring,
+                                    num_warps=tile["num_warps"])
+    if T == 1:
+        vec = torch.empty(heads, 4, inputs.K, dtype=torch.float32, device=inputs.device)
+        coef = torch.empty(heads, 2 * ring["LP"] + 1, dtype=torch.float32, device=inputs.device)
+        terms = functools.partial(
+            _token_terms_kernel[(heads,)], inputs.q, inputs.k, inputs.a, inputs.A_log, inputs.dt_bias, inputs.slots,
+            accepted, cache.kg, cache.length, vec, coef, inputs.effective_scale, **shape, GROUP=inputs.HV // inputs.H,
+            **ring, num_warps=tile["terms_warps"])
+        token = functools.partial(
+            _token_step_kernel[grid], inputs.v, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots,
+            accepted, out, cache.u, cache.kg, cache.length, vec, coef, inputs.slot_stride, **shape, V=inputs.V, BV=BV,
+            **ring, num_warps=tile["num_warps"])
+
+        def step():
+            terms()
+            token()
+    else:
+        step = functools.partial(
+            _verify_kernel[grid], inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias,
+            inputs.state, inputs.slots, accepted, out, cache.u, cache.kg, cache.length, inputs.slot_stride,
+            inputs.effective_scale, T=T, **shape, GROUP=inputs.HV // inputs.H, V=inputs.V, BV=BV, **ring,
+            num_warps=tile["num_warps"])
     may_flush_first = T > 1 or inputs.num_accepted is not None  # else n + 1 <= L: the contract holds n < L
-    flush, step, advance = _flush_first_kernel[grid], _kda_replay_kernel[grid], _advance_lengths[(inputs.B,)]
+    advance = functools.partial(_advance_lengths[(inputs.B,)], inputs.slots, accepted, cache.length, T=T, L=cache.L)
 
     def launch() -> torch.Tensor:
         if may_flush_first:
-            flush(*flush_args, **flush_meta)
-        step(*args, **meta)
-        advance(inputs.slots, accepted, cache.length, T=T, L=cache.L)
+            flush_first()
+        step()
+        advance()
         return out
 
     return launch
