@@ -287,7 +287,7 @@ def replay_tile(V: int, T: int) -> dict[str, int]:
     (e.g. ``"BV=32,num_warps=4"``) over the default of its form. A one-token step's ``BV``-row step
     programs take 16 rows and one warp, as the in-place kernel's at these shapes, and its terms programs
     (``terms_warps``) four warps; a verify's fused programs 64 rows and 2 warps, the fastest of the fused
-    tiles timed on the H200 (``results/h200/replay-tiles/tiles.csv``)."""
+    tiles timed on the H200 (``results/h200/replay-verify-tiles/tiles.csv``)."""
     tile = {"BV": min(V, 16), "num_warps": 1, "terms_warps": 4} if T == 1 else \
         {"BV": min(V, 64), "num_warps": 2, "terms_warps": 4}
     text = os.environ.get(REPLAY_CONFIG_ENV, "")
