@@ -10,10 +10,10 @@ exp(G' - G_j)`` over every record j before the token those are
 a pass over the checkpoint (two reductions) and one over the records. The record terms ``w_j . x``
 depend on the keys and gates only, not on the value rows; the deltas ``u_j`` on the rows only.
 
-**A one-token step** (decode) splits the two: a *terms* launch, one program per row and head, loads
-the committed keys and gates as ``[LP, K]`` register tiles (the rows past the commit masked off,
-never read), forms ``exp(G') k^``, ``exp(G') q^``, the record terms and ``k^ . q^`` into a small
-scratch, and writes the token's key/gate record at ``n``; a *step* launch, one program per row, head
+**A one-token step** (decode) splits the two: a *terms* launch, one program per row and head, walks
+the committed key/gate records newest first (the records past the commit are never read), forms
+``exp(G') k^``, ``exp(G') q^``, the record terms and ``k^ . q^`` into a small scratch, and writes the
+token's key/gate record at ``n``; a *step* launch, one program per row, head
 and ``BV``-row tile of the state, as the in-place kernel's, streams the checkpoint tile, adds
 ``sum_j u_j (w_j . x)`` from the deltas' ``[LP, BV]`` tile, stores the output and the token's delta
 record, and where the record fills the ring forms the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T``
@@ -190,7 +190,10 @@ def _token_terms_kernel(
 ):
     """A one-token step's per-head terms: ``vec`` ``[B * HV, 4, K]`` holds ``exp(G') k^``, ``exp(G') q^``,
     ``k^`` and ``G'``; ``coef`` ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and
-    ``k^ . q^``. The token's key/gate record is written here, once a head."""
+    ``k^ . q^``. The records are walked newest first, so that the decay from each to the token,
+    ``G' - G_j``, is a running sum of the gates after it: ``[K]`` vectors, each record's three
+    reductions within the program (no ``[LP, K]`` tile, no scan across records). The token's key/gate
+    record is written here, once a head."""
     pid = tl.program_id(0)
     row = (pid // HV).to(tl.int64)
     hv = pid % HV
@@ -200,27 +203,30 @@ def _token_terms_kernel(
         n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)  # the commit
         n = tl.where(n + 1 > L, 0, n)  # flushed first by _flush_first_kernel: the state is the pool's
         offs_k = tl.arange(0, K)
-        offs_l = tl.arange(0, LP)
         dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
         A = tl.exp(tl.load(A_log_ptr + hv))
         records = (s * HV + hv) * L
-        k_hat, G_j, G = _committed_keys(kg_ptr, records, n, dt_bias, A, offs_l, offs_k, K, L2_EPS)
         tok_h = row * (HV // GROUP) + hv // GROUP
         k_raw = tl.load(k_ptr + tok_h * K + offs_k)
         a_raw = tl.load(a_ptr + pid * K + offs_k)
         q = _normalised(tl.load(q_ptr + tok_h * K + offs_k).to(tl.float32), L2_EPS) * scale
         k = _normalised(k_raw.to(tl.float32), L2_EPS)
-        G += _log_decay(a_raw.to(tl.float32), dt_bias, A)  # G': the records' decay and this token's
-        w = tl.where(offs_l[:, None] < n, k_hat * tl.exp(G[None, :] - G_j), 0.0)
-        decay = tl.exp(G)
+        G = _log_decay(a_raw.to(tl.float32), dt_bias, A)  # G' - G_j for the record before the token
+        coef = coef_ptr + pid * (2 * LP + 1)
+        for back in range(0, n):
+            kg_row = kg_ptr + (records + n - 1 - back) * 2 * K
+            k_j = tl.load(kg_row + offs_k).to(tl.float32)
+            decayed = tl.exp(G)
+            norm = tl.rsqrt(tl.sum(k_j * k_j, axis=0) + L2_EPS)
+            tl.store(coef + n - 1 - back, tl.sum(k_j * decayed * k, axis=0) * norm)
+            tl.store(coef + LP + n - 1 - back, tl.sum(k_j * decayed * q, axis=0) * norm)
+            G += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
+        decay = tl.exp(G)  # G is now G': the records' decay and this token's
         vec = vec_ptr + pid * (4 * K) + offs_k
         tl.store(vec, decay * k)
         tl.store(vec + K, decay * q)
         tl.store(vec + 2 * K, k)
         tl.store(vec + 3 * K, G)
-        coef = coef_ptr + pid * (2 * LP + 1)
-        tl.store(coef + offs_l, tl.sum(w * k[None, :], axis=1))
-        tl.store(coef + LP + offs_l, tl.sum(w * q[None, :], axis=1))
         tl.store(coef + 2 * LP, tl.sum(k * q, axis=0))
         at = records + n
         tl.store(kg_ptr + at * 2 * K + offs_k, k_raw)
@@ -255,8 +261,9 @@ def _token_step_kernel(
         u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
         vec = vec_ptr + head * (4 * K) + offs_k
         coef = coef_ptr + head * (2 * LP + 1)
-        acc_k = tl.sum(u_j * tl.load(coef + offs_l)[:, None], axis=0)  # sum_j u_j (w_j . k^)
-        acc_q = tl.sum(u_j * tl.load(coef + LP + offs_l)[:, None], axis=0)
+        kept = offs_l < n  # the terms of records past the commit are never written
+        acc_k = tl.sum(u_j * tl.load(coef + offs_l, mask=kept, other=0.0)[:, None], axis=0)  # sum_j u_j (w_j . k^)
+        acc_q = tl.sum(u_j * tl.load(coef + LP + offs_l, mask=kept, other=0.0)[:, None], axis=0)
         u = tl.sigmoid(tl.load(b_ptr + head).to(tl.float32)) * (
             tl.load(v_ptr + head * V + offs_v).to(tl.float32) - tl.sum(S0 * tl.load(vec)[None, :], axis=1) - acc_k)
         o = tl.sum(S0 * tl.load(vec + K)[None, :], axis=1) + acc_q + u * tl.load(coef + 2 * LP)
@@ -286,10 +293,10 @@ def replay_tile(V: int, T: int) -> dict[str, int]:
     """``{BV, num_warps, terms_warps}`` of a ``T``-token step: the environment's ``KDA_TRITON_REPLAY_CONFIG``
     (e.g. ``"BV=32,num_warps=4"``) over the default of its form. A one-token step's ``BV``-row step
     programs take 16 rows and one warp, as the in-place kernel's at these shapes, and its terms programs
-    (``terms_warps``) four warps; a verify's fused programs 64 rows and 2 warps, the fastest of the fused
+    (``terms_warps``) one warp; a verify's fused programs 64 rows and 2 warps, the fastest of the fused
     tiles timed on the H200 (``results/h200/replay-verify-tiles/tiles.csv``)."""
-    tile = {"BV": min(V, 16), "num_warps": 1, "terms_warps": 4} if T == 1 else \
-        {"BV": min(V, 64), "num_warps": 2, "terms_warps": 4}
+    tile = {"BV": min(V, 16), "num_warps": 1, "terms_warps": 1} if T == 1 else \
+        {"BV": min(V, 64), "num_warps": 2, "terms_warps": 1}
     text = os.environ.get(REPLAY_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
@@ -320,8 +327,9 @@ def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
     flush_first = functools.partial(_flush_first_kernel[grid], *flush_args, T=T, **shape, V=inputs.V, BV=BV, **ring,
                                     num_warps=tile["num_warps"])
     if T == 1:
-        vec = torch.empty(heads, 4, inputs.K, dtype=torch.float32, device=inputs.device)
-        coef = torch.empty(heads, 2 * ring["LP"] + 1, dtype=torch.float32, device=inputs.device)
+        # NaN-filled once: a term read that no launch wrote would poison the output, not pass unseen
+        vec = torch.full((heads, 4, inputs.K), float("nan"), device=inputs.device)
+        coef = torch.full((heads, 2 * ring["LP"] + 1), float("nan"), device=inputs.device)
         terms = functools.partial(
             _token_terms_kernel[(heads,)], inputs.q, inputs.k, inputs.a, inputs.A_log, inputs.dt_bias, inputs.slots,
             accepted, cache.kg, cache.length, vec, coef, inputs.effective_scale, **shape, GROUP=inputs.HV // inputs.H,
