@@ -85,21 +85,16 @@ def _committed_deltas(u_ptr, records, n, offs_l, offs_v, V: tl.constexpr):
 
 @triton.jit
 def _carried(S0, G, u_ptr, kg_ptr, records, count, dt_bias, A, offs_k, offs_v, K: tl.constexpr, V: tl.constexpr,
-             L: tl.constexpr, L2_EPS: tl.constexpr):
+             L2_EPS: tl.constexpr):
     """``S_0 exp(G) + sum_{j<count} u_j (k^_j exp(G - G_j))^T`` over the first ``count`` records in memory:
-    the state they carry, decayed through ``G``, formed only for a flush. Unrolled over the ring with the
-    records past ``count`` masked off, so that every record's loads are issued at once rather than one
-    round trip a record."""
+    the state they carry, decayed through ``G``, formed only for a flush (one record a loop step)."""
     E = S0 * tl.exp(G)[None, :]
     G_j = tl.zeros([K], dtype=tl.float32)
-    for j in tl.static_range(L):
-        live = (offs_k * 0 + j) < count  # [K]: the interpreter takes a mask of the loaded shape only
+    for j in range(0, count):
         kg_row = kg_ptr + (records + j) * 2 * K
-        G_j += tl.where(live, _log_decay(tl.load(kg_row + K + offs_k, mask=live, other=0.0).to(tl.float32),
-                                         dt_bias, A), 0.0)
-        w_j = _normalised(tl.load(kg_row + offs_k, mask=live, other=0.0).to(tl.float32), L2_EPS) * tl.exp(G - G_j)
-        u_j = tl.load(u_ptr + (records + j) * V + offs_v, mask=(offs_v * 0 + j) < count, other=0.0)
-        E += u_j[:, None] * w_j[None, :]
+        G_j += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
+        w_j = _normalised(tl.load(kg_row + offs_k).to(tl.float32), L2_EPS) * tl.exp(G - G_j)
+        E += tl.load(u_ptr + (records + j) * V + offs_v)[:, None] * w_j[None, :]
     return E
 
 
@@ -124,8 +119,8 @@ def _flush_first_kernel(
             records = (s * HV + hv) * L
             G = _committed_keys(kg_ptr, records, n, dt_bias, A, tl.arange(0, LP), offs_k, K, L2_EPS)[2]
             tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
-            S0 = tl.load(tile).to(tl.float32)
-            E = _carried(S0, G, u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V, L, L2_EPS)
+            E = _carried(tl.load(tile).to(tl.float32), G, u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V,
+                         L2_EPS)
             tl.store(tile, E.to(state_ptr.dtype.element_ty))
 
 
@@ -218,16 +213,14 @@ def _token_terms_kernel(
         k = _normalised(k_raw.to(tl.float32), L2_EPS)
         G = _log_decay(a_raw.to(tl.float32), dt_bias, A)  # G' - G_j for the record before the token
         coef = coef_ptr + pid * (2 * LP + 1)
-        for back in tl.static_range(L):  # unrolled, the records past the commit masked: every load issued at once
-            live = (offs_k * 0 + back) < n  # [K]: the interpreter takes a mask of the loaded shape only
+        for back in range(0, n):
             kg_row = kg_ptr + (records + n - 1 - back) * 2 * K
-            k_j = tl.load(kg_row + offs_k, mask=live, other=0.0).to(tl.float32)
+            k_j = tl.load(kg_row + offs_k).to(tl.float32)
             decayed = tl.exp(G)
             norm = tl.rsqrt(tl.sum(k_j * k_j, axis=0) + L2_EPS)
-            tl.store(coef + n - 1 - back, tl.sum(k_j * decayed * k, axis=0) * norm, mask=back < n)
-            tl.store(coef + LP + n - 1 - back, tl.sum(k_j * decayed * q, axis=0) * norm, mask=back < n)
-            G += tl.where(live, _log_decay(tl.load(kg_row + K + offs_k, mask=live, other=0.0).to(tl.float32), dt_bias,
-                                           A), 0.0)
+            tl.store(coef + n - 1 - back, tl.sum(k_j * decayed * k, axis=0) * norm)
+            tl.store(coef + LP + n - 1 - back, tl.sum(k_j * decayed * q, axis=0) * norm)
+            G += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
         decay = tl.exp(G)  # G is now G': the records' decay and this token's
         vec = vec_ptr + pid * (4 * K) + offs_k
         tl.store(vec, decay * k)
@@ -279,8 +272,7 @@ def _token_step_kernel(
         if n + 1 == L:  # the record fills the ring: the flush forms the new effective state's tile
             dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
             A = tl.exp(tl.load(A_log_ptr + hv))
-            E = _carried(S0, tl.load(vec + 3 * K), u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V, L,
-                         L2_EPS)
+            E = _carried(S0, tl.load(vec + 3 * K), u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V, L2_EPS)
             tl.store(tile, (E + u[:, None] * tl.load(vec + 2 * K)[None, :]).to(state_ptr.dtype.element_ty))
 
 
