@@ -690,13 +690,14 @@ def test_the_comparison_table_row_by_row():
         "missing": regress.Measurement(10.0, fixed, version="1"),
         "incomparable": regress.Measurement(10.0, fixed, version="1"),
         "broken": regress.Measurement(10.0, fixed, version="1"),
-    })
+    }, failures={"was-broken": regress.Failure("error", "RuntimeError: out of memory")})
     b = regress.ResultSet("b", "asv", "m", {
         "same": regress.Measurement(10.0, fixed, (9.9, 10.1), version="1"),
         "slower": regress.Measurement(12.0, tuple(1.2 * x for x in fixed), (11.9, 12.1), version="1"),
         "slowest": regress.Measurement(15.0, tuple(1.5 * x for x in fixed), (14.9, 15.1), version="1"),
         "faster": regress.Measurement(8.0, tuple(0.8 * x for x in fixed), (7.9, 8.1), version="1"),
         "new": regress.Measurement(10.0, fixed[:3], version="1"),
+        "was-broken": regress.Measurement(10.0, fixed[:3], version="1"),
         "incomparable": regress.Measurement(10.0, fixed, version="2"),
     }, failures={"broken": regress.Failure("wrong", "err_out 0.3 > 0.01")})
     table = regress.compare(a, b)
@@ -716,11 +717,15 @@ def test_the_comparison_table_row_by_row():
              test="version 1 != 2"),
         dict(base, benchmark="new", status="new", ratio=None, p=None, time_a=None, n_a=0, time_b=10.0, n_b=3,
              test=None),
+        dict(base, benchmark="was-broken", status="new", ratio=None, p=None, time_a=None, n_a=0, time_b=10.0,
+             n_b=3, test="A: error"),  # measured now, a failure in A: new, with what A was
         dict(base, benchmark="same", status="same", ratio=1.0, p=same_p, time_b=10.0, test="mann-whitney"),
     ]
     assert list(table.columns) == ["benchmark", "status", "ratio", "threshold", "p", "time_a", "time_b", "n_a",
                                    "n_b", "test"]
     assert len(rows) == len(expected)
+    # rows numbered in that order; statuses ordered by severity, so that a caller can compare them
+    assert list(table.index) == list(range(len(expected))) and table.status.cat.ordered
     for got, want in zip(rows, expected, strict=True):
         got = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in got.items()}
         assert got.keys() == want.keys() and got["benchmark"] == want["benchmark"], (got, want)
