@@ -291,10 +291,11 @@ def _advance_lengths(slots_ptr, accepted_ptr, length_ptr, T: tl.constexpr, L: tl
 
 def replay_tile(V: int, T: int) -> dict[str, int]:
     """``{BV, num_warps, terms_warps}`` of a ``T``-token step: the environment's ``KDA_TRITON_REPLAY_CONFIG``
-    (e.g. ``"BV=32,num_warps=4"``) over the default of its form. A one-token step's ``BV``-row step
-    programs take 16 rows and one warp, as the in-place kernel's at these shapes, and its terms programs
-    (``terms_warps``) one warp; a verify's fused programs 64 rows and 2 warps, the fastest of the fused
-    tiles timed on the H200 (``results/h200/replay-verify-tiles/tiles.csv``)."""
+    (e.g. ``"BV=32,num_warps=4"``) over the default of its form, each the fastest of the tiles timed on
+    the H200 at B = 256: a one-token step's step programs 16 rows and one warp, as the in-place
+    kernel's at these shapes, and its terms programs (``terms_warps``) one warp
+    (``results/h200/replay-tiles/tiles.csv``); a verify's fused programs 64 rows and 2 warps
+    (``results/h200/replay-verify-tiles/tiles.csv``)."""
     tile = {"BV": min(V, 16), "num_warps": 1, "terms_warps": 1} if T == 1 else \
         {"BV": min(V, 64), "num_warps": 2, "terms_warps": 1}
     text = os.environ.get(REPLAY_CONFIG_ENV, "")
