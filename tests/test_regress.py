@@ -556,16 +556,19 @@ def test_refuses_sweeps_timed_from_different_l2_entry_states(tmp_path):
 @pytest.mark.parametrize("field, a, b", [("placement_processes", 1, 3), ("settle_s", 0.0, 1.0)])
 def test_refuses_sweeps_whose_placements_were_made_differently(tmp_path, field, a, b):
     """A directory from before the field existed reads as its default: against the default it
-    compares, against another value it is refused."""
+    compares, against another value it is refused; two of one other value compare."""
     clean = {"method": {"entry": "clean"}}
     old = sweep_dir_with_placements(tmp_path / "old", {TRITON: microseconds(0)}, settings=clean)
     new = sweep_dir_with_placements(tmp_path / "new", {TRITON: microseconds(1)},
                                     settings={"method": {"entry": "clean", field: b}})
     same = sweep_dir_with_placements(tmp_path / "same", {TRITON: microseconds(1)},
                                      settings={"method": {"entry": "clean", field: a}})
+    again = sweep_dir_with_placements(tmp_path / "again", {TRITON: microseconds(1)},
+                                      settings={"method": {"entry": "clean", field: b}})
     code, _, out = gate(tmp_path, old, new)
     assert code == 2 and f"placements were made differently ({field}: {a!r} vs {b!r})" in out
     assert gate(tmp_path, old, same)[0] == 0
+    assert gate(tmp_path, new, again)[0] == 0  # the same setting on both sides, not the default
 
 
 def test_a_method_3_directory_reads_its_median_as_the_kernel_time(tmp_path):
