@@ -23,12 +23,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from kda_impls.bench.config import CONFIG_COLUMNS
 from kda_impls.bench.results import load, write_meta
 from kda_impls.cli import fail
 from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV
 
 PROG = "replay_tiles.py"
-POINT = ["mode", "T", "ring", "state_dtype", "HV", "K", "V", "B"]
+POINT = [c for c in CONFIG_COLUMNS if c not in ("impl", "placements")]  # what one row measures, the tile aside
 
 
 def tile_table(runs: dict[str, Path]) -> tuple[pd.DataFrame, dict]:
@@ -68,6 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     table.to_csv(args.out / "tiles.csv", index=False)
     write_meta(args.out, {"what": f"one sweep per tile ({REPLAY_CONFIG_ENV}), their rows in tiles.csv",
                           "command": " ".join([PROG, *argv]), "runs": metas})
-    best = table.groupby([c for c in POINT if c in table], sort=False).head(1)
+    best = table.groupby([c for c in POINT if c in table], sort=False, dropna=False).head(1)
     print(json.dumps(best[["tile", *(c for c in POINT if c in best), "kernel_us_mean"]].to_dict("records"), indent=1))
     return 0
