@@ -38,7 +38,8 @@ from kda_impls.impls.triton_kda import TileConfig, TritonKDA
 from kda_impls.registry import get
 
 # name: (implementation, state dtype, HV, K=V, B, T, forced tile config of our kernel, or None for the
-# table's choice (another implementation: its own call), or "copy")
+# table's choice (another implementation: its own call), "copy", or "replay": a one-token replay step,
+# ring REPLAY_RING, the profiled launch one that does not flush)
 CASES = {
     "bf16-B256-table": ("triton", "bfloat16", 32, 128, 256, 1, None),
     "bf16-B256-BV8": ("triton", "bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1"),
@@ -48,6 +49,8 @@ CASES = {
     "bf16-B1-table": ("triton", "bfloat16", 32, 128, 1, 1, None),
     "bf16-B128-T8-table": ("triton", "bfloat16", 32, 128, 128, 8, None),
     "bf16-B256-copy": ("triton", "bfloat16", 32, 128, 256, 1, "copy"),
+    "bf16-B256-replay": ("triton", "bfloat16", 32, 128, 256, 1, "replay"),
+    "fp32-B256-replay": ("triton", "float32", 32, 128, 256, 1, "replay"),
     "bf16-B1-flashinfer": ("flashinfer", "bfloat16", 32, 128, 1, 1, None),
     "bf16-B1-HV64-table": ("triton", "bfloat16", 64, 128, 1, 1, None),
     "bf16-B1-HV64-flashinfer": ("flashinfer", "bfloat16", 64, 128, 1, 1, None),
@@ -78,6 +81,7 @@ SUMMARY = {
     "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio": "stall: not selected",
 }
 WARMUP = 3
+REPLAY_RING = 16  # > WARMUP + 1: no launch of a replay case flushes
 RANGE = "kda-profiled"  # the NVTX range around the profiled launch
 NCU_GLOB = "/opt/nvidia/nsight-compute/*/ncu"  # where the H200 image keeps it when it is not on the PATH
 
@@ -85,13 +89,13 @@ NCU_GLOB = "/opt/nvidia/nsight-compute/*/ncu"  # where the H200 image keeps it w
 def workload(name: str) -> None:
     """Three warm-up launches and one more, in the NVTX range ncu profiles."""
     impl, state_dtype, HV, D, B, T, config = CASES[name]
-    cfg = Config(impl, B, HV, HV, D, D, state_dtype=state_dtype, T=T)
-    inputs = cfg.make_inputs(torch.device("cuda"))
+    replay = dict(mode="replay", ring=REPLAY_RING) if config == "replay" else {}
+    inputs = Config(impl, B, HV, HV, D, D, state_dtype=state_dtype, T=T, **replay).make_inputs(torch.device("cuda"))
     if config == "copy":  # the state's bytes read and written once, as the kernel moves them
         # An elementwise kernel, not copy_: a contiguous copy_ is a memcpy, which ncu does not profile.
         source = inputs.state.clone()
         launch = lambda: torch.mul(source, 1, out=inputs.state)  # noqa: E731
-    elif config:
+    elif config and not replay:
         launch = TritonKDA(TileConfig.parse(config, TileConfig(BV=D))).bind(inputs)
     else:
         launch = get(impl).bind(inputs)
