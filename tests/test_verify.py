@@ -6,19 +6,32 @@ a forgotten output row and a gate per q/k head are planted in tests/test_naive.p
 only consecutive steps show are the implementations of tests/planted/, registered as a user's are.
 """
 
+import importlib
 import math
 import re
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 from planted import extra_impls
 
-from kda_impls import get, make_inputs, rel_err, verify
+from kda_impls import effective_state, get, make_inputs, reference, rel_err, verify
 from kda_impls.bench.case import run_case
 from kda_impls.bench.config import Config
 from kda_impls.impls.naive import NaiveTorch
-from kda_impls.verify import CPU_STEP_ELEMENTS, MIN_CPU_STEPS, TOLERANCE, default_steps, steps_tolerance
+from kda_impls.verify import (
+    CPU_STEP_ELEMENTS,
+    GPU_STEP_ELEMENTS,
+    MIN_CPU_STEPS,
+    MIN_GPU_STEPS,
+    TOLERANCE,
+    default_steps,
+    nearest,
+    output_problems,
+    steps_tolerance,
+    stores,
+)
 
 
 class Planted(NaiveTorch):
@@ -237,6 +250,7 @@ def test_an_error_too_small_for_one_step_is_caught_as_it_compounds():
     verdict = verify(SmallDrift(), tiny(), steps=16)
     assert not verdict.ok and 1 < verdict.steps <= 16, verdict
     assert verdict.problems[0].startswith(f"step {verdict.steps} of 16: state error"), verdict
+    assert f" after {verdict.steps} steps, " in verdict.problems[0], verdict
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(T=2), dict(B=8, HV=4, K=32, V=32)])
@@ -274,6 +288,15 @@ def test_the_step_count_follows_the_shape_on_the_cpu():
     assert default_steps(tiny()) == CPU_STEP_ELEMENTS // (4 * 2 * 16 * 16) == 4
     assert default_steps(tiny(B=1, H=1, HV=1)) == 16  # at most 16
     assert default_steps(tiny(B=64, K=64, V=64)) == MIN_CPU_STEPS  # large: the fewest
+
+
+def test_frozen_verify_runs_one_step_and_a_gpu_step_count_follows_the_gpu_budget():
+    assert default_steps(tiny(T=3, update_state=False)) == 1  # nothing stored: no error carries over
+    on_gpu = SimpleNamespace(replay=False, update_state=True, device=torch.device("cuda"), B=64, T=1,
+                             slot_elements=GPU_STEP_ELEMENTS // (64 * 10))
+    assert default_steps(on_gpu) == 10  # the GPU's budget: here between its floor (8) and MAX_STEPS
+    on_gpu.B = 6400
+    assert default_steps(on_gpu) == MIN_GPU_STEPS
 
 
 def test_the_steps_tolerance_grows_as_rounding_noise_does():
@@ -543,3 +566,98 @@ def test_the_first_step_runs_on_the_inputs_as_given():
     x = case()
     verdict = verify(Planted(lambda inputs, out, live: out.zero_() if inputs.q is x.q else None), x, steps=1)
     assert not verdict.ok and "output error" in str(verdict), verdict
+
+
+def test_a_stored_state_is_judged_rounded_to_nearest_and_interpreted_bf16_truncated_too(monkeypatch):
+    """The rounding candidates of a stored state: to nearest always; bf16 truncated as well only where
+    Triton kernels run interpreted (a CPU with TRITON_INTERPRET=1), as its interpreter converts."""
+    def pool(dtype, device="cpu"):
+        return SimpleNamespace(state=torch.empty(0, dtype=dtype), device=torch.device(device))
+
+    x = torch.tensor([1 + 3.2 / 256], dtype=torch.float64)  # between bf16's 1 + 1/128 and 1 + 2/128
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    to_nearest, truncated = stores(pool(torch.bfloat16))
+    assert to_nearest(x).dtype == truncated(x).dtype == torch.bfloat16
+    assert to_nearest(x).item() == 1 + 2 / 128 and truncated(x).item() == 1 + 1 / 128
+    assert len(stores(pool(torch.float32))) == len(stores(pool(torch.bfloat16, "cuda"))) == 1
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert len(stores(pool(torch.bfloat16))) == 1
+
+
+def test_the_nearer_reference_is_nan_if_either_is():
+    assert math.isnan(nearest([0.1, math.nan])) and math.isnan(nearest([math.nan, 0.1]))
+    assert nearest([0.2, 0.1]) == 0.1
+
+
+def test_an_output_error_equal_to_its_tolerance_is_within_it():
+    x = case()
+    live = (x.slots >= 0).repeat_interleave(x.T)
+    ref = torch.randn(x.out_shape, dtype=torch.float64)
+    out = (ref * 1.003).to(x.v.dtype)
+    err, problems = output_problems(x, torch.where(live.view(-1, 1, 1), out, 0), [ref], live, 1e-2)
+    assert problems == [] and 0 < err < 1e-2
+    assert output_problems(x, torch.where(live.view(-1, 1, 1), out, 0), [ref], live, err) == (err, [])
+
+
+def test_state_and_steps_errors_equal_to_their_tolerances_are_within_them(monkeypatch):
+    """``<=``, not ``<``: the bounds are the largest errors allowed (the run is seeded, so a second
+    verify of the same inputs sees the same errors)."""
+    v = importlib.import_module("kda_impls.verify")  # the module: the package's `verify` is the function
+
+    first = verify(Planted(state_off_slightly), case(), steps=1)
+    assert first.ok and 0 < first.err_steps and first.err_out < first.err_state, first
+    monkeypatch.setitem(v.TOLERANCE, torch.bfloat16, first.err_state)
+    monkeypatch.setattr(v, "steps_tolerance", lambda dtype, steps: first.err_steps)
+    again = verify(Planted(state_off_slightly), case(), steps=1)
+    assert again.ok and (again.err_state, again.err_steps) == (first.err_state, first.err_steps), again
+
+
+def state_off_slightly(inputs, out, live):
+    inputs.state[first_live_slot(inputs, live)] *= 1.004
+
+
+class RecordsActivations(NaiveTorch):
+    """The naive decode, keeping the q of every step it is bound to."""
+
+    def __init__(self):
+        self.seen = []
+
+    def _launcher(self, inputs, out):
+        self.seen.append(inputs.q.clone())
+        return super()._launcher(inputs, out)
+
+
+def test_the_steps_draw_the_same_activations_from_the_same_inputs():
+    """A verdict can be reproduced: the later steps' activations come from a generator seeded by the
+    inputs, not from torch's global one."""
+    runs = [RecordsActivations(), RecordsActivations()]
+    for seed, impl in enumerate(runs):
+        torch.manual_seed(seed)  # the global generator in another state for each
+        assert verify(impl, tiny(), steps=3).ok
+    first, second = (r.seen for r in runs)
+    assert len(first) == len(second) == 3 and all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert not torch.equal(runs[0].seen[1], runs[0].seen[2])
+
+
+@pytest.fixture
+def meta_default_device():
+    """torch's default device ``meta`` (as a serving process may make a GPU its default): a tensor the
+    package allocates without naming the inputs' device lands there, and fails against the CPU's."""
+    torch.set_default_device("meta")
+    yield
+    torch.set_default_device(None)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(), dict(T=2, checkpoints="last"), dict(T=3, update_state=False), dict(ring=3),
+    dict(state_dtype=torch.float32, dtype=torch.float32), dict(B=1, pad_rows=1, n_slots=1, T=2, update_state=False),
+], ids=["inplace", "T2-last", "frozen", "replay", "fp32", "frozen-all-padding"])
+def test_everything_is_allocated_on_the_inputs_device_whatever_torchs_default(meta_default_device, kw):
+    """Drawing the inputs, binding, the reference and every step of verify keep to the inputs' device."""
+    x = tiny(**kw, device="cpu")
+    assert x.state.device.type == x.q.device.type == "cpu" and (x.cache is None or x.cache.u.device.type == "cpu")
+    verdict = verify(NaiveTorch(), x)
+    assert verdict.ok and verdict.steps == default_steps(x), verdict
+    assert x.cache is None or effective_state(x).device.type == "cpu"
+    out, states = reference(x)
+    assert out.device.type == states.device.type == "cpu"
