@@ -338,20 +338,21 @@ class Implementation:
 
     def _check_lengths(self, x: DecodeInputs) -> None:
         L, length = x.cache.L, x.cache.length
-        lo, hi = torch.stack([length.min(), length.max()]).tolist() if x.N else (0, 0)
-        if lo < 0 or hi >= L:
-            self._fail("cache-length", f"cache.length values must be in [0, L={L}) (a full ring is flushed); "
-                                       f"got min {lo}, max {hi}")
+        if x.N:  # an empty pool has no lengths to bound
+            lo, hi = torch.stack([length.min(), length.max()]).tolist()
+            if lo < 0 or hi >= L:
+                self._fail("cache-length", f"cache.length values must be in [0, L={L}) (a full ring is flushed); "
+                                           f"got min {lo}, max {hi}")
         if x.num_accepted is None:
             return
         live = x.slots >= 0
         accepted = x.num_accepted[live]
-        after = length[x.slots[live].long()] + accepted
-        bounds = torch.stack([accepted.min(), after.max()]).tolist() if accepted.numel() else (0, 0)
-        if bounds[0] < 0 or bounds[1] > L:
-            self._fail("num-accepted", f"num_accepted values must be >= 0 and leave length[slots[i]] + "
-                                       f"num_accepted[i] <= L={L} (a commit takes the records a verify left after "
-                                       f"the cached ones); got min {bounds[0]}, largest sum {bounds[1]}")
+        if accepted.numel():  # no live row commits anything
+            lo, hi = torch.stack([accepted.min(), (length[x.slots[live].long()] + accepted).max()]).tolist()
+            if lo < 0 or hi > L:
+                self._fail("num-accepted", f"num_accepted values must be >= 0 and leave length[slots[i]] + "
+                                           f"num_accepted[i] <= L={L} (a commit takes the records a verify left "
+                                           f"after the cached ones); got min {lo}, largest sum {hi}")
 
     # ---- where it can run -------------------------------------------------------------------
     def versions(self) -> dict[str, str]:

@@ -202,14 +202,14 @@ class DecodeInputs:
     # ---- the pool --------------------------------------------------------------------------------
     def pool_span(self) -> torch.Tensor:
         """The pool's whole storage range (slots and the padding between them) as a 1-D view."""
-        per_slot = self.state[0].numel() if self.N else 0  # the pool's own, even where it breaks the contract
-        span = (self.N - 1) * self.slot_stride + per_slot if self.N else 0
-        return self.state.as_strided((span,), (1,), self.state.storage_offset())
+        # a slot's own elements, even where its layout breaks the contract
+        span = (self.N - 1) * self.slot_stride + self.state[0].numel() if self.N else 0
+        return self.state.as_strided((span,), (1,))  # at the state's own storage offset
 
     def clone(self) -> "DecodeInputs":
         """A deep copy whose pool keeps the same layout (slot stride, padding bytes)."""
         span = self.pool_span().clone()
-        state = span.as_strided(self.state.shape, self.state.stride(), 0)
+        state = span.as_strided(self.state.shape, self.state.stride())
         copies = {name: t.clone() for name, t in self.tensors().items() if name != "state"}
         cache = self.cache.clone() if self.replay else None
         return DecodeInputs(**copies, state=state, scale=self.scale, update_state=self.update_state, cache=cache)
@@ -338,13 +338,8 @@ def make_inputs(
     # drawn on the target device: a pool of gigabytes would take seconds on the CPU
     gen = torch.Generator(device=dev).manual_seed(seed)
 
-    def rand(*shape, dt=torch.float32, normal=True):
-        t = torch.empty(*shape, dtype=torch.float32, device=dev)
-        if normal:
-            t.normal_(generator=gen)
-        else:
-            t.uniform_(generator=gen)
-        return t.to(dt)
+    def rand(*shape, dt=torch.float32, fill=torch.Tensor.normal_):
+        return fill(torch.empty(*shape, dtype=torch.float32, device=dev), generator=gen).to(dt)
 
     rows = (B,) if T == 1 else (B, T)  # T = 1 keeps the one-token spelling and its random stream
     q, k = rand(*rows, H, K, dt=dtype), rand(*rows, H, K, dt=dtype)
@@ -352,8 +347,8 @@ def make_inputs(
     a = rand(*rows, HV, K, dt=dtype)
     b = rand(*rows, HV, dt=dtype)
     # Mamba/KDA initialisation: A uniform in [1, 16], dt log-uniform in [1e-3, 1e-1]
-    A_log = torch.log(1.0 + 15.0 * rand(HV, normal=False))
-    dt = torch.exp(math.log(1e-3) + (math.log(1e-1) - math.log(1e-3)) * rand(HV, K, normal=False))
+    A_log = torch.log(1.0 + 15.0 * rand(HV, fill=torch.Tensor.uniform_))
+    dt = torch.exp(math.log(1e-3) + (math.log(1e-1) - math.log(1e-3)) * rand(HV, K, fill=torch.Tensor.uniform_))
     dt_bias = _inverse_softplus(dt)
 
     per_slot = HV * V * K
@@ -380,7 +375,7 @@ def make_inputs(
 def _random_cache(x: DecodeInputs, L: int, seed: int) -> ReplayCache:
     cache = ReplayCache.empty(x.N, L, x.H, x.HV, x.K, x.V, dtype=x.q.dtype, device=x.device)
     gen = torch.Generator(device=x.device).manual_seed(seed + 7919)  # its own stream: the step's tensors unchanged
-    cache.length.copy_(torch.randint(0, L, (x.N,), generator=gen, device=x.device, dtype=torch.int32))
+    cache.length.copy_(torch.randint(L, (x.N,), generator=gen, device=x.device))  # copy_ converts
     cache.u.normal_(generator=gen).mul_(0.5)
-    cache.kg.copy_(torch.randn(cache.kg.shape, generator=gen, device=x.device).to(cache.kg.dtype))
+    cache.kg.copy_(torch.randn(cache.kg.shape, generator=gen, device=x.device, dtype=torch.float32))  # rounded as .to()
     return cache

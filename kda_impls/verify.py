@@ -187,7 +187,7 @@ def output_problems(x: DecodeInputs, out: torch.Tensor, refs: list[torch.Tensor]
 
 def slot_rows(inputs: DecodeInputs, span: torch.Tensor) -> torch.Tensor:
     """Every slot of ``span`` (a copy of the pool's span, or the span itself) as an ``[N, HV*V*K]`` view."""
-    return span.as_strided((inputs.N, inputs.slot_elements), (inputs.slot_stride, 1), span.storage_offset())
+    return span.as_strided((inputs.N, inputs.slot_elements), (inputs.slot_stride, 1))  # at span's offset
 
 
 def verify(impl: Implementation, inputs: DecodeInputs, steps: int | None = None) -> Verdict:

@@ -640,22 +640,39 @@ def test_the_steps_draw_the_same_activations_from_the_same_inputs():
 
 
 @pytest.fixture
-def meta_default_device():
-    """torch's default device ``meta`` (as a serving process may make a GPU its default): a tensor the
-    package allocates without naming the inputs' device lands there, and fails against the CPU's."""
+def foreign_defaults():
+    """torch's default device ``meta`` and default dtype float64 (as a serving process may make a GPU and
+    another dtype its defaults): a tensor the package makes without naming the inputs' device lands on
+    the meta device and fails against the CPU's; one made without naming its dtype draws other values."""
     torch.set_default_device("meta")
+    torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_device(None)
+    torch.set_default_dtype(torch.float32)
+
+
+def drawn(x):
+    return {**x.tensors(), "span": x.pool_span(), **(vars(x.cache) if x.cache is not None else {})}
 
 
 @pytest.mark.parametrize("kw", [
     dict(), dict(T=2, checkpoints="last"), dict(T=3, update_state=False), dict(ring=3),
     dict(state_dtype=torch.float32, dtype=torch.float32), dict(B=1, pad_rows=1, n_slots=1, T=2, update_state=False),
 ], ids=["inplace", "T2-last", "frozen", "replay", "fp32", "frozen-all-padding"])
-def test_everything_is_allocated_on_the_inputs_device_whatever_torchs_default(meta_default_device, kw):
-    """Drawing the inputs, binding, the reference and every step of verify keep to the inputs' device."""
+def test_everything_is_allocated_on_the_inputs_device_whatever_torchs_defaults(foreign_defaults, kw):
+    """Drawing the inputs (the same values), binding, the reference and every step of verify keep to
+    the inputs' device and their own dtypes."""
     x = tiny(**kw, device="cpu")
-    assert x.state.device.type == x.q.device.type == "cpu" and (x.cache is None or x.cache.u.device.type == "cpu")
+    torch.set_default_device(None)
+    torch.set_default_dtype(torch.float32)
+    expected = drawn(tiny(**kw, device="cpu"))
+    torch.set_default_device("meta")
+    torch.set_default_dtype(torch.float64)
+    got = drawn(x)
+    assert got.keys() == expected.keys()
+    for name, t in got.items():
+        if isinstance(t, torch.Tensor):
+            assert t.device.type == "cpu" and t.dtype == expected[name].dtype and torch.equal(t, expected[name]), name
     verdict = verify(NaiveTorch(), x)
     assert verdict.ok and verdict.steps == default_steps(x), verdict
     assert x.cache is None or effective_state(x).device.type == "cpu"
