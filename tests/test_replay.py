@@ -112,8 +112,7 @@ for fn, T, warps in ((r._token_terms_kernel, 1, "terms_warps"), (r._token_step_k
                      (r._verify_kernel, 4, "num_warps"), (r._flush_first_kernel, 4, "num_warps")):
     tile = r.replay_tile(128, T)
     params = list(inspect.signature(fn.fn).parameters)
-    meta = {n: v for n, v in dict(shape, T=T, BV=tile["BV"], LOAD_HINT=r.EVICTION_POLICY[tile["evict_first"]]).items()
-            if n in params}
+    meta = {n: v for n, v in dict(shape, T=T, BV=tile["BV"]).items() if n in params}
     sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
     constants = {(params.index(n),): v for n, v in meta.items()}
     compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32),
@@ -137,13 +136,13 @@ def test_the_replay_kernel_compiles_for_sm90():
 def test_triton_replay_tile_from_the_environment(monkeypatch):
     from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV, replay_tile
 
-    assert replay_tile(128, 1) == dict(BV=16, num_warps=1, terms_warps=1, evict_first=0)
-    assert replay_tile(128, 4) == dict(BV=64, num_warps=2, terms_warps=1, evict_first=0)
+    assert replay_tile(128, 1) == dict(BV=16, num_warps=1, terms_warps=1)
+    assert replay_tile(128, 4) == dict(BV=64, num_warps=2, terms_warps=1)
     monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4,terms_warps=2")
-    assert replay_tile(64, 1) == replay_tile(64, 3) == dict(BV=32, num_warps=4, terms_warps=2, evict_first=0)
+    assert replay_tile(64, 1) == replay_tile(64, 3) == dict(BV=32, num_warps=4, terms_warps=2)
     x = make_inputs(**TRITON_CASES["two-v-tiles-gva-fp32"], ring=2, seed=5)
     assert run_steps(get("triton"), x, 2) == []
-    for bad in ("BV=24", "BV=128", "warps=4", "num_warps=3", "terms_warps=32", "evict_first=2"):
+    for bad in ("BV=24", "BV=128", "warps=4", "num_warps=3", "terms_warps=32"):
         monkeypatch.setenv(REPLAY_CONFIG_ENV, bad)
         with pytest.raises(ValueError, match=REPLAY_CONFIG_ENV):
             get("triton").bind(x)

@@ -45,7 +45,7 @@ import triton.language as tl
 
 from ..inputs import DecodeInputs
 from ..reference import L2_EPS
-from .triton_kda import EVICTION_POLICY, SOFTPLUS_LINEAR_ABOVE
+from .triton_kda import SOFTPLUS_LINEAR_ABOVE
 
 _LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
 REPLAY_CONFIG_ENV = "KDA_TRITON_REPLAY_CONFIG"
@@ -76,13 +76,11 @@ def _committed_keys(kg_ptr, records, n, dt_bias, A, offs_l, offs_k, K: tl.conste
 
 
 @triton.jit
-def _committed_deltas(u_ptr, records, n, offs_l, offs_v, V: tl.constexpr, L: tl.constexpr):
+def _committed_deltas(u_ptr, records, n, offs_l, offs_v, V: tl.constexpr):
     """The first ``n`` delta records of a slot's head, this program's value rows: ``[LP, BV]``, rows at
-    and past ``n`` zero. The whole ring is loaded, so that the load need not wait for ``n``; the rows past
-    ``n`` (stale or never written) are selected away, never multiplied."""
-    in_ring = (offs_l[:, None] < L) & (offs_v[None, :] < V)
-    u_j = tl.load(u_ptr + (records + offs_l)[:, None] * V + offs_v[None, :], mask=in_ring, other=0.0)
-    return tl.where(offs_l[:, None] < n, u_j, 0.0)
+    and past ``n`` zero (never loaded)."""
+    in_v = (offs_l[:, None] < n) & (offs_v[None, :] < V)
+    return tl.load(u_ptr + (records + offs_l)[:, None] * V + offs_v[None, :], mask=in_v, other=0.0)
 
 
 @triton.jit
@@ -152,7 +150,7 @@ def _verify_kernel(
         records = (s * HV + hv) * L  # record j of this slot and head: index records + j
         offs_l = tl.arange(0, LP)
         k_hat, G_j, G = _committed_keys(kg_ptr, records, n, dt_bias, A, offs_l, offs_k, K, L2_EPS)
-        u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V, L)
+        u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
         tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
         S0 = tl.load(tile).to(tl.float32)
         for t in range(T):
@@ -239,7 +237,7 @@ def _token_terms_kernel(
 def _token_step_kernel(
     v_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr, u_ptr, kg_ptr, length_ptr,
     vec_ptr, coef_ptr, slot_stride, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr, LOAD_HINT: tl.constexpr,
+    L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr,
 ):
     """A one-token step's outputs and delta records from the checkpoint tile and the per-head terms; the
     flush where the record fills the ring."""
@@ -255,17 +253,17 @@ def _token_step_kernel(
         s = slot.to(tl.int64)
         offs_k = tl.arange(0, K)
         tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
-        S0 = tl.load(tile, eviction_policy=LOAD_HINT).to(tl.float32)  # first: the step's one large read
+        S0 = tl.load(tile).to(tl.float32)  # first: the step's one large read
         n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)
         n = tl.where(n + 1 > L, 0, n)
         records = (s * HV + hv) * L
         offs_l = tl.arange(0, LP)
-        u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V, L)
+        u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
         vec = vec_ptr + head * (4 * K) + offs_k
         coef = coef_ptr + head * (2 * LP + 1)
-        kept = offs_l < n  # the terms of records past the commit are never written: selected away (NaN-safe)
-        acc_k = tl.sum(u_j * tl.where(kept, tl.load(coef + offs_l), 0.0)[:, None], axis=0)  # sum_j u_j (w_j . k^)
-        acc_q = tl.sum(u_j * tl.where(kept, tl.load(coef + LP + offs_l), 0.0)[:, None], axis=0)
+        kept = offs_l < n  # the terms of records past the commit are never written
+        acc_k = tl.sum(u_j * tl.load(coef + offs_l, mask=kept, other=0.0)[:, None], axis=0)  # sum_j u_j (w_j . k^)
+        acc_q = tl.sum(u_j * tl.load(coef + LP + offs_l, mask=kept, other=0.0)[:, None], axis=0)
         u = tl.sigmoid(tl.load(b_ptr + head).to(tl.float32)) * (
             tl.load(v_ptr + head * V + offs_v).to(tl.float32) - tl.sum(S0 * tl.load(vec)[None, :], axis=1) - acc_k)
         o = tl.sum(S0 * tl.load(vec + K)[None, :], axis=1) + acc_q + u * tl.load(coef + 2 * LP)
@@ -298,20 +296,18 @@ def replay_tile(V: int, T: int) -> dict[str, int]:
     kernel's at these shapes, and its terms programs (``terms_warps``) one warp
     (``results/h200/replay-tiles/tiles.csv``); a verify's fused programs 64 rows and 2 warps
     (``results/h200/replay-verify-tiles/tiles.csv``)."""
-    tile = {"BV": min(V, 16), "num_warps": 1, "terms_warps": 1, "evict_first": 0} if T == 1 else \
-        {"BV": min(V, 64), "num_warps": 2, "terms_warps": 1, "evict_first": 0}
+    tile = {"BV": min(V, 16), "num_warps": 1, "terms_warps": 1} if T == 1 else \
+        {"BV": min(V, 64), "num_warps": 2, "terms_warps": 1}
     text = os.environ.get(REPLAY_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
         if name not in tile or not value.isdigit():
-            raise ValueError(f"{REPLAY_CONFIG_ENV} items must be BV=, num_warps=, terms_warps= or evict_first=<int>; "
-                             f"got {item!r}")
+            raise ValueError(f"{REPLAY_CONFIG_ENV} items must be BV=, num_warps= or terms_warps=<int>; got {item!r}")
         tile[name] = int(value)
     BV = tile["BV"]
-    if BV < 1 or BV & (BV - 1) or V % BV or not {tile["num_warps"], tile["terms_warps"]} <= {1, 2, 4, 8, 16} \
-            or tile["evict_first"] > 1:
-        raise ValueError(f"{REPLAY_CONFIG_ENV}: BV must be a power of two dividing V={V}, num_warps and "
-                         f"terms_warps each one of 1/2/4/8/16 and evict_first 0 or 1; got {text!r}")
+    if BV < 1 or BV & (BV - 1) or V % BV or not {tile["num_warps"], tile["terms_warps"]} <= {1, 2, 4, 8, 16}:
+        raise ValueError(f"{REPLAY_CONFIG_ENV}: BV must be a power of two dividing V={V} and num_warps and "
+                         f"terms_warps each one of 1/2/4/8/16; got {text!r}")
     return tile
 
 
@@ -342,7 +338,7 @@ def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
         token = functools.partial(
             _token_step_kernel[grid], inputs.v, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots,
             accepted, out, cache.u, cache.kg, cache.length, vec, coef, inputs.slot_stride, **shape, V=inputs.V, BV=BV,
-            **ring, LOAD_HINT=EVICTION_POLICY[tile["evict_first"]], num_warps=tile["num_warps"])
+            **ring, num_warps=tile["num_warps"])
 
         def step():
             terms()
