@@ -86,16 +86,20 @@ def _committed_deltas(u_ptr, records, n, offs_l, offs_v, V: tl.constexpr):
 
 @triton.jit
 def _carried(S0, G, u_ptr, kg_ptr, records, count, dt_bias, A, offs_k, offs_v, K: tl.constexpr, V: tl.constexpr,
-             L2_EPS: tl.constexpr):
+             L: tl.constexpr, L2_EPS: tl.constexpr):
     """``S_0 exp(G) + sum_{j<count} u_j (k^_j exp(G - G_j))^T`` over the first ``count`` records in memory:
-    the state they carry, decayed through ``G``, formed only for a flush (one record a loop step)."""
+    the state they carry, decayed through ``G``, formed only for a flush. Unrolled over the ring (the
+    records from ``count`` on masked off), so that every record's loads can be in flight at once."""
     E = S0 * tl.exp(G)[None, :]
     G_j = tl.zeros([K], dtype=tl.float32)
-    for j in range(0, count):
+    for j in tl.static_range(L):
+        in_k = offs_k * 0 + j < count  # a mask tensor whether count is a runtime value or the constexpr L
         kg_row = kg_ptr + (records + j) * 2 * K
-        G_j += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
-        w_j = _normalised(tl.load(kg_row + offs_k).to(tl.float32), L2_EPS) * tl.exp(G - G_j)
-        E += tl.load(u_ptr + (records + j) * V + offs_v)[:, None] * w_j[None, :]
+        G_j += tl.where(in_k, _log_decay(tl.load(kg_row + K + offs_k, mask=in_k, other=0.0).to(tl.float32), dt_bias,
+                                         A), 0.0)
+        w_j = _normalised(tl.load(kg_row + offs_k, mask=in_k, other=0.0).to(tl.float32), L2_EPS) * tl.exp(G - G_j)
+        u_j = tl.load(u_ptr + (records + j) * V + offs_v, mask=offs_v * 0 + j < count, other=0.0)
+        E += u_j[:, None] * w_j[None, :]
     return E
 
 
@@ -121,7 +125,7 @@ def _flush_first_kernel(
             G = _committed_keys(kg_ptr, records, n, dt_bias, A, tl.arange(0, LP), offs_k, K, L2_EPS)[2]
             tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
             E = _carried(tl.load(tile).to(tl.float32), G, u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V,
-                         L2_EPS)
+                         L, L2_EPS)
             tl.store(tile, E.to(state_ptr.dtype.element_ty))
 
 
@@ -295,7 +299,7 @@ def _token_flush_kernel(
             G = _committed_keys(kg_ptr, records, L, dt_bias, A, tl.arange(0, LP), offs_k, K, L2_EPS)[2]
             tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
             E = _carried(tl.load(tile).to(tl.float32), G, u_ptr, kg_ptr, records, L, dt_bias, A, offs_k, offs_v, K, V,
-                         L2_EPS)
+                         L, L2_EPS)
             tl.store(tile, E.to(state_ptr.dtype.element_ty))
 
 
