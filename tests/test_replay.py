@@ -109,11 +109,8 @@ pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accept
 runtime = dict(slot_stride="i32", scale="fp32")
 shape = dict(HV=32, GROUP=2, K=128, V=128, L=16, LP=16, L2_EPS=1e-6)
 for fn, T, warps in ((r._token_terms_kernel, 1, "terms_warps"), (r._token_step_kernel, 1, "num_warps"),
-                     (r._token_flush_kernel, 1, "flush"), (r._verify_kernel, 4, "num_warps"),
-                     (r._flush_first_kernel, 4, "num_warps")):
-    tile = dict(r.replay_tile(128, T), flush=r.FLUSH_WARPS)
-    if fn is r._token_flush_kernel:
-        tile["BV"] = r.FLUSH_ROWS
+                     (r._verify_kernel, 4, "num_warps"), (r._flush_first_kernel, 4, "num_warps")):
+    tile = r.replay_tile(128, T)
     params = list(inspect.signature(fn.fn).parameters)
     meta = {n: v for n, v in dict(shape, T=T, BV=tile["BV"]).items() if n in params}
     sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
@@ -125,7 +122,7 @@ for fn, T, warps in ((r._token_terms_kernel, 1, "terms_warps"), (r._token_step_k
 
 
 def test_the_replay_kernel_compiles_for_sm90():
-    """Compiled for the H200 at a serving shape and the default tiles, a one-token step's three kernels, a
+    """Compiled for the H200 at a serving shape and the default tiles, a one-token step's two kernels, a
     verify's (T = 4) and the flush first (Triton's own ptxas, no GPU needed): the interpreter accepts what
     the compiler refuses (a plain global read inside a kernel, a loop variable changing shape)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KDA_TRITON_REPLAY_CONFIG")}

@@ -15,11 +15,11 @@ the committed key/gate records newest first (the records past the commit are nev
 ``exp(G') k^``, ``exp(G') q^``, the record terms and ``k^ . q^`` into a small scratch, and writes the
 token's key/gate record at ``n``; a *step* launch, one program per row, head
 and ``BV``-row tile of the state, as the in-place kernel's, streams the checkpoint tile, adds
-``sum_j u_j (w_j . x)`` from the deltas' ``[LP, BV]`` tile, and stores the output and the token's delta
-record; a *flush* launch, where the record filled the ring, forms the tile ``S_0 exp(G_L) + sum_j u_j
-(k^_j exp(G_L - G_j))^T`` over the ``L`` records (a loop over them in memory) and stores it into the
-pool; else the pool is not written. The record work is done once a head, not once a V-tile, and the
-step's programs are as small as the in-place kernel's and hold no flush.
+``sum_j u_j (w_j . x)`` from the deltas' ``[LP, BV]`` tile, stores the output and the token's delta
+record, and where the record fills the ring forms the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T``
+(a loop over the records in memory, on the flush only) and stores it into the pool; else the pool is
+not written. The record work is done once a head, not once a V-tile, and the step's programs are as
+small as the in-place kernel's.
 
 **A verify** (T > 1) is one fused launch: each program of a row, head and V-tile holds the records'
 tiles, then appends each token of the step to them as the record the next token reads (its delta
@@ -49,7 +49,6 @@ from .triton_kda import SOFTPLUS_LINEAR_ABOVE
 
 _LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
 REPLAY_CONFIG_ENV = "KDA_TRITON_REPLAY_CONFIG"
-FLUSH_ROWS, FLUSH_WARPS = 64, 2  # a one-token step's flush programs: a verify's default tile (not tuned apart)
 
 
 @triton.jit
@@ -86,20 +85,16 @@ def _committed_deltas(u_ptr, records, n, offs_l, offs_v, V: tl.constexpr):
 
 @triton.jit
 def _carried(S0, G, u_ptr, kg_ptr, records, count, dt_bias, A, offs_k, offs_v, K: tl.constexpr, V: tl.constexpr,
-             L: tl.constexpr, L2_EPS: tl.constexpr):
+             L2_EPS: tl.constexpr):
     """``S_0 exp(G) + sum_{j<count} u_j (k^_j exp(G - G_j))^T`` over the first ``count`` records in memory:
-    the state they carry, decayed through ``G``, formed only for a flush. Unrolled over the ring (the
-    records from ``count`` on masked off), so that every record's loads can be in flight at once."""
+    the state they carry, decayed through ``G``, formed only for a flush (one record a loop step)."""
     E = S0 * tl.exp(G)[None, :]
     G_j = tl.zeros([K], dtype=tl.float32)
-    for j in tl.static_range(L):
-        in_k = offs_k * 0 + j < count  # a mask tensor whether count is a runtime value or the constexpr L
+    for j in range(0, count):
         kg_row = kg_ptr + (records + j) * 2 * K
-        G_j += tl.where(in_k, _log_decay(tl.load(kg_row + K + offs_k, mask=in_k, other=0.0).to(tl.float32), dt_bias,
-                                         A), 0.0)
-        w_j = _normalised(tl.load(kg_row + offs_k, mask=in_k, other=0.0).to(tl.float32), L2_EPS) * tl.exp(G - G_j)
-        u_j = tl.load(u_ptr + (records + j) * V + offs_v, mask=offs_v * 0 + j < count, other=0.0)
-        E += u_j[:, None] * w_j[None, :]
+        G_j += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
+        w_j = _normalised(tl.load(kg_row + offs_k).to(tl.float32), L2_EPS) * tl.exp(G - G_j)
+        E += tl.load(u_ptr + (records + j) * V + offs_v)[:, None] * w_j[None, :]
     return E
 
 
@@ -125,7 +120,7 @@ def _flush_first_kernel(
             G = _committed_keys(kg_ptr, records, n, dt_bias, A, tl.arange(0, LP), offs_k, K, L2_EPS)[2]
             tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
             E = _carried(tl.load(tile).to(tl.float32), G, u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V,
-                         L, L2_EPS)
+                         L2_EPS)
             tl.store(tile, E.to(state_ptr.dtype.element_ty))
 
 
@@ -193,8 +188,8 @@ def _token_terms_kernel(
     scale, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     L2_EPS: tl.constexpr,
 ):
-    """A one-token step's per-head terms: ``vec`` ``[B * HV, 2, K]`` holds ``exp(G') k^`` and ``exp(G') q^``;
-    ``coef`` ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and
+    """A one-token step's per-head terms: ``vec`` ``[B * HV, 4, K]`` holds ``exp(G') k^``, ``exp(G') q^``,
+    ``k^`` and ``G'``; ``coef`` ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and
     ``k^ . q^``. The records are walked newest first, so that the decay from each to the token,
     ``G' - G_j``, is a running sum of the gates after it: ``[K]`` vectors, each record's three
     reductions within the program (no ``[LP, K]`` tile, no scan across records). The token's key/gate
@@ -227,9 +222,11 @@ def _token_terms_kernel(
             tl.store(coef + LP + n - 1 - back, tl.sum(k_j * decayed * q, axis=0) * norm)
             G += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
         decay = tl.exp(G)  # G is now G': the records' decay and this token's
-        vec = vec_ptr + pid * (2 * K) + offs_k
+        vec = vec_ptr + pid * (4 * K) + offs_k
         tl.store(vec, decay * k)
         tl.store(vec + K, decay * q)
+        tl.store(vec + 2 * K, k)
+        tl.store(vec + 3 * K, G)
         tl.store(coef + 2 * LP, tl.sum(k * q, axis=0))
         at = records + n
         tl.store(kg_ptr + at * 2 * K + offs_k, k_raw)
@@ -238,12 +235,12 @@ def _token_terms_kernel(
 
 @triton.jit
 def _token_step_kernel(
-    v_ptr, b_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr, u_ptr, length_ptr, vec_ptr, coef_ptr, slot_stride,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+    v_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr, u_ptr, kg_ptr, length_ptr,
+    vec_ptr, coef_ptr, slot_stride, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr,
 ):
-    """A one-token step's outputs and delta records from the checkpoint tile and the per-head terms. The
-    flush is a launch of its own (:func:`_token_flush_kernel`): in this one its ``[BV, K]`` tile and record
-    loop would hold registers in every program, for the one in ``L`` that flushes."""
+    """A one-token step's outputs and delta records from the checkpoint tile and the per-head terms; the
+    flush where the record fills the ring."""
     pid = tl.program_id(0)
     head = pid // (V // BV)  # row * HV + hv
     row = (head // HV).to(tl.int64)
@@ -262,7 +259,7 @@ def _token_step_kernel(
         records = (s * HV + hv) * L
         offs_l = tl.arange(0, LP)
         u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
-        vec = vec_ptr + head * (2 * K) + offs_k
+        vec = vec_ptr + head * (4 * K) + offs_k
         coef = coef_ptr + head * (2 * LP + 1)
         kept = offs_l < n  # the terms of records past the commit are never written
         acc_k = tl.sum(u_j * tl.load(coef + offs_l, mask=kept, other=0.0)[:, None], axis=0)  # sum_j u_j (w_j . k^)
@@ -272,35 +269,11 @@ def _token_step_kernel(
         o = tl.sum(S0 * tl.load(vec + K)[None, :], axis=1) + acc_q + u * tl.load(coef + 2 * LP)
         tl.store(out_ptr + head * V + offs_v, o.to(out_ptr.dtype.element_ty))
         tl.store(u_ptr + (records + n) * V + offs_v, u)
-
-
-@triton.jit
-def _token_flush_kernel(
-    A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, u_ptr, kg_ptr, length_ptr, slot_stride,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
-    L2_EPS: tl.constexpr,
-):
-    """After a one-token step, the flush of each row whose record filled the ring: the state its ``L``
-    records carry from the checkpoint (the step's own the last), stored into the pool."""
-    pid = tl.program_id(0)
-    row = (pid // (V // BV) // HV).to(tl.int64)
-    hv = (pid // (V // BV)) % HV
-    slot = tl.load(slots_ptr + row)
-    if slot >= 0:
-        s = slot.to(tl.int64)
-        n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)
-        n = tl.where(n + 1 > L, 0, n)  # as the step: after a flush first the ring is empty
-        if n + 1 == L:
-            offs_k = tl.arange(0, K)
-            offs_v = (pid % (V // BV)) * BV + tl.arange(0, BV)
+        if n + 1 == L:  # the record fills the ring: the flush forms the new effective state's tile
             dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
             A = tl.exp(tl.load(A_log_ptr + hv))
-            records = (s * HV + hv) * L
-            G = _committed_keys(kg_ptr, records, L, dt_bias, A, tl.arange(0, LP), offs_k, K, L2_EPS)[2]
-            tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
-            E = _carried(tl.load(tile).to(tl.float32), G, u_ptr, kg_ptr, records, L, dt_bias, A, offs_k, offs_v, K, V,
-                         L, L2_EPS)
-            tl.store(tile, E.to(state_ptr.dtype.element_ty))
+            E = _carried(S0, tl.load(vec + 3 * K), u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V, L2_EPS)
+            tl.store(tile, (E + u[:, None] * tl.load(vec + 2 * K)[None, :]).to(state_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -356,26 +329,20 @@ def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
                                     num_warps=tile["num_warps"])
     if T == 1:
         # NaN-filled once: a term read that no launch wrote would poison the output, not pass unseen
-        vec = torch.full((heads, 2, inputs.K), float("nan"), device=inputs.device)
+        vec = torch.full((heads, 4, inputs.K), float("nan"), device=inputs.device)
         coef = torch.full((heads, 2 * ring["LP"] + 1), float("nan"), device=inputs.device)
         terms = functools.partial(
             _token_terms_kernel[(heads,)], inputs.q, inputs.k, inputs.a, inputs.A_log, inputs.dt_bias, inputs.slots,
             accepted, cache.kg, cache.length, vec, coef, inputs.effective_scale, **shape, GROUP=inputs.HV // inputs.H,
             **ring, num_warps=tile["terms_warps"])
         token = functools.partial(
-            _token_step_kernel[grid], inputs.v, inputs.b, inputs.state, inputs.slots, accepted, out, cache.u,
-            cache.length, vec, coef, inputs.slot_stride, **shape, V=inputs.V, BV=BV, L=cache.L, LP=ring["LP"],
-            num_warps=tile["num_warps"])
-        # one program in L does any work: few, wide programs, so that the others cost little to launch
-        flush_BV = min(inputs.V, FLUSH_ROWS)
-        flush = functools.partial(
-            _token_flush_kernel[(heads * (inputs.V // flush_BV),)], *flush_args, **shape, V=inputs.V, BV=flush_BV,
-            **ring, num_warps=FLUSH_WARPS)
+            _token_step_kernel[grid], inputs.v, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots,
+            accepted, out, cache.u, cache.kg, cache.length, vec, coef, inputs.slot_stride, **shape, V=inputs.V, BV=BV,
+            **ring, num_warps=tile["num_warps"])
 
         def step():
             terms()
             token()
-            flush()
     else:
         step = functools.partial(
             _verify_kernel[grid], inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias,
