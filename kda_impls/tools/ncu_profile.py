@@ -1,6 +1,7 @@
 """Nsight Compute counters of the Triton KDA decode kernel, beside a device-to-device copy of the
-same bytes (where the time goes when the kernel misses the copy bandwidth) and beside FlashInfer's
-call at B = 1 (where its step is shorter: its launch shape, registers and stalls against ours).
+same bytes (where the time goes when the kernel misses the copy bandwidth), beside FlashInfer's
+call at B = 1 (where its step is shorter: its launch shape, registers and stalls against ours), and of
+its one-token replay step's launches (where replay misses its target).
 
     python3 scripts/ncu_profile.py --out DIR                    # our kernel's cases of CASES, under ncu
     python3 scripts/ncu_profile.py --cases bf16-B1-table,bf16-B1-flashinfer --out DIR   # FlashInfer needs its package
