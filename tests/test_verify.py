@@ -656,9 +656,9 @@ def drawn(x):
 
 
 @pytest.mark.parametrize("kw", [
-    dict(), dict(T=2, checkpoints="last"), dict(T=3, update_state=False), dict(ring=3),
+    dict(), dict(T=2), dict(T=2, checkpoints="last"), dict(T=3, update_state=False), dict(ring=3),
     dict(state_dtype=torch.float32, dtype=torch.float32), dict(B=1, pad_rows=1, n_slots=1, T=2, update_state=False),
-], ids=["inplace", "T2-last", "frozen", "replay", "fp32", "frozen-all-padding"])
+], ids=["inplace", "T2-all", "T2-last", "frozen", "replay", "fp32", "frozen-all-padding"])
 def test_everything_is_allocated_on_the_inputs_device_whatever_torchs_defaults(foreign_defaults, kw):
     """Drawing the inputs (the same values), binding, the reference and every step of verify keep to
     the inputs' device and their own dtypes."""
