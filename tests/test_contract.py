@@ -269,21 +269,25 @@ def test_out_buffer_alignment():
     Strict().bind(x, out=aligned[:-8].view(4, 2, 16))  # aligned: accepted
 
 
-@pytest.mark.parametrize("alias", ["v", "q", "state", "a"])
+@pytest.mark.parametrize("alias", ["v", "q", "state", "state-tail", "a", "cache.kg"])
 def test_out_aliasing_an_input_is_refused_before_anything_runs(alias):
     """The launcher writes out while it reads every input: out sharing memory with one (the pool, v, q,
-    ...) would race. Each is refused in one line naming it, nothing modified."""
-    x = inputs(H=2, HV=2, K=16, V=16)
+    the replay cache, ...) would race. Each is refused in one line naming it, nothing modified."""
+    # 64 elements of padding a slot: the pool's span reaches past its slots' N * HV * V * K elements
+    x = inputs(H=2, HV=2, K=16, V=16, slot_pad=64, ring=2 if alias == "cache.kg" else None)
     n = 4 * 2 * 16
     out = {"v": lambda: x.v,  # the same tensor
            "q": lambda: x.q,  # q [B, H, K] has out's shape where H == HV and K == V
            "state": lambda: x.pool_span()[x.slot_stride + 3:x.slot_stride + 3 + n].view(4, 2, 16),  # inside a slot
-           "a": lambda: x.a}[alias]()  # a [B, HV, K] too
+           "state-tail": lambda: x.pool_span()[-n:].view(4, 2, 16),  # the last slot's end
+           "a": lambda: x.a,  # a [B, HV, K] too
+           "cache.kg": lambda: x.cache.kg.flatten()[:n].view(4, 2, 16)}[alias]()  # the records, in v's dtype
+    assert alias != "state-tail" or out.data_ptr() >= x.state.data_ptr() + x.state.nbytes
     before = {name: t.clone() for name, t in x.tensors().items()}
     pool = x.pool_span().clone()
     with pytest.raises(ContractError) as err:
         get("naive").bind(x, out=out)
-    what = "the state pool" if alias == "state" else alias
+    what = "the state pool" if alias.startswith("state") else alias
     assert err.value.rule == "out-alias"
     assert re.fullmatch(rf"naive out must not overlap any input; got out \(bytes 0x[0-9a-f]+-0x[0-9a-f]+\) "
                         rf"overlapping {what} \(bytes 0x[0-9a-f]+-0x[0-9a-f]+\)", str(err.value)), str(err.value)
@@ -291,15 +295,17 @@ def test_out_aliasing_an_input_is_refused_before_anything_runs(alias):
     assert torch.equal(x.pool_span().view(torch.int16), pool.view(torch.int16))
 
 
-def test_out_next_to_an_input_in_one_buffer_is_accepted():
-    """Disjoint views of one allocation do not alias: only overlapping bytes are refused."""
+@pytest.mark.parametrize("out_first", [False, True])
+def test_out_next_to_an_input_in_one_buffer_is_accepted(out_first):
+    """Disjoint views of one allocation do not alias, in either order: only overlapping bytes are refused."""
     x = inputs(H=2, HV=2, K=16, V=16)
     n = 4 * 2 * 16
     buffer = torch.empty(2 * n, dtype=torch.bfloat16)
-    buffer[:n] = x.v.flatten()
-    x.v = buffer[:n].view(4, 2, 16)
-    out = get("naive").bind(x, out=buffer[n:].view(4, 2, 16))()
-    assert out.data_ptr() == buffer[n:].data_ptr() and not torch.isnan(out).any()
+    v, out = (buffer[n:], buffer[:n]) if out_first else (buffer[:n], buffer[n:])
+    v.copy_(x.v.flatten())
+    x.v = v.view(4, 2, 16)
+    assert get("naive").bind(x, out=out.view(4, 2, 16))().data_ptr() == out.data_ptr()
+    assert not torch.isnan(out).any()
 
 
 def test_capabilities_describe_themselves():
