@@ -386,6 +386,24 @@ def test_decode_allocates_the_output():
     assert rel_err(out, ref_out) < 1e-2
 
 
+def test_a_gpu_under_the_minimum_compute_capability_is_named_with_both(monkeypatch):
+    """On the CPU too: the GPU's capability (here a stand-in's, per device) against the minimum."""
+    seen = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: seen.append(device) or (8, 6))
+
+    class Needs(NaiveTorch):
+        name = "needs-cc"
+
+        def __init__(self, minimum):
+            self.capabilities = Capabilities(min_compute_capability=minimum)
+
+    gpu = torch.device("cuda", 1)
+    assert Needs((9, 0)).unsupported_on(gpu) == "needs compute capability >= 9.0; this GPU is 8.6"
+    assert Needs((8, 6)).unsupported_on(gpu) is None and Needs((8, 0)).unsupported_on(gpu) is None
+    assert seen == [gpu] * 3
+    assert Needs((9, 0)).unsupported_on(torch.device("cpu")) is None and len(seen) == 3  # no GPU asked
+
+
 @pytest.mark.gpu
 def test_minimum_compute_capability_on_gpu():
     x = make_inputs(2, 1, 1, 16, 16, device="cuda", seed=1)
