@@ -140,7 +140,8 @@ def frozen(**changes):
 
 @pytest.mark.parametrize("x, rule, message", [
     (lambda: frozen(num_accepted=torch.ones(3, dtype=torch.int32)), "num-accepted",
-     "num_accepted must be None when update_state=False"),
+     r"num_accepted must be None when update_state=False \(frozen verify starts row i from slots\[i\] and stores "
+     r"nothing\); got a tensor of shape \(3,\)$"),
     (lambda: frozen(slots=torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)), "rank",
      r"slots must be 1-D \[B\] \(update_state=False: row i reads slot slots\[i\]"),
     (lambda: frozen(slots=torch.tensor([0, 1], dtype=torch.int32)), "shape", r"slots shape must be \(3,\)"),

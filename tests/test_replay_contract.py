@@ -31,8 +31,9 @@ def lengths(*values):
 
 
 @pytest.mark.parametrize("x, rule, message", [
-    (lambda: replay(cache="ring"), "cache", "cache must be a kda_impls.ReplayCache"),
-    (lambda: replay(update_state=False), "update-state", "update_state must be True with a cache"),
+    (lambda: replay(cache="ring"), "cache", r"cache must be a kda_impls.ReplayCache \(replay\) or None; got str$"),
+    (lambda: replay(update_state=False), "update-state",
+     r"update_state must be True with a cache \(a replay step writes its records\); got False$"),
     (lambda: replay(slots=torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32)), "rank",
      r"slots must be 1-D \[B\] \(replay: row i's state is slot slots\[i\]'s\)"),
     (lambda: replay(cache=ReplayCache.empty(7, 4, 1, 2, 16, 8)), "cache-shape",

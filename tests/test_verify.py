@@ -673,6 +673,7 @@ def test_everything_is_allocated_on_the_inputs_device_whatever_torchs_defaults(f
     for name, t in got.items():
         if isinstance(t, torch.Tensor):
             assert t.device.type == "cpu" and t.dtype == expected[name].dtype and torch.equal(t, expected[name]), name
+    assert NaiveTorch().bind(x.clone())().device.type == "cpu"  # the output bind allocates
     verdict = verify(NaiveTorch(), x)
     assert verdict.ok and verdict.steps == default_steps(x), verdict
     assert x.cache is None or effective_state(x).device.type == "cpu"
