@@ -418,3 +418,14 @@ def test_minimum_compute_capability_on_gpu():
     assert Needs(cc).unsupported(x) is None
     assert Needs((cc[0] + 1, 0)).unsupported(x) == \
         "needs compute capability >= %d.0; this GPU is %d.%d" % (cc[0] + 1, *cc)
+
+
+def test_a_shape_refusal_names_the_dimensions_most_inputs_agree_on():
+    """The whole line: the tensor blamed, the shape it must have and each agreed dimension by name."""
+    x = inputs(T=2)
+    x.q = x.q[..., :8]
+    with pytest.raises(ContractError) as err:
+        get("naive").check(x)
+    assert err.value.rule == "shape"
+    assert str(err.value) == ("naive q shape must be (4, 2, 2, 16) ([B, T, H, K] with B=4, T=2, H=2, HV=2, K=16, "
+                              "V=16, as most inputs agree); got (4, 2, 2, 8)")
