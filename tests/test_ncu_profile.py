@@ -33,7 +33,6 @@ def test_every_case_names_a_registered_implementation_and_the_default_runs_ours_
         if config not in (None, "copy", "replay"):
             assert impl == "triton"
             TileConfig.parse(config, TileConfig(BV=D))
-    assert ncu_profile.REPLAY_RING > ncu_profile.WARMUP + 1  # a replay case profiles a step without its flush
     default = ncu_profile.arguments().parse_args([]).cases.split(",")
     assert {ncu_profile.CASES[name][0] for name in default} == {"triton"}
     assert {"bf16-B256-table", "bf16-B256-copy"} <= set(default) and "bf16-B1-flashinfer" in ncu_profile.CASES

@@ -39,8 +39,8 @@ from kda_impls.impls.triton_kda import TileConfig, TritonKDA
 from kda_impls.registry import get
 
 # name: (implementation, state dtype, HV, K=V, B, T, forced tile config of our kernel, or None for the
-# table's choice (another implementation: its own call), "copy", or "replay": a one-token replay step,
-# ring REPLAY_RING, the profiled launch one that does not flush)
+# table's choice (another implementation: its own call), "copy", or "replay": a one-token replay step on a
+# ring of REPLAY_RING with random lengths, so that about one row in REPLAY_RING flushes at the profiled launch)
 CASES = {
     "bf16-B256-table": ("triton", "bfloat16", 32, 128, 256, 1, None),
     "bf16-B256-BV8": ("triton", "bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1"),
@@ -82,7 +82,7 @@ SUMMARY = {
     "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio": "stall: not selected",
 }
 WARMUP = 3
-REPLAY_RING = 16  # > WARMUP + 1: no launch of a replay case flushes
+REPLAY_RING = 16  # the replay preset's ring
 RANGE = "kda-profiled"  # the NVTX range around the profiled launch
 NCU_GLOB = "/opt/nvidia/nsight-compute/*/ncu"  # where the H200 image keeps it when it is not on the PATH
 
