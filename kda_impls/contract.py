@@ -183,31 +183,27 @@ class Implementation:
         layouts = _PER_TOKEN_LAYOUTS if per_token else _ONE_TOKEN_LAYOUTS
         if x.one_slot_per_row:
             layouts = {**layouts, "slots": ("B",)}
-        for name, layout in {**layouts, "state": ("N", "HV", "V", "K")}.items():
-            t = getattr(x, name)
+        expected = {**layouts, "A_log": ("HV",), "state": ("N", "HV", "V", "K")}
+        if x.num_accepted is not None:
+            expected["num_accepted"] = ("B",)
+        for name in (*layouts, "state"):
+            t, layout = getattr(x, name), expected[name]
             if t.dim() != len(layout):
                 mode = "replay: row i's state is slot slots[i]'s" if x.replay else \
                     "update_state=False: row i reads slot slots[i], nothing is stored"
                 frozen = f" ({mode})" if name == "slots" and x.one_slot_per_row else ""
                 self._fail("rank", f"{name} must be {len(layout)}-D {_spell(layout)}{frozen}; got shape "
                                    f"{tuple(t.shape)}")
-        carriers = {**layouts, "A_log": ("HV",), "state": ("N", "HV", "V", "K")}
-        if x.dt_bias.dim() == 2:
-            carriers["dt_bias"] = ("HV", "K")
-        if x.num_accepted is not None and x.num_accepted.dim() == 1:
-            carriers["num_accepted"] = ("B",)
+        # Every tensor of the right rank votes; dt_bias as [HV, K] (its flat [HV*K] is checked below).
         votes: dict[str, list[int]] = {}
-        for name, layout in carriers.items():
+        for name, layout in {**expected, "dt_bias": ("HV", "K")}.items():
             t = getattr(x, name)
             if t.dim() == len(layout):
-                for dim, size in zip(layout, t.shape, strict=True):
-                    votes.setdefault(dim, []).append(size)
+                for i, dim in enumerate(layout):
+                    votes.setdefault(dim, []).append(t.shape[i])
         # most common first; a tie goes to the tensor listed first (q before k, v before state)
         dims = {dim: Counter(sizes).most_common(1)[0][0] for dim, sizes in votes.items()}
         agreed = ", ".join(f"{d}={dims[d]}" for d in ("B", "T", "H", "HV", "K", "V") if d in dims)
-        expected = {**layouts, "A_log": ("HV",), "state": ("N", "HV", "V", "K")}
-        if x.num_accepted is not None:
-            expected["num_accepted"] = ("B",)
         for name, layout in expected.items():
             got = tuple(getattr(x, name).shape)
             shape = tuple(dims[d] for d in layout)
