@@ -28,7 +28,7 @@ from .timing import timed_pass
 Launcher = Callable[[], object]
 
 
-def _kernels(run: Callable[[], None], device: torch.device) -> list[tuple[float, float, str]]:
+def kernel_trace(run: Callable[[], None], device: torch.device) -> list[tuple[float, float, str]]:
     """(start us, duration us, name) of every GPU kernel ``run`` launches, in start order."""
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -48,7 +48,7 @@ def kernels_of(run: Callable[[], None], device) -> int:
     device = torch.device(device)
     with torch.cuda.device(device):
         run()
-        return len(_kernels(run, device))
+        return len(kernel_trace(run, device))
 
 
 def step_durations(launchers: Sequence[Launcher], device, calls: int = 40,
@@ -70,7 +70,7 @@ def step_durations(launchers: Sequence[Launcher], device, calls: int = 40,
     with torch.cuda.device(device):
         for launch in launchers:  # warm: compilation, autotuning, lazy workspaces
             launch()
-        kernels = _kernels(run, device)
+        kernels = kernel_trace(run, device)
     per_call, rest = divmod(len(kernels), calls)
     per_step = per_call - before_kernels
     if rest or per_step < 1:
@@ -103,7 +103,7 @@ def replay_durations(launchers: Sequence[Launcher], device, before: Callable[[],
     device = torch.device(device)
     with torch.cuda.device(device):
         run, calls, method, _ = timed_pass(list(launchers), device, before)
-        kernels = _kernels(lambda: [run() for _ in range(replays)], device)
+        kernels = kernel_trace(lambda: [run() for _ in range(replays)], device)
     per_call, rest = divmod(len(kernels), calls * replays)
     per_step = per_call - before_kernels
     if rest or per_step < 1:
@@ -124,6 +124,6 @@ def op_busy(op: Callable[[], None], device, calls: int = 40) -> float:
     device = torch.device(device)
     with torch.cuda.device(device):
         op()
-        kernels = _kernels(lambda: [op() for _ in range(calls)], device)
+        kernels = kernel_trace(lambda: [op() for _ in range(calls)], device)
     per_op = len(kernels) // calls
     return float(np.median([sum(d for _, d, _ in kernels[i * per_op:(i + 1) * per_op]) for i in range(1, calls)]))

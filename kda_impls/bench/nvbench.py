@@ -34,6 +34,7 @@ import pandas as pd
 from .config import CONFIG_COLUMNS
 from .eager import held_call_time
 from .l2 import as_device
+from .sample_trace import HARNESS_HOLDER, NVBENCH_HOLDER, traced
 from .timing import Budget, Launcher, kernel_time
 
 # nvbench's summary tags (nvbench/json_printer.cu, detail/measure_cold.cu) -> our columns; times in seconds
@@ -79,6 +80,7 @@ class Bound:
 
     launcher: Launcher
     harness: Callable[[], dict]
+    flushed_eager: Callable[[], object]  # the harness's flushed eager timer of it alone, for a sample trace
 
 
 @dataclass
@@ -143,7 +145,8 @@ def row_job(name: str, row: dict, device, seed: int, entry: str, budget: Budget)
             return reason
         launcher = impl.bind(inputs)
         entries = dict(zip(HARNESS_COLUMNS, (entry, "dirty"), strict=True))
-        return Bound(launcher, lambda: harness_times(inputs, launcher, impl.bind, device, budget, entries))
+        return Bound(launcher, lambda: harness_times(inputs, launcher, impl.bind, device, budget, entries),
+                     lambda: held_call_time(inputs, launcher, impl.bind, device, budget, "dirty"))
 
     # the whole step's bytes as reads: nvbench adds reads and writes up for its bandwidth
     return Job(name, setup, int(row["bytes"]), 0)
@@ -165,18 +168,22 @@ def copy_job(name: str, nbytes: int, device, harness: Budget | None = None) -> J
             return dst.copy_(src)
 
         if harness is None:
-            return Bound(launcher, dict)
-        return Bound(launcher, lambda: harness_times(_Buffers(src, dst), launcher, None, device, harness,
-                                                     {"harness_us": "hot"}))
+            return Bound(launcher, dict, dict)
+        buffers = _Buffers(src, dst)
+        return Bound(launcher, lambda: harness_times(buffers, launcher, None, device, harness, {"harness_us": "hot"}),
+                     lambda: held_call_time(buffers, launcher, None, device, harness, "dirty"))
 
     return Job(name, setup, half, half)
 
 
-def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], batched: bool = False
-             ) -> pd.DataFrame:
+def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], batched: bool = False,
+             trace: bool = False) -> pd.DataFrame:
     """Register every job with nvbench and run them all (nvbench runs its registry once per process),
     its JSON written to ``json_path``; ``nvbench_args`` go to nvbench's own command line. Returns the
-    harness's times of each job (a ``name`` column and its ``harness()`` columns)."""
+    harness's times of each job (a ``name`` column and its ``harness()`` columns). With ``trace``, nvbench's
+    samples and the harness's flushed eager ones of each timed job run under CUPTI too
+    (:mod:`.sample_trace`: ``trace_nvbench_*`` and ``trace_eager_*`` columns); the profiler's own cost
+    is then in nvbench's times, so a traced run is for the timelines, not for the report's ratios."""
     import torch
 
     bench = import_bench()
@@ -211,7 +218,17 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
             with torch.cuda.stream(on(nvbench_launch.get_stream())):
                 launcher()
 
-        state.exec(launch, batched=batched)
+        timed = harness[-1] if harness and harness[-1]["name"] == job.name else {}
+        if not trace or KERNELS_COLUMN not in timed:  # a copy: nvbench's roofline, no harness to trace beside
+            state.exec(launch, batched=batched)
+            return
+        per_call = int(timed[KERNELS_COLUMN])
+        try:
+            timed |= traced(lambda: state.exec(launch, batched=batched), device, NVBENCH_HOLDER, per_call,
+                            "trace_nvbench")
+            timed |= traced(bound.flushed_eager, device, HARNESS_HOLDER, per_call, "trace_eager")
+        except RuntimeError as exc:  # a trace that does not split into samples: said in the row, the rest goes on
+            timed["trace_error"] = str(exc)
 
     def benchmark_of(job: Job):
         def benchmark(state) -> None:

@@ -145,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", action="store_true",
                         help="also run nvbench's batch measurement (launches back to back, no flush; with Python "
                              "launches the GPU waits on the host, so not a kernel time for microsecond kernels)")
+    parser.add_argument("--trace", action="store_true",
+                        help="also trace every sample of nvbench's and of the harness's flushed eager timer under "
+                             "CUPTI (the lead from the hold's release, kernels, gaps: OUT/crosscheck.md's sample "
+                             "timelines); the profiler's cost is then in nvbench's times")
     parser.add_argument("--nvbench", default="", help="more arguments for nvbench's own command line, quoted")
     args = parser.parse_args(argv)
     out = args.out
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"max-noise": args.max_noise, "min-time": args.min_time, "timeout": args.timeout}
     started = time.perf_counter()
     harness = run_jobs(jobs, out / "nvbench.json", device, nvbench_argv(settings, shlex.split(args.nvbench)),
-                       batched=args.batch)
+                       batched=args.batch, trace=args.trace)
     table = compare(pd.concat([empty, rows, copies], ignore_index=True), summaries(out / "nvbench.json"), harness)
     with_causes(table, settings).to_csv(out / "crosscheck.csv", index=False)
     _gzip(out / "nvbench.json")
@@ -201,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = environment(device, out, shlex.join(sys.argv)) | {
         "versions": _versions(), "impls": {name: _impl_versions(name) for name in sorted(rows.impl.unique())},
-        "nvbench": settings | {"batch": args.batch, "extra": args.nvbench},
+        "nvbench": settings | {"batch": args.batch, "trace": args.trace, "extra": args.nvbench},
         "harness": {source: {"entry": entry, "kernel": asdict(budget)} for source, (entry, budget) in methods.items()},
         "wall_s": round(time.perf_counter() - started, 1), "agreement": AGREEMENT,
         "copy_gbps": copy_bandwidth(device) / 1e9,

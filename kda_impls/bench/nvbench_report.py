@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .config import CONFIG_COLUMNS
+from .sample_trace import PARTS
 
 AGREEMENT = 0.03  # |harness / nvbench - 1|, as for the CUPTI cross-check
 SETTLED_B = 16  # batches from which the fixed per-sample overhead is a small share of the time
@@ -151,6 +152,22 @@ def _tally(rows: pd.DataFrame) -> str:
     return f"{within} of {len(rows)} within {AGREEMENT:.0%}; the others: {named}"
 
 
+def _trace_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per traced row (``--trace``): nvbench's and the flushed eager timer's sample parts (:mod:`.sample_trace`)
+    and where their difference lies: in the lead, the kernels, the gaps, or outside the trace (``unseen_us``:
+    the events' own time less the traced lead and span)."""
+    traced = table.dropna(subset=["trace_nvbench_span_us", "trace_eager_span_us"])
+    out = traced.assign(impl=traced.impl.fillna(traced.name))[["impl", "state_dtype", "HV", "K", "B",
+                                                                "kernels_per_call"]]
+    out["nvbench_minus_eager_us"] = traced.nvbench_us - traced.harness_eager_flushed_us
+    for part in PARTS:
+        out[f"nvbench_{part}"] = traced[f"trace_nvbench_{part}"]
+        out[f"{part.removesuffix('_us')}_diff_us"] = traced[f"trace_nvbench_{part}"] - traced[f"trace_eager_{part}"]
+    seen = {c: traced[f"trace_{c}_lead_us"] + traced[f"trace_{c}_span_us"] for c in ("nvbench", "eager")}
+    out["unseen_diff_us"] = (traced.nvbench_us - seen["nvbench"]) - (traced.harness_eager_flushed_us - seen["eager"])
+    return out.drop(columns=["nvbench_span_us", "span_diff_us"])
+
+
 def report(table: pd.DataFrame, meta: dict) -> str:
     """crosscheck.md from the cross-check table (:func:`.nvbench.compare`) and the run's meta.json."""
     settings = meta.get("nvbench", {})
@@ -215,6 +232,13 @@ def report(table: pd.DataFrame, meta: dict) -> str:
                      f"{meta.get('copy_gbps', float('nan')):,.4g} GB/s.\n\n" + _markdown(copies[
                          ["bytes", "nvbench_us", "nvbench_noise", "nvbench_copy_gbps"]].sort_values("bytes"),
                          index=False))
+    if "trace_nvbench_span_us" in table and table.trace_nvbench_span_us.notna().any():
+        parts.append("## Inside the samples (CUPTI)\n\nEach sample of nvbench's cold measurement and of the "
+                     "harness's flushed eager timer traced (`--trace`): lead: from the hold's release to the call's "
+                     "first kernel; busy: its kernels' durations; gap: idle between them; span: first start to last "
+                     "end; unseen: each clock's time less its traced lead and span (the events' own). Medians over "
+                     "the samples; a *_diff is nvbench's less the eager timer's. The profiler's own cost is in both "
+                     "clocks here.\n\n" + _markdown(_trace_table(table), index=False))
     errors = table[table.error.notna()] if "error" in table else table.iloc[:0]
     if not errors.empty:
         parts.append("## Not timed\n\n" + _markdown(errors[["name", "error"]], index=False))

@@ -1,0 +1,58 @@
+"""What a held sample spends its GPU time on, from a CUPTI trace taken inside the sample loop of a clock
+that times one launch between events while a holder kernel keeps the stream: nvbench's cold measurement
+(its ``block_stream`` kernel) and the harness's eager timer (:func:`.eager.held_call_time`, torch's
+``spin_kernel``). Each sample is the holder and then the call's kernels (the flush before nvbench's
+hold is a memset, not a kernel). Per sample: ``lead_us`` from the holder's end (the release) to the
+call's first kernel, ``busy_us`` the call's kernels' summed durations, ``gap_us`` the idle time between
+them, ``span_us`` first start to last end, ``kernel<j>_us`` each kernel's duration. Events are not in
+the trace: what runs from the start event to the release and from the last kernel to the end event is
+not seen.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+NVBENCH_HOLDER = "block_stream"  # nvbench/blocking_kernel.cu
+HARNESS_HOLDER = "spin_kernel"  # torch.cuda._sleep (aten/src/ATen/cuda/Sleep.cu)
+PARTS = ("lead_us", "busy_us", "gap_us", "span_us")
+
+Kernel = tuple[float, float, str]  # (start us, duration us, name), as cupti._kernels gives them
+
+
+def held_samples(kernels: list[Kernel], holder: str, per_call: int) -> pd.DataFrame:
+    """One row per sample in ``kernels`` (start order): a kernel whose name holds ``holder`` followed by
+    ``per_call`` kernels none of which is a holder. Raises RuntimeError, naming the kernels seen, when
+    no sample is found (a holder renamed, a wrong ``per_call``)."""
+    rows = []
+    for i, (start, duration, name) in enumerate(kernels):
+        call = kernels[i + 1:i + 1 + per_call]
+        if holder not in name or len(call) < per_call or any(holder in n for _, _, n in call):
+            continue
+        busy = sum(d for _, d, _ in call)
+        span = call[-1][0] - call[0][0] + call[-1][1]  # starts subtracted first: they are large numbers
+        rows.append({"lead_us": call[0][0] - start - duration, "busy_us": busy, "gap_us": span - busy,
+                     "span_us": span, **{f"kernel{j}_us": d for j, (_, d, _) in enumerate(call)}})
+    if not rows:
+        names = sorted({n for _, _, n in kernels})[:8]
+        raise RuntimeError(f"no sample of a '{holder}' kernel then {per_call} others in a trace of "
+                           f"{len(kernels)} kernels ({', '.join(names) or 'none'})")
+    return pd.DataFrame(rows)
+
+
+def medians(samples: pd.DataFrame, prefix: str) -> dict:
+    """``{prefix}_<part>``: each part's median over the samples, and ``{prefix}_samples``."""
+    return {f"{prefix}_{part}": float(np.median(samples[part])) for part in samples} | {
+        f"{prefix}_samples": len(samples)}
+
+
+def traced(run: Callable[[], object], device, holder: str, per_call: int, prefix: str) -> dict:
+    """``run`` under the profiler (CUDA kernels), its held samples' medians (:func:`medians`)."""
+    import torch
+
+    from .cupti import kernel_trace
+
+    return medians(held_samples(kernel_trace(run, torch.device(device)), holder, per_call), prefix)
