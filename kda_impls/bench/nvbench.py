@@ -219,7 +219,8 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
                 launcher()
 
         timed = harness[-1] if harness and harness[-1]["name"] == job.name else {}
-        if not trace or KERNELS_COLUMN not in timed:  # a copy: nvbench's roofline, no harness to trace beside
+        # a copy: nvbench's roofline, no harness beside it; the empty launch: a memcpy, no kernel to trace
+        if not trace or timed.get(KERNELS_COLUMN, 0) < 1:
             state.exec(launch, batched=batched)
             return
         per_call = int(timed[KERNELS_COLUMN])

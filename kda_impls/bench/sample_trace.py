@@ -1,12 +1,13 @@
 """What a held sample spends its GPU time on, from a CUPTI trace taken inside the sample loop of a clock
 that times one launch between events while a holder kernel keeps the stream: nvbench's cold measurement
 (its ``block_stream`` kernel) and the harness's eager timer (:func:`.eager.held_call_time`, torch's
-``spin_kernel``). Each sample is the holder and then the call's kernels (the flush before nvbench's
-hold is a memset, not a kernel). Per sample: ``lead_us`` from the holder's end (the release) to the
-call's first kernel, ``busy_us`` the call's kernels' summed durations, ``gap_us`` the idle time between
-them, ``span_us`` first start to last end, ``kernel<j>_us`` each kernel's duration. Events are not in
-the trace: what runs from the start event to the release and from the last kernel to the end event is
-not seen.
+``spin_kernel``). Each sample is the holder, nvbench's clock-rate probe (a timestamp kernel before its
+start event), then the call's kernels; the flush before nvbench's hold is a memset, not a kernel.
+Per sample: ``lead_us`` from the end of the last of those (the release, or the probe after it) through
+the start event to the call's first kernel, ``busy_us`` the call's kernels' summed durations,
+``gap_us`` the idle time between them, ``span_us`` first start to last end, ``kernel<j>_us`` each
+kernel's duration. Events are not in the trace: the time from the last kernel to the end event is not
+seen.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import numpy as np
 import pandas as pd
 
 NVBENCH_HOLDER = "block_stream"  # nvbench/blocking_kernel.cu
+# nvbench's clock-rate probes (detail/timestamps_kernel.cu) around its events, inside the hold: its clock, not the call
+CLOCK_KERNELS = ("get_timestamps_kernel",)
 HARNESS_HOLDER = "spin_kernel"  # torch.cuda._sleep (aten/src/ATen/cuda/Sleep.cu)
 PARTS = ("lead_us", "busy_us", "gap_us", "span_us")
 
@@ -24,17 +27,25 @@ Kernel = tuple[float, float, str]  # (start us, duration us, name), as cupti._ke
 
 
 def held_samples(kernels: list[Kernel], holder: str, per_call: int) -> pd.DataFrame:
-    """One row per sample in ``kernels`` (start order): a kernel whose name holds ``holder`` followed by
-    ``per_call`` kernels none of which is a holder. Raises RuntimeError, naming the kernels seen, when
-    no sample is found (a holder renamed, a wrong ``per_call``)."""
+    """One row per sample in ``kernels`` (start order): a kernel whose name holds ``holder``, any
+    CLOCK_KERNELS, then ``per_call`` kernels that are neither; the lead runs from the last of the
+    holder and clock kernels to the call. Raises RuntimeError, naming the kernels seen, when no sample
+    is found (a holder renamed, a wrong ``per_call``)."""
+    def clock(name: str) -> bool:
+        return holder in name or any(c in name for c in CLOCK_KERNELS)
+
     rows = []
-    for i, (start, duration, name) in enumerate(kernels):
-        call = kernels[i + 1:i + 1 + per_call]
-        if holder not in name or len(call) < per_call or any(holder in n for _, _, n in call):
+    for i, (_, _, name) in enumerate(kernels):
+        if holder not in name:
             continue
+        first = next((j for j in range(i + 1, len(kernels)) if not clock(kernels[j][2])), len(kernels))
+        call = kernels[first:first + per_call]
+        if len(call) < per_call or any(clock(n) for _, _, n in call):
+            continue
+        released = kernels[first - 1][0] + kernels[first - 1][1]
         busy = sum(d for _, d, _ in call)
         span = call[-1][0] - call[0][0] + call[-1][1]  # starts subtracted first: they are large numbers
-        rows.append({"lead_us": call[0][0] - start - duration, "busy_us": busy, "gap_us": span - busy,
+        rows.append({"lead_us": call[0][0] - released, "busy_us": busy, "gap_us": span - busy,
                      "span_us": span, **{f"kernel{j}_us": d for j, (_, d, _) in enumerate(call)}})
     if not rows:
         names = sorted({n for _, _, n in kernels})[:8]
