@@ -52,6 +52,8 @@ HARNESS_COLUMNS = ("harness_us", "harness_dirty_us")
 EAGER_COLUMN = "harness_eager_us"  # one eager call per sample between events, the sweep's entry state
 # the same after a write over the L2 before each sample: nvbench's cold method, flush and all, on the harness's clock
 FLUSHED_EAGER_COLUMN = "harness_eager_flushed_us"
+# the same samples' mean, nvbench's statistic: a call whose kernels' gap has two modes moves its median by a mode
+FLUSHED_EAGER_MEAN_COLUMN = "harness_eager_flushed_mean_us"
 KERNELS_COLUMN = "kernels_per_call"  # GPU kernels one eager call launches
 
 
@@ -110,8 +112,8 @@ def harness_times(inputs, launcher: Launcher, bind, device, budget: Budget, entr
     ``inputs`` in each entry state of ``entries`` (column -> state), in us, and the state each made
     (``<column without _us>_entry``): one placement, these inputs; the other input sets of a rotation
     are copies of them bound by ``bind``, as in a sweep. Then EAGER_COLUMN: one eager call per sample
-    (:func:`.eager.held_call_time`) in the first entry state, and FLUSHED_EAGER_COLUMN in ``dirty``, with
-    the same budget; on a GPU, first,
+    (:func:`.eager.held_call_time`) in the first entry state, and FLUSHED_EAGER_COLUMN in ``dirty``
+    (FLUSHED_EAGER_MEAN_COLUMN its samples' mean), with the same budget; on a GPU, first,
     KERNELS_COLUMN (CUPTI: the profiler's state is then the same for every job both clocks time)."""
     times = {}
     if as_device(device).type == "cuda":
@@ -127,6 +129,7 @@ def harness_times(inputs, launcher: Launcher, bind, device, budget: Budget, entr
         eager = held_call_time(inputs, launcher, bind, device, budget, entry)
         times[column] = eager.time * 1e6
         times[column.removesuffix("_us") + "_entry"] = eager.entry
+    times[FLUSHED_EAGER_MEAN_COLUMN] = float(np.mean(eager.samples)) * 1e6
     return times
 
 
@@ -244,7 +247,8 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
         bench.run_all_benchmarks(["kda-nvbench", "--json", str(json_path), "--devices", str(device.index or 0),
                                   *nvbench_args])
     return pd.DataFrame(harness) if harness else pd.DataFrame(columns=["name", *HARNESS_COLUMNS, EAGER_COLUMN,
-                                                                           FLUSHED_EAGER_COLUMN])
+                                                                           FLUSHED_EAGER_COLUMN,
+                                                                           FLUSHED_EAGER_MEAN_COLUMN])
 
 
 def _value(summary: dict) -> float | None:
@@ -281,7 +285,7 @@ def compare(rows: pd.DataFrame, times: pd.DataFrame, harness: pd.DataFrame) -> p
     table = table.merge(harness, on="name", how="left", suffixes=("", "_harness"))
     if "error_nvbench" in table:
         table["error"] = table.error.fillna(table.pop("error_nvbench"))
-    for column in (*HARNESS_COLUMNS, EAGER_COLUMN, FLUSHED_EAGER_COLUMN, KERNELS_COLUMN):
+    for column in (*HARNESS_COLUMNS, EAGER_COLUMN, FLUSHED_EAGER_COLUMN, FLUSHED_EAGER_MEAN_COLUMN, KERNELS_COLUMN):
         if column not in table:
             table[column] = np.nan
     row = table.kind == "row"

@@ -19,7 +19,6 @@ import numpy as np
 import pandas as pd
 
 from .config import CONFIG_COLUMNS
-from .sample_trace import PARTS
 
 AGREEMENT = 0.03  # |harness / nvbench - 1|, as for the CUPTI cross-check
 SETTLED_B = 16  # batches from which the fixed per-sample overhead is a small share of the time
@@ -72,10 +71,13 @@ def _cause(row, overhead: float, unsettled: str) -> tuple[str, str]:
     if abs(eager - flush) <= tolerance:
         return CAUSES[3], (f"one eager launch between events, {launch}, and the flushed L2 {flush:+.2f} us; "
                            f"{(eager - flush) / row.nvbench_us:+.1%} left")
-    flushed = row.nvbench_us - row.harness_eager_flushed_us  # NaN where that timer did not run: nothing explained
+    # nvbench's statistic is a mean: the flushed eager samples' mean where the table has it, else their median
+    flushed_us, statistic = ((row.harness_eager_flushed_mean_us, "mean") if pd.notna(row.harness_eager_flushed_mean_us)
+                             else (row.harness_eager_flushed_us, "median"))
+    flushed = row.nvbench_us - flushed_us  # NaN where that timer did not run: nothing explained
     if abs(flushed) <= tolerance:
         return CAUSES[4], (f"one eager launch between events after a write over the L2, nvbench's cold method on "
-                           f"the harness's clock: {row.harness_eager_flushed_us:.2f} us; "
+                           f"the harness's clock: {flushed_us:.2f} us ({statistic}); "
                            f"{flushed / row.nvbench_us:+.1%} left")
     why = (f"nvbench - harness {row.diff_us:+.2f} us; less the overhead ({overhead:.2f} us) "
            f"{rest / row.nvbench_us:+.1%}, less the flushed L2 too ({flush:+.2f} us) {left / row.nvbench_us:+.1%}")
@@ -83,7 +85,7 @@ def _cause(row, overhead: float, unsettled: str) -> tuple[str, str]:
         why += (f"; nvbench - the harness's eager call ({row.harness_eager_us:.2f} us) {eager / row.nvbench_us:+.1%}, "
                 f"less the flushed L2 too {(eager - flush) / row.nvbench_us:+.1%}")
     if pd.notna(flushed):
-        why += (f"; nvbench - the flushed eager call ({row.harness_eager_flushed_us:.2f} us) "
+        why += (f"; nvbench - the flushed eager call ({flushed_us:.2f} us, {statistic}) "
                 f"{flushed / row.nvbench_us:+.1%}")
     return CAUSES[5], why + (f"; nvbench did not settle: {unsettled}" if unsettled else "")
 
@@ -95,7 +97,8 @@ def with_causes(table: pd.DataFrame, settings: dict) -> pd.DataFrame:
     of nvbench's mean: noise / sqrt(samples)), ``cause`` (a CAUSES entry or "") and ``why``,
     by the rules as they are now; ``settings`` are nvbench's (max-noise in %, timeout in s)."""
     overhead = fixed_overhead_us(table)
-    for column in ("harness_eager_us", "harness_eager_flushed_us", "kernels_per_call"):  # made before a timer: NaN
+    for column in ("harness_eager_us", "harness_eager_flushed_us", "harness_eager_flushed_mean_us",
+                   "kernels_per_call"):  # made before a timer: NaN
         if column not in table:
             table = table.assign(**{column: np.nan})
     table = table.assign(eager_launch_us=table.harness_eager_us - table.harness_us,
@@ -153,19 +156,23 @@ def _tally(rows: pd.DataFrame) -> str:
 
 
 def _trace_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per traced row (``--trace``): nvbench's and the flushed eager timer's sample parts (:mod:`.sample_trace`)
-    and where their difference lies: in the lead, the kernels, the gaps, or outside the trace (``unseen_us``:
-    the events' own time less the traced lead and span)."""
-    traced = table.dropna(subset=["trace_nvbench_span_us", "trace_eager_span_us"])
-    out = traced.assign(impl=traced.impl.fillna(traced.name))[["impl", "state_dtype", "HV", "K", "B",
-                                                                "kernels_per_call"]]
-    out["nvbench_minus_eager_us"] = traced.nvbench_us - traced.harness_eager_flushed_us
-    for part in PARTS:
-        out[f"nvbench_{part}"] = traced[f"trace_nvbench_{part}"]
+    """The traced rows (``--trace``) at B >= SETTLED_B beyond AGREEMENT: where nvbench's samples and the
+    flushed eager timer's differ (:mod:`.sample_trace`: the lead and the kernels, nvbench's less the
+    eager timer's; the gap between kernels as its quartiles in each) and what each clock's own median
+    holds beyond its traced lead and span (``unseen``: the events' time past the last kernel)."""
+    traced = table[(table.kind == "row") & (table.B >= SETTLED_B) & ~table.agrees].dropna(
+        subset=["trace_nvbench_span_us", "trace_eager_span_us"])
+    out = traced[["impl", "state_dtype", "HV", "K", "B", "kernels_per_call", "nvbench_us"]].copy()
+    out["eager_mean_us"] = traced.harness_eager_flushed_mean_us
+    for part in ("lead_us", "busy_us"):
         out[f"{part.removesuffix('_us')}_diff_us"] = traced[f"trace_nvbench_{part}"] - traced[f"trace_eager_{part}"]
+    for clock in ("nvbench", "eager"):
+        out[f"{clock}_gap_quartiles_us"] = [f"{a:.2f}-{b:.2f}" for a, b in zip(
+            traced[f"trace_{clock}_gap_p25_us"], traced[f"trace_{clock}_gap_p75_us"], strict=True)]
     seen = {c: traced[f"trace_{c}_lead_us"] + traced[f"trace_{c}_span_us"] for c in ("nvbench", "eager")}
-    out["unseen_diff_us"] = (traced.nvbench_us - seen["nvbench"]) - (traced.harness_eager_flushed_us - seen["eager"])
-    return out.drop(columns=["nvbench_span_us", "span_diff_us"])
+    out["nvbench_unseen_us"] = traced.nvbench_median_us - seen["nvbench"]
+    out["eager_unseen_us"] = traced.harness_eager_flushed_us - seen["eager"]
+    return out
 
 
 def report(table: pd.DataFrame, meta: dict) -> str:
@@ -232,13 +239,15 @@ def report(table: pd.DataFrame, meta: dict) -> str:
                      f"{meta.get('copy_gbps', float('nan')):,.4g} GB/s.\n\n" + _markdown(copies[
                          ["bytes", "nvbench_us", "nvbench_noise", "nvbench_copy_gbps"]].sort_values("bytes"),
                          index=False))
-    if "trace_nvbench_span_us" in table and table.trace_nvbench_span_us.notna().any():
-        parts.append("## Inside the samples (CUPTI)\n\nEach sample of nvbench's cold measurement and of the "
-                     "harness's flushed eager timer traced (`--trace`): lead: from the hold's release to the call's "
-                     "first kernel; busy: its kernels' durations; gap: idle between them; span: first start to last "
-                     "end; unseen: each clock's time less its traced lead and span (the events' own). Medians over "
-                     "the samples; a *_diff is nvbench's less the eager timer's. The profiler's own cost is in both "
-                     "clocks here.\n\n" + _markdown(_trace_table(table), index=False))
+    traced = _trace_table(table) if "trace_nvbench_span_us" in table else table.iloc[:0]
+    if not traced.empty:
+        parts.append("## Inside the samples of the rows beyond 3% at B >= 16 (CUPTI)\n\nEach sample of nvbench's "
+                     "cold measurement and of the harness's flushed eager timer traced (`--trace`): lead: from the "
+                     "hold's release (nvbench: its timestamp kernel) through the start event to the call's first "
+                     "kernel; busy: the call's kernels' durations; gap: idle between them, its quartiles; unseen: "
+                     "the clock's median less its traced lead and span (the end event's own). Medians over the "
+                     "samples; a *_diff is nvbench's less the eager timer's; eager_mean: the flushed eager "
+                     "samples' mean, nvbench's statistic.\n\n" + _markdown(traced, index=False))
     errors = table[table.error.notna()] if "error" in table else table.iloc[:0]
     if not errors.empty:
         parts.append("## Not timed\n\n" + _markdown(errors[["name", "error"]], index=False))

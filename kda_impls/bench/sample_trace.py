@@ -55,8 +55,11 @@ def held_samples(kernels: list[Kernel], holder: str, per_call: int) -> pd.DataFr
 
 
 def medians(samples: pd.DataFrame, prefix: str) -> dict:
-    """``{prefix}_<part>``: each part's median over the samples, and ``{prefix}_samples``."""
+    """``{prefix}_<part>``: each part's median over the samples; the gap's quartiles too
+    (``{prefix}_gap_p25_us``, ``_p75_us``: a gap with two modes shows as quartiles apart); ``{prefix}_samples``."""
+    gap = samples["gap_us"]
     return {f"{prefix}_{part}": float(np.median(samples[part])) for part in samples} | {
+        f"{prefix}_gap_p25_us": float(gap.quantile(0.25)), f"{prefix}_gap_p75_us": float(gap.quantile(0.75)),
         f"{prefix}_samples": len(samples)}
 
 
