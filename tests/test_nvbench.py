@@ -62,11 +62,13 @@ SETTINGS = {"max-noise": 10.0, "min-time": 0.05, "timeout": 5.0}
 
 
 def crosscheck(tmp_path, specs, empty=(4.0, 2.0), sweep: dict[int, float] | None = None,
-               eager: dict[int, float] | None = None, flushed: dict[int, float] | None = None) -> pd.DataFrame:
+               eager: dict[int, float] | None = None, flushed: dict[int, float] | None = None,
+               flushed_mean: dict[int, float] | None = None) -> pd.DataFrame:
     """The cross-check table of rows (impl, B, harness us, harness dirty us, nvbench us, noise[, walltime]),
     with an empty launch (nvbench us, harness us) unless ``empty`` is None; the sweep's time is the harness's
     but where ``sweep`` (row index -> us) says otherwise; the harness's eager call is timed only where
-    ``eager`` (row index -> us) says, and after a write over the L2 where ``flushed`` says."""
+    ``eager`` (row index -> us) says, and after a write over the L2 where ``flushed`` says (``flushed_mean``
+    those samples' mean)."""
     table_rows = rows(*[(impl, B, (sweep or {}).get(i, harness), 1000 * B)
                         for i, (impl, B, harness, *_) in enumerate(specs)])
     states = {f"{i:04d}": (nv * 1e-6, *rest) for i, (_, _, _, _, nv, *rest) in enumerate(specs)}
@@ -74,7 +76,9 @@ def crosscheck(tmp_path, specs, empty=(4.0, 2.0), sweep: dict[int, float] | None
                             "harness_dirty_us": [s[3] for s in specs],
                             "harness_eager_us": [(eager or {}).get(i, float("nan")) for i in range(len(specs))],
                             "harness_eager_flushed_us": [(flushed or {}).get(i, float("nan"))
-                                                         for i in range(len(specs))]})
+                                                         for i in range(len(specs))],
+                            "harness_eager_flushed_mean_us": [(flushed_mean or {}).get(i, float("nan"))
+                                                              for i in range(len(specs))]})
     if empty is not None:
         table_rows = pd.concat([pd.DataFrame({"kind": ["empty"], "name": [nvbench.EMPTY], "bytes": [2]}),
                                 table_rows], ignore_index=True)
@@ -175,10 +179,24 @@ def test_the_flushed_eager_call_explains_what_the_sum_of_its_parts_does_not_and_
     table = crosscheck(tmp_path, rows, eager={0: 35.3, 1: 382.0}, flushed={0: 36.6, 1: 383.0}).set_index("name")
     assert list(table.loc[["0000", "0001"], "cause"]) == ["flushed eager launch", "unexplained"]
     assert table.loc["0000", "why"] == ("one eager launch between events after a write over the L2, nvbench's cold "
-                                        "method on the harness's clock: 36.60 us; +1.1% left")
-    assert table.loc["0001", "why"].endswith("; nvbench - the flushed eager call (383.00 us) +4.2%")
+                                        "method on the harness's clock: 36.60 us (median); +1.1% left")
+    assert table.loc["0001", "why"].endswith("; nvbench - the flushed eager call (383.00 us, median) +4.2%")
     without = crosscheck(tmp_path, rows, eager={0: 35.3, 1: 382.0})
     assert list(without[without.kind == "row"].cause) == ["unexplained", "unexplained"]
+
+
+def test_the_flushed_eager_samples_mean_is_compared_with_nvbenchs_mean_and_not_a_slowdown(tmp_path):
+    """A two-kernel call whose gap has two modes: the flushed eager median sits on the low one (8.46 us), its
+    mean (9.00 us) beside nvbench's mean (9.08 us) explains the row; a planted 5% slowdown stays unexplained."""
+    rows = [("flashinfer", 16, 5.6, 5.6, 9.08, 0.06), ("flashinfer", 64, 11.0, 11.0, 13.6, 0.04)]
+    table = crosscheck(tmp_path, rows, eager={0: 8.1, 1: 12.1}, flushed={0: 8.46, 1: 12.9},
+                       flushed_mean={0: 9.0, 1: 12.95}).set_index("name")
+    assert list(table.loc[["0000", "0001"], "cause"]) == ["flushed eager launch", "unexplained"]
+    assert table.loc["0000", "why"] == ("one eager launch between events after a write over the L2, nvbench's cold "
+                                        "method on the harness's clock: 9.00 us (mean); +0.9% left")
+    assert table.loc["0001", "why"].endswith("; nvbench - the flushed eager call (12.95 us, mean) +4.8%")
+    medians_only = crosscheck(tmp_path, rows, eager={0: 8.1, 1: 12.1}, flushed={0: 8.46, 1: 12.9})
+    assert list(medians_only[medians_only.kind == "row"].cause) == ["unexplained", "unexplained"]
 
 
 def test_nvbench_argv_names_the_criterion_before_its_parameters():
@@ -312,7 +330,7 @@ def test_nvbench_times_a_preset_and_its_copies_on_the_gpu(tmp_path):
         pytest.skip("cuda-bench is not installed (pip install 'kda-impls[nvbench]')")
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "nvbench_crosscheck.py"), "--preset", "smoke",
-                           "--impls", "naive,triton", "--B", "4", "--out", str(out), "--min-time", "0.005"],
+                           "--impls", "naive,triton", "--B", "4", "--out", str(out), "--min-time", "0.005", "--trace"],
                           capture_output=True, text=True, env=env_with_repo())
     assert done.returncode == 0, done.stderr[-2000:]
     table = pd.read_csv(out / "crosscheck.csv")
@@ -321,8 +339,37 @@ def test_nvbench_times_a_preset_and_its_copies_on_the_gpu(tmp_path):
     assert (timed.harness_us > 0).all() and (timed.harness_dirty_us > 0).all() and timed.sweep_us.isna().all()
     assert (timed.harness_eager_us > 0).all() and (timed.kernels_per_call >= 1).all()
     assert (timed.harness_eager_flushed_us >= timed.harness_eager_us * 0.97).all()  # a flush costs, never saves
+    assert (timed.harness_eager_flushed_mean_us > 0).all()
+    # each sample traced inside both clocks' loops: the call's kernels found after each holder
+    assert (timed.trace_nvbench_samples > 10).all() and (timed.trace_eager_samples > 10).all()
+    assert (timed.trace_nvbench_busy_us > 0).all() and (timed.trace_eager_busy_us > 0).all()
+    assert ((timed.trace_nvbench_busy_us / timed.trace_eager_busy_us - 1).abs() < 0.5).all()
     empty = table[table.kind == "empty"].iloc[0]
     assert empty.nvbench_us > 0 and empty.harness_us > 0
     assert (table[table.kind == "copy"].nvbench_us > 0).all()
     assert json.loads(gzip.decompress((out / "nvbench.json.gz").read_bytes()))["benchmarks"]
     assert json.loads((out / "meta.json").read_text())["versions"]["cuda-bench"] != "not installed"
+
+
+def test_a_held_sample_is_the_holder_nvbenchs_clock_kernels_then_the_call():
+    from kda_impls.bench.sample_trace import held_samples, medians
+
+    kernels = [(0.0, 5.0, "block_stream(int const volatile*)"), (5.5, 0.8, "get_timestamps_kernel(unsigned long*)"),
+               (8.0, 2.0, "decode"), (11.0, 1.0, "gate"), (13.0, 1.0, "get_timestamps_kernel(unsigned long*)"),
+               (20.0, 1.0, "block_stream(int const volatile*)"), (21.5, 0.8, "get_timestamps_kernel(unsigned long*)"),
+               (30.0, 2.0, "decode"),  # a sample cut short: the trace ends before its second kernel
+               ]
+    samples = held_samples(kernels, "block_stream", 2)
+    assert samples.to_dict("records") == [{"lead_us": 8.0 - 6.3, "busy_us": 3.0, "gap_us": 1.0, "span_us": 4.0,
+                                           "kernel0_us": 2.0, "kernel1_us": 1.0}]
+    spun = held_samples([(0.0, 50.0, "spin_kernel(long)"), (52.0, 3.0, "decode"),
+                         (60.0, 50.0, "spin_kernel(long)"), (111.0, 3.0, "decode")], "spin_kernel", 1)
+    assert list(spun.lead_us) == [2.0, 1.0] and list(spun.gap_us) == [0.0, 0.0]
+    two_modes = pd.DataFrame({"lead_us": [1.0] * 4, "busy_us": [3.0] * 4, "gap_us": [1.2, 1.2, 2.0, 2.0],
+                              "span_us": [4.2, 4.2, 5.0, 5.0]})
+    summary = medians(two_modes, "trace_eager")
+    assert summary["trace_eager_gap_us"] == 1.6 and summary["trace_eager_samples"] == 4
+    assert (summary["trace_eager_gap_p25_us"], summary["trace_eager_gap_p75_us"]) == (1.2, 2.0)
+    with pytest.raises(RuntimeError, match=r"no sample of a 'block_stream' kernel then 3 others in a trace of 8 "
+                                           r"kernels \(block_stream"):
+        held_samples(kernels, "block_stream", 3)
