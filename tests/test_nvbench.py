@@ -132,7 +132,8 @@ def test_the_report_counts_causes_and_shows_the_sweep_and_unsettled_rows(tmp_pat
     meta = {"nvbench": SETTINGS, "copy_gbps": 4000.0, "sweeps": {"results/h200/targets": "abc123"}}
     text = nvbench_report.report(table, meta)
     assert ("**All rows: 1 of 6 within 3%; the others: overhead 1, overhead + L2 flush 1, eager launch 0, "
-            "eager launch + L2 flush 0, flushed eager launch 0, unexplained 3. At B >= 16: 1 of 6 within 3%") in text
+            "eager launch + L2 flush 0, flushed eager launch 0, gaps between kernels 0, unexplained 3. "
+            "At B >= 16: 1 of 6 within 3%") in text
     assert "did not settle: 2" in text and "## Rows nvbench did not settle" in text
     assert "nvbench's fixed per-sample overhead: 2.00 us (its cold mean of the empty launch" in text
     assert "`results/h200/targets` (commit abc123)" in text
@@ -166,7 +167,7 @@ def test_the_rows_eager_launch_explains_its_difference_and_not_a_slowdown(tmp_pa
     text = nvbench_report.report(crosscheck(tmp_path, EAGER, eager={0: 35.3, 1: 56.3, 2: 382.0}),
                                  {"nvbench": SETTINGS})
     assert ("At B >= 16: 0 of 3 within 3%; the others: overhead 0, overhead + L2 flush 0, eager launch 1, "
-            "eager launch + L2 flush 1, flushed eager launch 0, unexplained 1.") in text
+            "eager launch + L2 flush 1, flushed eager launch 0, gaps between kernels 0, unexplained 1.") in text
     assert "The harness's eager call of it, one per sample between events: 4.00 us." in text
     flashinfer = next(line for line in text.split("## One eager launch")[1].splitlines() if "| flashinfer" in line)
     assert "5.8" in flashinfer  # the median eager launch of its two rows: (5.3 + 6.3) / 2
@@ -197,6 +198,25 @@ def test_the_flushed_eager_samples_mean_is_compared_with_nvbenchs_mean_and_not_a
     assert table.loc["0001", "why"].endswith("; nvbench - the flushed eager call (12.95 us, mean) +4.8%")
     medians_only = crosscheck(tmp_path, rows, eager={0: 8.1, 1: 12.1}, flushed={0: 8.46, 1: 12.9})
     assert list(medians_only[medians_only.kind == "row"].cause) == ["unexplained", "unexplained"]
+
+
+def test_the_gaps_between_kernels_explain_a_row_from_its_traced_samples_and_not_a_slowdown(tmp_path):
+    """Two-kernel rows whose flushed eager samples sit in the gap's low mode (1.2 us) while nvbench's fall in
+    both (1.2 and 2.2 us: 0.5 us more on average): the gaps explain the first row's 0.62 us; a planted 5%
+    slowdown beside the same gaps stays unexplained."""
+    rows = [("flashinfer", 16, 5.6, 5.6, 9.08, 0.06), ("flashinfer", 64, 11.0, 11.0, 13.6, 0.04)]
+    table = crosscheck(tmp_path, rows, eager={0: 8.1, 1: 10.5}, flushed={0: 8.46, 1: 12.4},
+                       flushed_mean={0: 8.46, 1: 12.4})
+    gaps = {"trace_nvbench_mean_gap_us": 1.7, "trace_eager_mean_gap_us": 1.2, "trace_nvbench_gap_p25_us": 1.22,
+            "trace_nvbench_gap_p75_us": 2.21, "trace_eager_gap_p25_us": 1.18, "trace_eager_gap_p75_us": 1.25}
+    table = with_causes(table.assign(**gaps, kernels_per_call=2), SETTINGS).set_index("name")
+    assert list(table.loc[["0000", "0001"], "cause"]) == ["gaps between kernels", "unexplained"]
+    assert table.loc["0000", "why"] == (
+        "the gaps between the call's 2 kernels (CUPTI in the samples): nvbench's 1.70 us on average (quartiles "
+        "1.22-2.21), the flushed eager timer's 1.20 us (1.18-1.25): +0.50 us of nvbench - the flushed eager call's "
+        "+0.62 us; +1.3% left")
+    untraced = crosscheck(tmp_path, rows, eager={0: 8.1, 1: 10.5}, flushed={0: 8.46, 1: 12.4})
+    assert list(untraced[untraced.kind == "row"].cause) == ["unexplained", "unexplained"]
 
 
 def test_nvbench_argv_names_the_criterion_before_its_parameters():
@@ -309,7 +329,8 @@ def test_report_only_rewrites_the_report_from_the_table(tmp_path, capsys):
     (out / "meta.json").write_text(json.dumps({"nvbench": SETTINGS}))
     assert main(["--report-only", "--out", str(out)]) == 0
     assert ("**All rows: 1 of 3 within 3%; the others: overhead 1, overhead + L2 flush 0, eager launch 0, "
-            "eager launch + L2 flush 0, flushed eager launch 0, unexplained 1.") in (out / "crosscheck.md").read_text()
+            "eager launch + L2 flush 0, flushed eager launch 0, gaps between kernels 0, "
+            "unexplained 1.") in (out / "crosscheck.md").read_text()
 
 
 def _has_bench() -> bool:
@@ -352,7 +373,7 @@ def test_nvbench_times_a_preset_and_its_copies_on_the_gpu(tmp_path):
 
 
 def test_a_held_sample_is_the_holder_nvbenchs_clock_kernels_then_the_call():
-    from kda_impls.bench.sample_trace import held_samples, medians
+    from kda_impls.bench.sample_trace import held_samples, summary
 
     kernels = [(0.0, 5.0, "block_stream(int const volatile*)"), (5.5, 0.8, "get_timestamps_kernel(unsigned long*)"),
                (8.0, 2.0, "decode"), (11.0, 1.0, "gate"), (13.0, 1.0, "get_timestamps_kernel(unsigned long*)"),
@@ -367,9 +388,10 @@ def test_a_held_sample_is_the_holder_nvbenchs_clock_kernels_then_the_call():
     assert list(spun.lead_us) == [2.0, 1.0] and list(spun.gap_us) == [0.0, 0.0]
     two_modes = pd.DataFrame({"lead_us": [1.0] * 4, "busy_us": [3.0] * 4, "gap_us": [1.2, 1.2, 2.0, 2.0],
                               "span_us": [4.2, 4.2, 5.0, 5.0]})
-    summary = medians(two_modes, "trace_eager")
-    assert summary["trace_eager_gap_us"] == 1.6 and summary["trace_eager_samples"] == 4
-    assert (summary["trace_eager_gap_p25_us"], summary["trace_eager_gap_p75_us"]) == (1.2, 2.0)
+    parts = summary(two_modes, "trace_eager")
+    assert parts["trace_eager_gap_us"] == 1.6 and parts["trace_eager_samples"] == 4
+    assert parts["trace_eager_mean_gap_us"] == 1.6 and parts["trace_eager_mean_span_us"] == 4.6
+    assert (parts["trace_eager_gap_p25_us"], parts["trace_eager_gap_p75_us"]) == (1.2, 2.0)
     with pytest.raises(RuntimeError, match=r"no sample of a 'block_stream' kernel then 3 others in a trace of 8 "
                                            r"kernels \(block_stream"):
         held_samples(kernels, "block_stream", 3)

@@ -47,6 +47,7 @@ MICROSECONDS = {"nvbench_us", "nvbench_median_us", "nvbench_batch_us"}
 ROW_COLUMNS = (*CONFIG_COLUMNS, "library", "sweep_us", "kernel_us_placement_min", "kernel_us_placement_max",
                "bytes", "key")
 EMPTY = "empty launch"  # the name of the benchmark of a one-byte copy
+TRACED = " traced"  # a traced twin's name: its job's and this
 # the harness's kernel-time columns of a row: in the sweep's entry state, and in the one nvbench's flush makes
 HARNESS_COLUMNS = ("harness_us", "harness_dirty_us")
 EAGER_COLUMN = "harness_eager_us"  # one eager call per sample between events, the sweep's entry state
@@ -183,16 +184,17 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
              trace: bool = False) -> pd.DataFrame:
     """Register every job with nvbench and run them all (nvbench runs its registry once per process),
     its JSON written to ``json_path``; ``nvbench_args`` go to nvbench's own command line. Returns the
-    harness's times of each job (a ``name`` column and its ``harness()`` columns). With ``trace``, nvbench's
-    samples and the harness's flushed eager ones of each timed job run under CUPTI too
-    (:mod:`.sample_trace`: ``trace_nvbench_*`` and ``trace_eager_*`` columns); the profiler's own cost
-    is then in nvbench's times, so a traced run is for the timelines, not for the report's ratios."""
+    harness's times of each job (a ``name`` column and its ``harness()`` columns). With ``trace``, each job
+    that launches a kernel gets a twin benchmark (its name and TRACED) run right after it, whose nvbench
+    samples and flushed eager ones run under CUPTI (:mod:`.sample_trace`: ``trace_nvbench_*``,
+    ``trace_eager_*`` columns): the job's own times stay free of the profiler's cost."""
     import torch
 
     bench = import_bench()
     device = torch.device(device)
     streams: dict[int, torch.cuda.ExternalStream] = {}
     harness: list[dict] = []
+    pending: dict[str, tuple] = {}  # a timed job's launcher and harness row, until its traced twin runs
 
     def on(stream) -> torch.cuda.ExternalStream:
         address = stream.addressof()
@@ -222,17 +224,28 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
                 launcher()
 
         timed = harness[-1] if harness and harness[-1]["name"] == job.name else {}
+        state.exec(launch, batched=batched)
         # a copy: nvbench's roofline, no harness beside it; the empty launch: a memcpy, no kernel to trace
-        if not trace or timed.get(KERNELS_COLUMN, 0) < 1:
-            state.exec(launch, batched=batched)
+        if trace and timed.get(KERNELS_COLUMN, 0) >= 1:
+            pending[job.name] = (bound, launch, timed)  # for its traced twin, which nvbench runs next
+
+    def measure_traced(state, job: Job) -> None:
+        """The twin of a timed job: nvbench's cold loop and the flushed eager timer again, each under CUPTI
+        (:mod:`.sample_trace`), their times and their samples' parts into the job's harness row."""
+        if job.name not in pending:
+            state.skip("not traced: the job did not run, or launches no kernel")
             return
+        bound, launch, timed = pending.pop(job.name)
         per_call = int(timed[KERNELS_COLUMN])
         try:
-            timed |= traced(lambda: state.exec(launch, batched=batched), device, NVBENCH_HOLDER, per_call,
-                            "trace_nvbench")
-            timed |= traced(bound.flushed_eager, device, HARNESS_HOLDER, per_call, "trace_eager")
+            _, nv = traced(lambda: state.exec(launch, batched=False), device, NVBENCH_HOLDER, per_call,
+                           "trace_nvbench")
+            eager, held = traced(bound.flushed_eager, device, HARNESS_HOLDER, per_call, "trace_eager")
         except RuntimeError as exc:  # a trace that does not split into samples: said in the row, the rest goes on
             timed["trace_error"] = str(exc)
+            return
+        timed |= nv | held | {"trace_eager_us": float(np.mean(eager.samples)) * 1e6,
+                              "trace_eager_median_us": eager.time * 1e6}
 
     def benchmark_of(job: Job):
         def benchmark(state) -> None:
@@ -241,8 +254,17 @@ def run_jobs(jobs: list[Job], json_path: Path, device, nvbench_args: list[str], 
 
         return benchmark
 
+    def traced_twin(job: Job):
+        def benchmark(state) -> None:
+            measure_traced(state, job)
+            torch.cuda.empty_cache()
+
+        return benchmark
+
     for job in jobs:
         bench.register(benchmark_of(job)).set_name(job.name)
+        if trace:
+            bench.register(traced_twin(job)).set_name(f"{job.name}{TRACED}")
     with torch.cuda.device(device):
         bench.run_all_benchmarks(["kda-nvbench", "--json", str(json_path), "--devices", str(device.index or 0),
                                   *nvbench_args])
@@ -281,7 +303,12 @@ def compare(rows: pd.DataFrame, times: pd.DataFrame, harness: pd.DataFrame) -> p
     ``diff_us`` nvbench - harness, ``sweep_ratio`` the sweep's time / the harness's, ``nvbench_copy_us``
     (the copy of the same bytes) and ``of_copy`` (its share: nvbench's roofline). The causes:
     :func:`.nvbench_report.with_causes`."""
-    table = rows.merge(times, on="name", how="left", suffixes=("", "_nvbench"))
+    twins = times.name.str.endswith(TRACED)
+    traced_times = times[twins].assign(name=times[twins].name.str.removesuffix(TRACED))[
+        ["name", "nvbench_us", "nvbench_median_us"]].rename(
+        columns={"nvbench_us": "trace_nvbench_us", "nvbench_median_us": "trace_nvbench_median_us"})
+    table = rows.merge(times[~twins], on="name", how="left", suffixes=("", "_nvbench"))
+    table = table.merge(traced_times, on="name", how="left")
     table = table.merge(harness, on="name", how="left", suffixes=("", "_harness"))
     if "error_nvbench" in table:
         table["error"] = table.error.fillna(table.pop("error_nvbench"))

@@ -23,12 +23,18 @@ from .config import CONFIG_COLUMNS
 AGREEMENT = 0.03  # |harness / nvbench - 1|, as for the CUPTI cross-check
 SETTLED_B = 16  # batches from which the fixed per-sample overhead is a small share of the time
 CAUSES = ("overhead", "overhead + L2 flush", "eager launch", "eager launch + L2 flush", "flushed eager launch",
-          "unexplained")
+          "gaps between kernels", "unexplained")
 CONFIGURATION = [c for c in CONFIG_COLUMNS if c not in ("impl", "placements")]  # whose implementations rank
 # the columns a cross-check table needs for its report (a table made before the harness timed each row
 # beside nvbench lacks the harness's)
 REQUIRED = ("kind", "name", "B", "impl", "harness_us", "harness_dirty_us", "nvbench_us", "nvbench_noise",
             "nvbench_samples", "nvbench_walltime_s", "sweep_us")
+
+
+# what the causes and the report read of a traced run's columns (:mod:`.sample_trace`, ``--trace``)
+TRACE_COLUMNS = tuple(f"trace_{clock}_{part}" for clock in ("nvbench", "eager") for part in (
+    "mean_lead_us", "mean_busy_us", "mean_gap_us", "gap_p25_us", "gap_p75_us")) + (
+    "trace_nvbench_us", "trace_eager_us")
 
 
 def fixed_overhead_us(table: pd.DataFrame) -> float:
@@ -79,6 +85,15 @@ def _cause(row, overhead: float, unsettled: str) -> tuple[str, str]:
         return CAUSES[4], (f"one eager launch between events after a write over the L2, nvbench's cold method on "
                            f"the harness's clock: {flushed_us:.2f} us ({statistic}); "
                            f"{flushed / row.nvbench_us:+.1%} left")
+    # a traced run (--trace): the mean gap between the call's kernels in nvbench's samples less the eager timer's
+    gaps = row.trace_nvbench_mean_gap_us - row.trace_eager_mean_gap_us
+    if abs(flushed - gaps) <= tolerance:
+        return CAUSES[5], (f"the gaps between the call's {row.kernels_per_call:.0f} kernels (CUPTI in the samples): "
+                           f"nvbench's {row.trace_nvbench_mean_gap_us:.2f} us on average (quartiles "
+                           f"{row.trace_nvbench_gap_p25_us:.2f}-{row.trace_nvbench_gap_p75_us:.2f}), the flushed "
+                           f"eager timer's {row.trace_eager_mean_gap_us:.2f} us ({row.trace_eager_gap_p25_us:.2f}-"
+                           f"{row.trace_eager_gap_p75_us:.2f}): {gaps:+.2f} us of nvbench - the flushed eager call's "
+                           f"{flushed:+.2f} us; {(flushed - gaps) / row.nvbench_us:+.1%} left")
     why = (f"nvbench - harness {row.diff_us:+.2f} us; less the overhead ({overhead:.2f} us) "
            f"{rest / row.nvbench_us:+.1%}, less the flushed L2 too ({flush:+.2f} us) {left / row.nvbench_us:+.1%}")
     if pd.notna(eager):
@@ -87,7 +102,7 @@ def _cause(row, overhead: float, unsettled: str) -> tuple[str, str]:
     if pd.notna(flushed):
         why += (f"; nvbench - the flushed eager call ({flushed_us:.2f} us, {statistic}) "
                 f"{flushed / row.nvbench_us:+.1%}")
-    return CAUSES[5], why + (f"; nvbench did not settle: {unsettled}" if unsettled else "")
+    return CAUSES[6], why + (f"; nvbench did not settle: {unsettled}" if unsettled else "")
 
 
 def with_causes(table: pd.DataFrame, settings: dict) -> pd.DataFrame:
@@ -98,7 +113,7 @@ def with_causes(table: pd.DataFrame, settings: dict) -> pd.DataFrame:
     by the rules as they are now; ``settings`` are nvbench's (max-noise in %, timeout in s)."""
     overhead = fixed_overhead_us(table)
     for column in ("harness_eager_us", "harness_eager_flushed_us", "harness_eager_flushed_mean_us",
-                   "kernels_per_call"):  # made before a timer: NaN
+                   "kernels_per_call", *TRACE_COLUMNS):  # made before a timer or without a trace: NaN
         if column not in table:
             table = table.assign(**{column: np.nan})
     table = table.assign(eager_launch_us=table.harness_eager_us - table.harness_us,
@@ -156,23 +171,21 @@ def _tally(rows: pd.DataFrame) -> str:
 
 
 def _trace_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The traced rows (``--trace``) at B >= SETTLED_B beyond AGREEMENT: where nvbench's samples and the
-    flushed eager timer's differ (:mod:`.sample_trace`: the lead and the kernels, nvbench's less the
-    eager timer's; the gap between kernels as its quartiles in each) and what each clock's own median
-    holds beyond its traced lead and span (``unseen``: the events' time past the last kernel)."""
-    traced = table[(table.kind == "row") & (table.B >= SETTLED_B) & ~table.agrees].dropna(
-        subset=["trace_nvbench_span_us", "trace_eager_span_us"])
-    out = traced[["impl", "state_dtype", "HV", "K", "B", "kernels_per_call", "nvbench_us"]].copy()
-    out["eager_mean_us"] = traced.harness_eager_flushed_mean_us
-    for part in ("lead_us", "busy_us"):
-        out[f"{part.removesuffix('_us')}_diff_us"] = traced[f"trace_nvbench_{part}"] - traced[f"trace_eager_{part}"]
+    """The traced rows (``--trace``) at B >= SETTLED_B that the launch and flush rules leave (the last two
+    CAUSES): each clock's traced twin (nvbench's
+    cold mean, the flushed eager samples' mean, both under CUPTI) and where they differ, part by part
+    (:mod:`.sample_trace`, means over the samples; nvbench's less the eager timer's), the gap between
+    kernels as its quartiles in each, and the row's cause."""
+    traced = table[(table.kind == "row") & (table.B >= SETTLED_B) & table.cause.isin(CAUSES[-2:])].dropna(
+        subset=["trace_nvbench_us", "trace_eager_us"])
+    out = traced[["impl", "state_dtype", "HV", "K", "B", "kernels_per_call", "nvbench_us",
+                  "harness_eager_flushed_mean_us", "trace_nvbench_us", "trace_eager_us"]].copy()
+    for part in ("lead", "busy", "gap"):
+        out[f"{part}_diff_us"] = traced[f"trace_nvbench_mean_{part}_us"] - traced[f"trace_eager_mean_{part}_us"]
     for clock in ("nvbench", "eager"):
         out[f"{clock}_gap_quartiles_us"] = [f"{a:.2f}-{b:.2f}" for a, b in zip(
             traced[f"trace_{clock}_gap_p25_us"], traced[f"trace_{clock}_gap_p75_us"], strict=True)]
-    seen = {c: traced[f"trace_{c}_lead_us"] + traced[f"trace_{c}_span_us"] for c in ("nvbench", "eager")}
-    out["nvbench_unseen_us"] = traced.nvbench_median_us - seen["nvbench"]
-    out["eager_unseen_us"] = traced.harness_eager_flushed_us - seen["eager"]
-    return out
+    return out.assign(cause=traced.cause)
 
 
 def report(table: pd.DataFrame, meta: dict) -> str:
@@ -239,15 +252,16 @@ def report(table: pd.DataFrame, meta: dict) -> str:
                      f"{meta.get('copy_gbps', float('nan')):,.4g} GB/s.\n\n" + _markdown(copies[
                          ["bytes", "nvbench_us", "nvbench_noise", "nvbench_copy_gbps"]].sort_values("bytes"),
                          index=False))
-    traced = _trace_table(table) if "trace_nvbench_span_us" in table else table.iloc[:0]
+    traced = _trace_table(table)
     if not traced.empty:
-        parts.append("## Inside the samples of the rows beyond 3% at B >= 16 (CUPTI)\n\nEach sample of nvbench's "
-                     "cold measurement and of the harness's flushed eager timer traced (`--trace`): lead: from the "
+        parts.append(f"## Inside the samples of the rows at B >= {SETTLED_B} no launch or flush explains "
+                     "(CUPTI)\n\nEach row timed again by a traced twin (`--trace`): nvbench's cold loop "
+                     "(trace_nvbench_us, its mean) and the flushed "
+                     "eager timer (trace_eager_us, its samples' mean), every sample under CUPTI. lead: from the "
                      "hold's release (nvbench: its timestamp kernel) through the start event to the call's first "
-                     "kernel; busy: the call's kernels' durations; gap: idle between them, its quartiles; unseen: "
-                     "the clock's median less its traced lead and span (the end event's own). Medians over the "
-                     "samples; a *_diff is nvbench's less the eager timer's; eager_mean: the flushed eager "
-                     "samples' mean, nvbench's statistic.\n\n" + _markdown(traced, index=False))
+                     "kernel; busy: the call's kernels' durations; gap: idle between them. A *_diff is nvbench's "
+                     "mean less the eager timer's; the gap's quartiles show its modes.\n\n"
+                     + _markdown(traced, index=False))
     errors = table[table.error.notna()] if "error" in table else table.iloc[:0]
     if not errors.empty:
         parts.append("## Not timed\n\n" + _markdown(errors[["name", "error"]], index=False))

@@ -54,19 +54,23 @@ def held_samples(kernels: list[Kernel], holder: str, per_call: int) -> pd.DataFr
     return pd.DataFrame(rows)
 
 
-def medians(samples: pd.DataFrame, prefix: str) -> dict:
-    """``{prefix}_<part>``: each part's median over the samples; the gap's quartiles too
-    (``{prefix}_gap_p25_us``, ``_p75_us``: a gap with two modes shows as quartiles apart); ``{prefix}_samples``."""
+def summary(samples: pd.DataFrame, prefix: str) -> dict:
+    """``{prefix}_<part>``: each part's median over the samples, ``{prefix}_mean_<part>`` its mean (what
+    a clock's mean is made of), the gap's quartiles (``{prefix}_gap_p25_us``, ``_p75_us``: a gap with two
+    modes shows as quartiles apart) and ``{prefix}_samples``."""
     gap = samples["gap_us"]
-    return {f"{prefix}_{part}": float(np.median(samples[part])) for part in samples} | {
-        f"{prefix}_gap_p25_us": float(gap.quantile(0.25)), f"{prefix}_gap_p75_us": float(gap.quantile(0.75)),
-        f"{prefix}_samples": len(samples)}
+    return ({f"{prefix}_{part}": float(np.median(samples[part])) for part in samples}
+            | {f"{prefix}_mean_{part}": float(np.mean(samples[part])) for part in PARTS}
+            | {f"{prefix}_gap_p25_us": float(gap.quantile(0.25)), f"{prefix}_gap_p75_us": float(gap.quantile(0.75)),
+               f"{prefix}_samples": len(samples)})
 
 
-def traced(run: Callable[[], object], device, holder: str, per_call: int, prefix: str) -> dict:
-    """``run`` under the profiler (CUDA kernels), its held samples' medians (:func:`medians`)."""
+def traced(run: Callable[[], object], device, holder: str, per_call: int, prefix: str) -> tuple[object, dict]:
+    """``run``'s result, and its held samples' :func:`summary` from a trace of it (CUDA kernels)."""
     import torch
 
     from .cupti import kernel_trace
 
-    return medians(held_samples(kernel_trace(run, torch.device(device)), holder, per_call), prefix)
+    result = []
+    kernels = kernel_trace(lambda: result.append(run()), torch.device(device))
+    return result[0], summary(held_samples(kernels, holder, per_call), prefix)
