@@ -287,7 +287,7 @@ def summaries(json_path: Path) -> pd.DataFrame:
     rows = []
     for benchmark in root.get("benchmarks", []):
         for state in benchmark.get("states", []):
-            values = {s["tag"]: _value(s) for s in state.get("summaries", [])}
+            values = {s["tag"]: _value(s) for s in state.get("summaries") or []}  # a skipped state: null
             row = {"name": benchmark["name"],
                    "error": state.get("skip_reason") if state.get("is_skipped") else None}
             for column, tag in TAGS.items():
