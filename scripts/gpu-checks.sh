@@ -11,8 +11,8 @@
 #   targets     the targets preset on every visible GPU, then our kernel's targets judged (targets.md)
 #   cupti       CUPTI's second clock on the targets run's unpadded rows (after `targets`)
 #   asv         one asv run of the suite (KDA_ASV_PROFILE, default full), published as HTML
-#   nvbench     NVIDIA's nvbench beside the harness, one process, on the unpadded targets rows of four
-#               implementations: this call's targets run, else the committed one
+#   nvbench     NVIDIA's nvbench beside the harness, one process, with traced twins, on the unpadded
+#               B >= 16 targets rows of four implementations: this call's targets run, else the committed one
 #   pytest-gpu  the tests marked gpu (python3 -m pytest -m gpu)
 #
 # Each step writes its log to $OUT/logs/STEP.log and its results to results/h200/STEP/ ($RES; each with a
@@ -96,7 +96,7 @@ step_cupti() {
 step_nvbench() {  # nvbench's stopping rule at the script's defaults, chosen so that rows settle
   needs_targets nvbench && fresh "$RES/nvbench" &&
     run_step nvbench python3 scripts/nvbench_crosscheck.py "$RES/targets" --unpadded-only --out "$RES/nvbench" \
-      --impls triton,fla-batched,flashinfer,flashinfer-loggate-sigmoid
+      --impls triton,fla-batched,flashinfer,flashinfer-loggate-sigmoid --B 16,64,256 --trace
 }
 
 step_asv() {  # asv files results under a commit of a git repository: this tree's, or a scratch one's

@@ -7,7 +7,8 @@ device, versions of cuda-bench, cuda-bindings, torch and triton, nvbench's setti
 and entry state per source). The harness times each row with its sweep's kernel budget and entry state
 (a preset's: the preset's budget, the default state). Bad input (no rows, an unknown implementation, an
 OUT that already holds a cross-check or cannot be written, no CUDA or no cuda-bench) is one line and exit
-status 2 before anything runs. ``--report-only`` rewrites crosscheck.md from crosscheck.csv on any machine.
+status 2 before anything runs. ``--report-only`` rewrites crosscheck.md, and the verdict columns of
+crosscheck.csv, from crosscheck.csv's measured columns on any machine.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", help="time a preset's configurations instead (no harness times to compare)")
     parser.add_argument("--out", type=Path, required=True, help="a new directory for the cross-check")
     parser.add_argument("--report-only", action="store_true",
-                        help="time nothing: write OUT/crosscheck.md again from OUT/crosscheck.csv (no GPU needed)")
+                        help="time nothing: write OUT/crosscheck.md and crosscheck.csv's verdicts again from "
+                             "OUT/crosscheck.csv (no GPU needed)")
     parser.add_argument("--impls", type=comma_list(str), help="only these implementations (comma-separated)")
     parser.add_argument("--B", type=comma_list(positive_int), help="only these batch sizes (comma-separated)")
     parser.add_argument("--unpadded-only", action="store_true", help="skip rows with slot padding or padding rows")
@@ -161,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             fail(parser.prog, f"{out / 'crosscheck.csv'}: no {', '.join(missing)} column (made before the harness "
                               f"timed each row beside nvbench); run the cross-check again")
-        return print_and_save(report(checked, read_meta(out)), out / "crosscheck.md")
+        meta = read_meta(out)
+        # the verdict columns (agrees, cause, why, ...) by the rules as they are now; the measured ones untouched
+        with_causes(checked, meta.get("nvbench", {})).to_csv(out / "crosscheck.csv", index=False)
+        return print_and_save(report(checked, meta), out / "crosscheck.md")
     if (out / "crosscheck.csv").exists():
         fail(parser.prog, f"{out} already holds a cross-check: choose another --out (or remove {out} yourself)")
     rows, methods = _rows_of(args, parser)
