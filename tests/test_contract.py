@@ -155,8 +155,10 @@ def test_state_inner_strides_padded(row_pad, head_pad, got):
                    r"^naive state inner strides must be compact \(V\*K, K, 1\)=\(4096, 16, 1\); got " + got)
 
 
-def test_slots_must_not_overlap():
-    x = inputs(slot_pad=0)
+@pytest.mark.parametrize("B", [1, 4])  # a pool of two slots (B = 1 and its pad row) overlaps as any other does
+def test_slots_must_not_overlap(B):
+    x = inputs(B=B, slot_pad=0)
+    assert B > 1 or x.N == 2
     x.state = x.state.as_strided(x.state.shape, (100, *x.state.stride()[1:]))
     expect_refusal(get("naive"), x, "slot-overlap", r"slot stride must be >= HV\*V\*K=512 elements .*got 100")
 
@@ -418,6 +420,38 @@ def test_minimum_compute_capability_on_gpu():
     assert Needs(cc).unsupported(x) is None
     assert Needs((cc[0] + 1, 0)).unsupported(x) == \
         "needs compute capability >= %d.0; this GPU is %d.%d" % (cc[0] + 1, *cc)
+
+
+def _resized(x, **shapes):
+    """``x`` with each named tensor replaced by zeros of the given shape (its dtype, device)."""
+    for name, shape in shapes.items():
+        setattr(x, name, torch.zeros(shape, dtype=getattr(x, name).dtype))
+    return x
+
+
+@pytest.mark.parametrize("dim, shapes, blamed", [
+    # HV: v and a say 4, b 6; A_log, the state and dt_bias say 2: dt_bias's vote makes 2 the most common
+    ("HV", dict(v=(4, 4, 16), a=(4, 4, 16), b=(4, 6)), "v shape must be (4, 2, 16)"),
+    # K: q and k say 8; a, the state and dt_bias say 16: without dt_bias a tie, which q (listed first) would win
+    ("K", dict(q=(4, 2, 8), k=(4, 2, 8)), "q shape must be (4, 2, 16)"),
+])
+def test_dt_bias_votes_on_hv_and_k_as_every_tensor_of_its_rank_does(dim, shapes, blamed):
+    x = _resized(inputs(slot_pad=0), **shapes)
+    with pytest.raises(ContractError, match=re.escape(blamed)) as err:
+        get("naive").check(x)
+    assert f"{dim}={2 if dim == 'HV' else 16}," in str(err.value)
+
+
+def test_the_token_spelling_is_the_one_most_inputs_use_and_a_tie_is_one_token():
+    """Frozen verify's slots ([B] in both spellings) cast no vote: q, k and v with a token axis outvote a and
+    b without it, and a is blamed. With slots [B, T] voting (update_state=True), three against three is a
+    tie, which goes to one token per row: q is blamed for its token axis."""
+    frozen = make_inputs(4, 2, 2, 16, 16, T=2, update_state=False, seed=7)
+    frozen.a, frozen.b = frozen.a[:, 0].contiguous(), frozen.b[:, 0].contiguous()
+    expect_refusal(get("naive"), frozen, "rank", r"^naive a must be 4-D \[B, T, HV, K\]")
+    tied = inputs(T=2)
+    tied.a, tied.b, tied.slots = tied.a[:, 0].contiguous(), tied.b[:, 0].contiguous(), tied.slots[:, 0].contiguous()
+    expect_refusal(get("naive"), tied, "rank", r"^naive q must be 3-D \[B, H, K\]; got shape \(4, 2, 2, 16\)$")
 
 
 def test_a_shape_refusal_names_the_dimensions_most_inputs_agree_on():
