@@ -21,9 +21,6 @@ if not torch.cuda.is_available():
 
 
 def pytest_collection_modifyitems(config, items):
-    # The sm_90 compiles (a minute of ptxas per shape, shared by the tests that read it) first: xdist
-    # hands out tests in this order, and a compile that starts last is the run's tail on its worker.
-    items.sort(key=lambda item: "offline_sm90" not in getattr(item, "fixturenames", ()))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

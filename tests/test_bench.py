@@ -661,7 +661,7 @@ def test_cupti_replay_splits_the_pass_into_calls(monkeypatch):
             trace += [(start, 5.0, "flush"), (start + 6.0, 10.0 + replay, "main")]
             start += 18.0
         start += 1000.0
-    monkeypatch.setattr(cupti, "_kernels", lambda run, device: trace)
+    monkeypatch.setattr(cupti, "kernel_trace", lambda run, device: trace)
     monkeypatch.setattr(cupti, "timed_pass", lambda launchers, device, before: (lambda: None, 3, "cuda-graph", 0.0))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     timed = cupti.replay_durations([lambda: None], "cpu", before=lambda: None, before_kernels=1, replays=2)
@@ -678,7 +678,7 @@ def test_cupti_trace_splits_into_steps_with_each_kernels_share(monkeypatch):
     for i in range(3):
         trace += [(start, 5.0, "flush"), (start + 6.0, 1.0 + i, "gate"), (start + 8.0, 10.3, "main")]
         start += 100.0
-    monkeypatch.setattr(cupti, "_kernels", lambda run, device: trace)
+    monkeypatch.setattr(cupti, "kernel_trace", lambda run, device: trace)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     steps = cupti.step_durations([lambda: None], "cpu", calls=3, before=lambda: None, before_kernels=1)
     assert steps["kernels"] == 2 and steps["busy_samples_us"] == [1.0 + 10.3, 2.0 + 10.3, 3.0 + 10.3]
