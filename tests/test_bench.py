@@ -231,6 +231,21 @@ def test_atomic_write_survives_sigkill(tmp_path):
         assert path.read_text() in versions
 
 
+def test_the_median_interval_is_scipys_quantile_test_at_every_sample_count():
+    """stats.median_ci sums the binomial CDF itself (scipy.stats costs every timing process a second to
+    import): the same order statistics as scipy's quantile_test, NaN where it has none."""
+    from scipy import stats as scipy_stats
+
+    from kda_impls.bench.stats import median_ci
+
+    rng = np.random.default_rng(3)
+    for n in [*range(1, 130), 599, 600, 1000]:
+        samples = rng.lognormal(size=n)
+        for confidence in (0.9, 0.95, 0.99):
+            ci = scipy_stats.quantile_test(samples, p=0.5).confidence_interval(confidence)
+            np.testing.assert_array_equal(median_ci(samples, confidence), (ci.low, ci.high), err_msg=f"n={n}")
+
+
 def test_timing_statistics():
     # skewed samples, shuffled, in which mean, median and each quartile differ; expected values are
     # worked out by hand (quartiles by linear interpolation between order statistics)

@@ -17,6 +17,10 @@ copy of one byte), timed by both (and by the eager timer), measures what nvbench
 sample; each distinct byte count gets a ``copy`` benchmark (half those bytes read, half written):
 nvbench's own roofline.
 
+With ``--trace`` each row has a traced twin benchmark run right after it, nvbench's samples and the
+flushed eager timer's under CUPTI (:mod:`.sample_trace`), so that what each clock's samples hold can be
+compared part by part without the profiler's cost in the row's own times.
+
 :func:`compare` joins the three; :mod:`.nvbench_report` names the cause of each difference and writes
 the report. ``cuda-bench`` is imported only when something is timed (:func:`import_bench`).
 """

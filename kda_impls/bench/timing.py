@@ -30,11 +30,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from scipy import stats
 
 from ..inputs import DecodeInputs
 from .l2 import DEFAULT_ENTRY, as_device, entry_op, l2_bytes, rotation_inputs
-from .stats import spread
+from .stats import median_ci, spread
 
 Launcher = Callable[[], object]
 
@@ -119,8 +118,7 @@ class Timing:
     def median_ci(self, confidence: float = CONFIDENCE) -> tuple[float, float]:
         """Distribution-free confidence interval of the samples' median, from order statistics (NaN
         while there are too few samples for ``confidence``: fewer than 6 at 95%)."""
-        ci = stats.quantile_test(self.samples, p=0.5).confidence_interval(confidence)
-        return float(ci.low), float(ci.high)
+        return median_ci(self.samples, confidence)
 
     def converged(self, rel_ci: float) -> bool:
         """Whether the samples' median confidence interval lies within +-rel_ci of their median."""
