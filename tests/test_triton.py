@@ -475,6 +475,11 @@ SM90_CONFIGS = {
 }
 
 
+# The batch the compiles draw their inputs at: the kernel, its signature and its constexprs do not depend
+# on B (test_the_offline_compile_is_the_same_at_any_batch), and a smaller pool draws in a sixteenth of the time.
+COMPILE_B = 16
+
+
 def _offline_sm90(cache: Path, configs: str, HV: int, D: int, T: int = 1) -> list[list[str]]:
     asked = configs.split(";")
     cache.mkdir(exist_ok=True)
@@ -484,7 +489,7 @@ def _offline_sm90(cache: Path, configs: str, HV: int, D: int, T: int = 1) -> lis
         missing = [c for c in dict.fromkeys(asked + SM90_CONFIGS.get((HV, D, T), [])) if c not in known["rows"]]
         if missing and known["skip"] is None:
             done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", ";".join(missing),
-                                   "--state-dtypes", "bfloat16", "--HV", str(HV), "--D", str(D), "--B", "256",
+                                   "--state-dtypes", "bfloat16", "--HV", str(HV), "--D", str(D), "--B", str(COMPILE_B),
                                    "--T", str(T)], capture_output=True, text=True, cwd=REPO,
                                   timeout=120 + 60 * len(missing))  # a compile takes seconds; a loaded box, more
             if done.returncode == 2 and "no ptxas here" in done.stdout:
@@ -503,7 +508,7 @@ def _offline_sm90(cache: Path, configs: str, HV: int, D: int, T: int = 1) -> lis
 @pytest.fixture(scope="session")
 def offline_sm90(tmp_path_factory):
     """offline_sm90(configs, HV, D, T=1): scripts/triton_registers.py's line per config (bf16 state,
-    B = 256, T tokens), split into fields: state, config, kernel, regs, spill, warps/SM, SASS to the
+    B = COMPILE_B, T tokens), split into fields: state, config, kernel, regs, spill, warps/SM, SASS to the
     first load, SASS, MUFU.LG2, state load spread, loads before the first warp-wide instruction,
     shuffles, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte one, SASS
     digest. Each shape compiled once per run (SM90_CONFIGS with it), kept in a directory the xdist
@@ -512,6 +517,23 @@ def offline_sm90(tmp_path_factory):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # each worker's base directory is a folder of the run's
     return functools.partial(_offline_sm90, shared / "offline-sm90")
+
+
+@pytest.mark.parametrize("config, T", [("BV=8,num_warps=1,programs_per_sm=8", 1), ("BV=16,num_warps=4,tma=1", 1),
+                                       ("BV=8,num_warps=1", 4)])
+def test_the_offline_compile_is_the_same_at_any_batch(config, T):
+    """What triton.compile is given (the kernel, its signature, constexprs and options) at COMPILE_B is what
+    it is given at B = 256, the batch the tuning table is read at: the compiles above stand for B = 256."""
+    from kda_impls.impls.triton_kda import kernel_arguments
+    from kda_impls.tools.triton_registers import signature
+
+    def compiled_from(B: int):
+        inputs = make_inputs(B, 64, 64, 64, 64, T=T, seed=0)
+        tile = TileConfig.parse(config, TileConfig(BV=64), source="test").fitted(64, 64, T)
+        kernel, _, args, meta = kernel_arguments(inputs, torch.empty(inputs.out_shape, dtype=inputs.v.dtype), tile)
+        return kernel.fn.__name__, signature(kernel, args, meta), meta
+
+    assert compiled_from(COMPILE_B) == compiled_from(256)
 
 
 def test_state_first_issues_the_state_load_ahead_of_the_small_inputs(offline_sm90):
