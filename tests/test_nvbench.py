@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -222,6 +223,35 @@ def test_the_gaps_two_modes_explain_a_two_kernel_row_the_eager_clock_cannot_reso
     untraced = with_causes(table.assign(kernels_per_call=2), SETTINGS)
     for other in (one_kernel, both_span, untraced):
         assert list(other[other.kind == "row"].cause) == ["unexplained", "unexplained"]
+
+
+def test_the_report_says_what_the_traced_samples_hold_and_how_many_rows_the_flushed_call_explains(tmp_path):
+    """The report's own figures of a traced run: the lead in each clock, the kernels' agreement, the gap's
+    quartile spread in calls of several kernels, a row whose trace failed, and the flushed eager tally
+    (its mean where there is one); a table without a trace says none of it."""
+    rows = [("flashinfer", 16, 5.6, 5.6, 9.08, 0.06), ("triton", 64, 11.0, 11.0, 11.2, 0.04)]
+    table = crosscheck(tmp_path, rows, eager={0: 8.1, 1: 11.1}, flushed={0: 8.46, 1: 11.2},
+                       flushed_mean={0: 9.0})
+    traced = table.assign(kernels_per_call=[np.nan, 2, 1], trace_nvbench_lead_us=[np.nan, 2.5, 2.46],
+                          trace_eager_lead_us=[np.nan, 2.6, 2.69], trace_nvbench_busy_us=[np.nan, 5.0, 8.0],
+                          trace_eager_busy_us=[np.nan, 4.9, 8.0], trace_nvbench_gap_p25_us=[np.nan, 1.1, 0.0],
+                          trace_nvbench_gap_p75_us=[np.nan, 2.0, 0.0], trace_eager_gap_p25_us=[np.nan, 1.15, 0.0],
+                          trace_eager_gap_p75_us=[np.nan, 1.31, 0.0], trace_error=[None, None, None])
+    text = nvbench_report.report(traced, {"nvbench": SETTINGS})
+    assert "Within 3% of the flushed eager call: 2 of 2." in text  # 9.08 / 9.00 (the mean), 11.2 / 11.2
+    assert ("Inside the samples of the 2 traced rows (medians per row): the lead is 2.46-2.50 us in nvbench's, "
+            "2.60-2.69 us in the flushed eager timer's; the call's kernels take within 2.0% of each other's time "
+            "in every row. In the 1 rows of calls of several kernels, the gap between kernels has quartiles "
+            "0.90-0.90 us apart (median 0.90) in nvbench's samples; 0.16-0.16 us apart (median 0.16) in the eager "
+            "timer's.") in text
+    failed = traced.assign(trace_error=[None, None, "no sample of a 'block_stream' kernel then 1 others"])
+    assert "Not traced: 1 rows (no sample of a 'block_stream' kernel then 1 others)." in nvbench_report.report(
+        failed, {"nvbench": SETTINGS})
+    none_traced = table.assign(trace_error=[None, "no sample of a 'block_stream' kernel then 2 others", None])
+    assert "Not traced: 1 rows (no sample of a 'block_stream' kernel then 2 others)." in nvbench_report.report(
+        none_traced, {"nvbench": SETTINGS})
+    plain = nvbench_report.report(table, {"nvbench": SETTINGS})
+    assert "Inside the samples" not in plain and "Within 3% of the flushed eager call: 2 of 2." in plain
 
 
 def test_nvbench_argv_names_the_criterion_before_its_parameters():

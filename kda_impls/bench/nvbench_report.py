@@ -174,6 +174,44 @@ def _tally(rows: pd.DataFrame) -> str:
     return f"{within} of {len(rows)} within {AGREEMENT:.0%}; the others: {named}"
 
 
+def _flushed_tally(timed: pd.DataFrame) -> str:
+    """How many timed rows the flushed eager call (its mean where the table has it) puts within AGREEMENT
+    of nvbench: nvbench's cold method on the harness's clock; "" for a table without that timer."""
+    flushed = timed.harness_eager_flushed_mean_us.fillna(timed.harness_eager_flushed_us)
+    known = flushed.notna()
+    if not known.any():
+        return ""
+    within = int(((timed.nvbench_us / flushed - 1).abs() <= AGREEMENT)[known].sum())
+    return f" Within {AGREEMENT:.0%} of the flushed eager call: {within} of {int(known.sum())}."
+
+
+def _trace_summary(table: pd.DataFrame) -> str:
+    """What every traced row's samples hold (``--trace``), in one paragraph: the lead in each clock, how
+    far the call's kernel durations agree, and, for calls of several kernels, how far apart the gap's
+    quartiles lie in each; "" without a trace."""
+    errors = table.get("trace_error", pd.Series(dtype=object)).dropna()
+    failed = f" Not traced: {len(errors)} rows ({errors.iloc[0]})." if len(errors) else ""
+    if "trace_nvbench_lead_us" not in table:
+        return failed.strip()
+    traced = table[table.kind == "row"].dropna(subset=["trace_nvbench_lead_us", "trace_eager_lead_us"])
+    if traced.empty:
+        return failed.strip()
+    busy = (traced.trace_nvbench_busy_us / traced.trace_eager_busy_us - 1).abs().max()
+    text = (f"Inside the samples of the {len(traced)} traced rows (medians per row): the lead is "
+            f"{traced.trace_nvbench_lead_us.min():.2f}-{traced.trace_nvbench_lead_us.max():.2f} us in nvbench's, "
+            f"{traced.trace_eager_lead_us.min():.2f}-{traced.trace_eager_lead_us.max():.2f} us in the flushed eager "
+            f"timer's; the call's kernels take within {busy:.1%} of each other's time in every row.")
+    several = traced[traced.kernels_per_call >= 2]
+    if len(several):
+        apart = {c: several[f"trace_{c}_gap_p75_us"] - several[f"trace_{c}_gap_p25_us"] for c in ("nvbench", "eager")}
+        text += (f" In the {len(several)} rows of calls of several kernels, the gap between kernels has quartiles "
+                 + "; ".join(f"{a.min():.2f}-{a.max():.2f} us apart (median {a.median():.2f}) in {name}"
+                             for name, a in (("nvbench's samples", apart["nvbench"]),
+                                             ("the eager timer's", apart["eager"])))
+                 + ".")
+    return text + failed
+
+
 def _trace_table(table: pd.DataFrame) -> pd.DataFrame:
     """The traced rows (``--trace``) at B >= SETTLED_B that the launch and flush rules leave (the last two
     CAUSES): each clock's traced twin (nvbench's
@@ -213,7 +251,7 @@ def report(table: pd.DataFrame, meta: dict) -> str:
         + ". nvbench's own JSON: `nvbench.json.gz`.",
         f"**All rows: {_tally(timed)}. At B >= {SETTLED_B}: {_tally(settled_b)}.** Rows nvbench did not "
         f"time: {int(rows.nvbench_us.isna().sum())}; did not settle: {int((~timed.settled).sum())}. "
-        f"Configurations ranked the same by both: {same} of {configs}.",
+        f"Configurations ranked the same by both: {same} of {configs}." + _flushed_tally(timed),
     ]
     if len(empty):
         e = empty.iloc[0]
@@ -256,6 +294,9 @@ def report(table: pd.DataFrame, meta: dict) -> str:
                      f"{meta.get('copy_gbps', float('nan')):,.4g} GB/s.\n\n" + _markdown(copies[
                          ["bytes", "nvbench_us", "nvbench_noise", "nvbench_copy_gbps"]].sort_values("bytes"),
                          index=False))
+    summary = _trace_summary(table)
+    if summary:
+        parts.append("## Inside the samples (CUPTI)\n\n" + summary)
     traced = _trace_table(table)
     if not traced.empty:
         parts.append(f"## Inside the samples of the rows at B >= {SETTLED_B} no launch or flush explains "

@@ -23,7 +23,7 @@ CLOCK_KERNELS = ("get_timestamps_kernel",)
 HARNESS_HOLDER = "spin_kernel"  # torch.cuda._sleep (aten/src/ATen/cuda/Sleep.cu)
 PARTS = ("lead_us", "busy_us", "gap_us", "span_us")
 
-Kernel = tuple[float, float, str]  # (start us, duration us, name), as cupti._kernels gives them
+Kernel = tuple[float, float, str]  # (start us, duration us, name), as cupti.kernel_trace gives them
 
 
 def held_samples(kernels: list[Kernel], holder: str, per_call: int) -> pd.DataFrame:
