@@ -20,10 +20,10 @@ the run time of the suite is mostly process and CUDA start-up, and the grid is w
   grid value.
   Slot padding is left to the sweeps: it changes a runtime stride, not the compiled kernel.
 - ``quick``: the gate on pull requests: B 1 and 512, bf16 state.
-- ``gate``: what scripts/validate_gate.py runs to prove the gate: the B >= 64 points of Kimi-Linear's
+- ``gate``: what scripts.gate.validate_gate runs to prove the gate: the B >= 64 points of Kimi-Linear's
   layer, bf16 and fp32 state, where a 5% slowdown of a kernel must be caught.
 - ``bandwidth``: Kimi-Linear's layer at B = 256, bf16 and fp32 state, one token: what
-  scripts/asv_bandwidth.py sets beside a sweep of the same points.
+  scripts.gate.asv_bandwidth sets beside a sweep of the same points.
 - ``cpu``: tiny shapes for a box without a GPU, where CI checks the suite: naive and the Triton
   kernels (interpreted) run, the GPU-only ones skip with their reason.
 

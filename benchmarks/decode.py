@@ -2,7 +2,7 @@
 reaches over the profile's grid, the same for one frozen-verify point (``Frozen*``, common.FROZEN) and
 one replay point (``Replay*``, common.REPLAY), and the latency of one eager call over its batch sizes.
 
-The implementation is the first parameter of every benchmark (kda_impls.validate_gate relies on
+The implementation is the first parameter of every benchmark (scripts.gate.validate_gate relies on
 it). Every benchmark shares one ``setup_cache`` (common.shared_rows): the first process of a run
 that needs a combination measures it, the others read its row, so each combination is measured
 once per run, in a process of its own (CUDA tensors do not survive setup_cache's pickling, so the

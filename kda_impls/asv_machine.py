@@ -8,7 +8,7 @@ driver (on the H200: ``x86_64 NVIDIA H200 sm_90 140GiB CUDA 13.0 driver 580.159.
 results per machine, so the results of one set never replace another's. ``asv machine --yes``
 fills in the CPU, OS and RAM fields and writes ``~/.asv-machine.json``.
 
-    MACHINE=$(python3 -m kda_impls.asv_machine)   # or scripts/asv_machine.py in a checkout
+    MACHINE=$(python3 -m kda_impls.asv_machine)
     asv run -E existing --machine "$MACHINE" --set-commit-hash HEAD --record-samples
 """
 

@@ -48,7 +48,7 @@ same table into asv.conf.json for asv's Regressions page.
 
 ``asv compare`` prints the same kind of table but always exits 0, and ``asv continuous`` cannot run
 against an existing environment (asv 0.6.6): hence this module. ``kda-regress`` (or
-``scripts/regress.py``) runs :func:`main`: exit 1 when the gate fails, 0 otherwise, 2 on unusable
+``python3 -m kda_impls.regress``) runs :func:`main`: exit 1 when the gate fails, 0 otherwise, 2 on unusable
 input.
 """
 

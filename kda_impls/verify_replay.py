@@ -8,7 +8,7 @@ step before it left, where the implementation takes a commit). Alongside, the re
 kernel's pool holds: each flush rounded to the pool's dtype (where Triton is interpreted, also a copy
 whose flushes are truncated, as the interpreter converts; the nearer counts).
 After every step: the output (poisoned with NaN before the launch) within
-:data:`~kda_impls.verify.TOLERANCE` of the reference's and zero at padding rows; the lengths and the
+:data:`~kda_impls.verify_checks.TOLERANCE` of the reference's and zero at padding rows; the lengths and the
 raw key and gate records equal to the reference's, the pool written at the slots the reference
 flushed only, no ``u`` record written but those the reference wrote, the padding between slots
 unchanged (all bit for bit); the ``u`` records written within the output's tolerance of the
@@ -26,7 +26,7 @@ import torch
 from .contract import Implementation
 from .inputs import DecodeInputs
 from .reference import effective_state, replay_step
-from .verify import (
+from .verify_checks import (
     TOLERANCE,
     Verdict,
     bits,
@@ -131,10 +131,10 @@ def _write_problems(x: DecodeInputs, before: torch.Tensor, ref: _ReplayReference
 
 def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None = None) -> Verdict:
     """Run ``impl`` on the replay step ``inputs`` for ``steps`` consecutive steps (default
-    :func:`~kda_impls.verify.default_steps`: L + 1, every live ring flushing once) on its pool and
+    :func:`~kda_impls.verify_checks.default_steps`: L + 1, every live ring flushing once) on its pool and
     cache, and judge each as the module says. ``err_out`` is the first step's output error,
     ``err_state`` its live slots' effective-state error (within the state dtype's
-    :data:`~kda_impls.verify.TOLERANCE`), ``err_steps`` the effective-state error after the last step
+    :data:`~kda_impls.verify_checks.TOLERANCE`), ``err_steps`` the effective-state error after the last step
     run (within :func:`~kda_impls.verify.steps_tolerance` after every step). The steps stop at the
     first that has a problem. Raises what ``bind`` raises before anything runs."""
     steps = default_steps(inputs) if steps is None else steps

@@ -35,6 +35,7 @@ from kda_impls.bench.config import Config
 from kda_impls.bench.results import assemble, write_meta, write_row
 
 REPO = Path(__file__).resolve().parents[1]
+SWEEP = [sys.executable, "-m", "kda_impls.bench.sweep"]  # kda-sweep of this checkout, in its own process
 MACHINE = "cpu-ci"
 EXISTING = f"existing:{sys.executable}"
 
@@ -131,8 +132,8 @@ CPU_SWEEP = ["--devices", "cpu", "--impls", "naive", "--B", "1,2", "--H", "1", "
 
 
 def sweep_process(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``kda-sweep ARGS`` (scripts/sweep.py: this checkout's code) in its own process."""
-    return subprocess.run([sys.executable, "scripts/sweep.py", *args], cwd=REPO, capture_output=True, text=True,
+    """``kda-sweep ARGS`` (:data:`SWEEP`: this checkout's code) in its own process."""
+    return subprocess.run([*SWEEP, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env=None if env is None else os.environ | env)
 
 

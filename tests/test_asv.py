@@ -165,7 +165,7 @@ def test_asv_machine_name_carries_the_implementation_set():
 
 
 def test_asv_machine_names_the_gpu(monkeypatch, tmp_path, capsys):
-    """scripts/asv_machine.py on a (faked) H200: the name and arch say which GPU it is."""
+    """kda_impls.asv_machine on a (faked) H200: the name and arch say which GPU it is."""
     h200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, total_memory=150_754_820_096,
                            multi_processor_count=132, L2_cache_size=62_914_560,
                            uuid="2ecc6a2b-4edc-e236-72da-ed5d57520ed8")

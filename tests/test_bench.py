@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import REPO, in_process, once
+from helpers import REPO, SWEEP, in_process, once
 from kda_impls import make_inputs
 from kda_impls.bench import case, clocks, driver, l2, timing
 from kda_impls.bench import sweep as sweep_module
@@ -44,7 +44,7 @@ SWEEP_ENV = {"KDA_EXTRA_IMPLS": "misbehaves=bench_impls:Misbehaves",
 
 
 def sweep(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "scripts/sweep.py", *SWEEP_ARGS, "--out", str(out), *extra],
+    return subprocess.run([*SWEEP, *SWEEP_ARGS, "--out", str(out), *extra],
                           cwd=REPO, env=os.environ | SWEEP_ENV, capture_output=True, text=True, timeout=300)
 
 
@@ -187,7 +187,7 @@ def test_rerun_keeps_ok_rows_of_this_code_and_measures_the_rest(swept, tmp_path)
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert f"0 kept, {SMOKE_CONFIGS} to measure (1 new, {SMOKE_CONFIGS - 1} fresh)" in dry.stdout, dry.stdout
     assert "about" in dry.stdout and len(list((out / "rows").glob("*.json"))) == len(before) - 1
-    done = subprocess.run([sys.executable, "scripts/sweep.py", *rerun], cwd=REPO, capture_output=True, text=True,
+    done = subprocess.run([*SWEEP, *rerun], cwd=REPO, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{SMOKE_CONFIGS - 3} kept, 3 to measure (1 new, 1 not ok, 1 other code)" in done.stdout, done.stdout
@@ -668,7 +668,7 @@ def test_gpu_release_idles_only_after_handing_back_a_large_allocation(freed, set
 def test_cupti_replay_splits_the_pass_into_calls(monkeypatch):
     """Two replays of a pass of three calls, each a flush kernel then the step's kernel, 2 us apart:
     busy is the step's kernel, period the pass's span per call (gaps and flush included)."""
-    from kda_impls.bench import cupti
+    from scripts.crosscheck import cupti
 
     trace, start = [], 1.7e9
     for replay in range(2):
@@ -687,7 +687,7 @@ def test_cupti_replay_splits_the_pass_into_calls(monkeypatch):
 def test_cupti_trace_splits_into_steps_with_each_kernels_share(monkeypatch):
     """A synthetic trace at large absolute times: three steps of a precompute and a main kernel,
     each after one kernel of the op before it."""
-    from kda_impls.bench import cupti
+    from scripts.crosscheck import cupti
 
     trace, start = [], 1.7e9  # microseconds, as the profiler's clock gives them
     for i in range(3):
@@ -704,7 +704,7 @@ def test_cupti_trace_splits_into_steps_with_each_kernels_share(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_cupti_durations_split_into_steps():
-    from kda_impls.bench import cupti
+    from scripts.crosscheck import cupti
 
     x = torch.randn(1 << 20, device="cuda")
     y = torch.empty_like(x)
@@ -716,7 +716,7 @@ def test_gpu_cupti_durations_split_into_steps():
 
 @pytest.mark.gpu
 def test_gpu_cupti_replay_of_the_harness_pass():
-    from kda_impls.bench import cupti
+    from scripts.crosscheck import cupti
 
     x = torch.randn(1 << 20, device="cuda")
     y = torch.empty_like(x)
@@ -830,7 +830,7 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
     """On the CPU (no extra placements): two processes of two placements each, four in the row; the
     key keeps the layout's placements, the settings the processes."""
     out = tmp_path / "two"
-    done = subprocess.run([sys.executable, "scripts/sweep.py", "--impls", "naive", "--B", "1", "--H", "1", "--HV", "1",
+    done = subprocess.run([*SWEEP, "--impls", "naive", "--B", "1", "--H", "1", "--HV", "1",
                            "--K", "16", "--V", "16", "--devices", "cpu", "--placements", "2", "--placement-processes",
                            "2", "--settle", "0.01", "--no-charts", "--out", str(out)], cwd=REPO, capture_output=True,
                           text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""scripts/compare_published.py: published figures against repeated sweep runs and their spread."""
+"""scripts.reports.compare_published: published figures against repeated sweep runs and their spread."""
 
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import pandas as pd
 
 from helpers import REPO, write_sweep_dir
 from kda_impls.bench.config import Config, PoolLayout
-from kda_impls.tools import compare_published
+from scripts.reports import compare_published
 
 SHAPE = dict(state_dtype="bfloat16", H=32, HV=32, K=128, V=128)
 DEFAULT_LAYOUT = PoolLayout()

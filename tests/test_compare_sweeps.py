@@ -1,4 +1,4 @@
-"""scripts/compare_sweeps.py: two sweep directories row by row."""
+"""scripts.reports.compare_sweeps: two sweep directories row by row."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from helpers import write_sweep_dir
 from kda_impls.bench.config import Config
-from kda_impls.tools import compare_sweeps
+from scripts.reports import compare_sweeps
 
 ROWS = [Config(impl, B, 32, 32, 128, 128) for impl in ("triton", "fla") for B in (1, 64, 256)]
 

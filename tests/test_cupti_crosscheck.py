@@ -1,4 +1,4 @@
-"""scripts/cupti_crosscheck.py's report, from a crosscheck table (what --report-only rewrites)."""
+"""scripts.crosscheck.cupti_crosscheck's report, from a crosscheck table (what --report-only rewrites)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import re
 import pandas as pd
 
 from kda_impls.bench.config import Config
-from kda_impls.tools import cupti_crosscheck as crosscheck
+from scripts.crosscheck import cupti_crosscheck as crosscheck
 
 
 def table(replay: bool) -> pd.DataFrame:

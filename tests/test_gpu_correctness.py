@@ -2,7 +2,7 @@
 grid holds (in place, frozen verify, replay) runs through the case runner (a field spread into Config
 that is not one fails every case); its main on tiny cases, a refused mode counted with its reason."""
 
-from kda_impls.tools import gpu_correctness
+from scripts.gpu import gpu_correctness
 
 
 def test_each_kind_of_grid_case_runs_through_the_case_runner_on_the_cpu():

@@ -1,4 +1,4 @@
-"""scripts/memory_ceiling.py: its tile round-trip kernel touches exactly the tiles our kernel does
+"""scripts.profiling.memory_ceiling: its tile round-trip kernel touches exactly the tiles our kernel does
 (under the interpreter on the CPU, real shapes on the H200 through the script), its summary and
 its report written again from a run's files."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kda_impls import make_inputs
-from kda_impls.tools import memory_ceiling
+from scripts.profiling import memory_ceiling
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -48,7 +48,7 @@ def test_summary_is_per_batch_and_variant_against_the_same_placements_copy():
 def report_again(out, monkeypatch, rows: list[dict], options: str) -> str:
     """ceiling.md as ``--report-only`` writes it again from a run's ``rows`` made with ``options``."""
     pd.DataFrame(rows).to_csv(out / "ceiling.csv", index=False)
-    command = f"scripts/memory_ceiling.py --out {out} {options}"
+    command = f"scripts.profiling.memory_ceiling --out {out} {options}"
     (out / "meta.json").write_text(json.dumps({"gpu": "NVIDIA H200", "command": command}))
     monkeypatch.setattr(sys, "argv", ["memory_ceiling.py", "--out", str(out), "--report-only"])
     assert memory_ceiling.main() == 0

@@ -1,10 +1,10 @@
-"""scripts/mutation_rates.py: the audit's survival rates read from mutmut's own results."""
+"""scripts.audit.mutation_rates: the audit's survival rates read from mutmut's own results."""
 
 import json
 
 import pytest
 
-from kda_impls.tools import mutation_rates
+from scripts.audit import mutation_rates
 
 
 def test_rates_by_module_count_only_the_judged_mutants_of_the_patterns(tmp_path):

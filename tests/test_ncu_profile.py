@@ -1,10 +1,10 @@
-"""scripts/ncu_profile.py without a GPU: ncu's raw CSV page read into the summary."""
+"""scripts.profiling.ncu_profile without a GPU: ncu's raw CSV page read into the summary."""
 
 import io
 
 import pandas as pd
 
-from kda_impls.tools import ncu_profile
+from scripts.profiling import ncu_profile
 
 RAW = ('"ID","Kernel Name","gpu__time_duration.sum","gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",'
        '"launch__registers_per_thread"\n'

@@ -13,11 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kda_impls.bench import nvbench, nvbench_report
-from kda_impls.bench.eager import held_call_time
-from kda_impls.bench.nvbench_crosscheck import main
-from kda_impls.bench.nvbench_report import with_causes
 from kda_impls.bench.timing import Budget
+from scripts.crosscheck import nvbench, nvbench_report
+from scripts.crosscheck.eager import held_call_time
+from scripts.crosscheck.nvbench_crosscheck import main
+from scripts.crosscheck.nvbench_report import with_causes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -351,7 +351,7 @@ def test_the_script_runs_without_path_edits_and_says_what_is_missing(tmp_path):
 
     if torch.cuda.is_available() and _has_bench():
         pytest.skip("CUDA and cuda-bench are here: the GPU test times for real")
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "nvbench_crosscheck.py"), str(sweep), "--out",
+    done = subprocess.run([sys.executable, "-m", "scripts.crosscheck.nvbench_crosscheck", str(sweep), "--out",
                            str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path,
                           env=env_with_repo())
     expected = "no CUDA device" if not torch.cuda.is_available() else "cuda-bench is not installed"
@@ -413,7 +413,7 @@ def test_nvbench_times_a_preset_and_its_copies_on_the_gpu(tmp_path):
 
 
 def test_a_held_sample_is_the_holder_nvbenchs_clock_kernels_then_the_call():
-    from kda_impls.bench.sample_trace import held_samples, summary
+    from scripts.crosscheck.sample_trace import held_samples, summary
 
     kernels = [(0.0, 5.0, "block_stream(int const volatile*)"), (5.5, 0.8, "get_timestamps_kernel(unsigned long*)"),
                (8.0, 2.0, "decode"), (11.0, 1.0, "gate"), (13.0, 1.0, "get_timestamps_kernel(unsigned long*)"),

@@ -1,4 +1,4 @@
-"""The regression gate (kda_impls.regress, scripts/regress.py) on synthetic samples, in both input
+"""The regression gate (kda_impls.regress, kda-regress) on synthetic samples, in both input
 formats, and on result files written by asv itself."""
 
 from __future__ import annotations
@@ -846,10 +846,10 @@ def test_unreadable_and_older_result_files(tmp_path):
 
 
 def test_asv_bandwidth_sets_the_suites_gbps_beside_a_sweeps(tmp_path):
-    """kda_impls.asv_bandwidth's comparison: per point the asv median GB/s beside the sweep's, which
+    """scripts.gate.asv_bandwidth's comparison: per point the asv median GB/s beside the sweep's, which
     agree where they differ by no more than the wider placement range (bf16 here, 0.5% apart) and
     not beyond it (fp32, 20% apart); the command refuses a box without a GPU in one line."""
-    from kda_impls import asv_bandwidth
+    from scripts.gate import asv_bandwidth
 
     configs = {dtype: Config("triton", 256, 32, 32, 128, 128, state_dtype=dtype) for dtype in ("bfloat16", "float32")}
     sweep = write_sweep_dir(tmp_path / "sweep", {cfg: microseconds(i) for i, cfg in enumerate(configs.values())},
@@ -870,7 +870,7 @@ def test_asv_bandwidth_sets_the_suites_gbps_beside_a_sweeps(tmp_path):
     assert list(compared.agrees) == [True, False]
     assert compared.difference.to_numpy() == pytest.approx([0.0025, 0.2030], abs=2e-3)
     assert compared.loc["float32", "spread"] == pytest.approx(1.01 / 0.99 - 1)
-    done = subprocess.run([sys.executable, "-m", "kda_impls.asv_bandwidth", str(tmp_path / "out")], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "scripts.gate.asv_bandwidth", str(tmp_path / "out")], cwd=REPO,
                           capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "needs a CUDA GPU" in done.stderr
     assert not (tmp_path / "out").exists()

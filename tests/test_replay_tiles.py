@@ -1,4 +1,4 @@
-"""scripts/replay_tiles.py: one sweep per replay tile, every row in one table with its tile."""
+"""scripts.tuning.replay_tiles: one sweep per replay tile, every row in one table with its tile."""
 
 import json
 
@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV
-from kda_impls.tools import replay_tiles
+from scripts.tuning import replay_tiles
 
 
 def test_the_table_holds_every_row_with_its_tile_fastest_first_per_point(cpu_sweep, cpu_shards):

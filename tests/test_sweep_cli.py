@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import REPO, in_process, once
+from helpers import REPO, SWEEP, in_process, once
 
 TINY = ["--devices", "cpu", "--impls", "naive", "--B", "2", "--H", "1", "--HV", "2", "--K", "16", "--V", "16",
         "--placements", "1", "--no-charts"]
@@ -213,7 +213,7 @@ def test_default_out_is_named_by_the_grid_and_settings(tmp_path):
 def test_ctrl_c_saves_the_rows_done_and_says_how_to_resume(tmp_path):
     out = tmp_path / "interrupted"
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    sweep = subprocess.Popen([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", "naive", "--B",
+    sweep = subprocess.Popen([*SWEEP, "--devices", "cpu", "--impls", "naive", "--B",
                               "1,2,3,4,5,6,7,8", "--HV", "2", "--K", "16", "--state-dtype", "bf16,fp32",
                               "--max-seconds", "0.3", "--out", str(out), "--no-charts"],
                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -299,7 +299,7 @@ def modes(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     without TRITON_INTERPRET, which kda-sweep sets for the CPU itself."""
     def make(directory: Path) -> dict:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        done = subprocess.run([sys.executable, "scripts/sweep.py", *MODES, "--out", str(directory / "s")], cwd=REPO,
+        done = subprocess.run([*SWEEP, *MODES, "--out", str(directory / "s")], cwd=REPO,
                               env=env, capture_output=True, text=True, timeout=300)
         return {"out": str(directory / "s"), "returncode": done.returncode, "stdout": done.stdout,
                 "stderr": done.stderr}
@@ -324,7 +324,7 @@ def test_survey_and_sweep_agree_on_what_runs_on_a_cpu(modes):
 
 def test_a_time_limits_sigterm_saves_like_ctrl_c(tmp_path):
     out = tmp_path / "terminated"
-    sweep = subprocess.Popen([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", "naive", "--B",
+    sweep = subprocess.Popen([*SWEEP, "--devices", "cpu", "--impls", "naive", "--B",
                               "1,2,3,4,5,6,7,8", "--HV", "2", "--K", "16", "--max-seconds", "0.3", "--out", str(out),
                               "--no-charts"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
@@ -343,7 +343,7 @@ def test_a_burst_of_sigterms_to_the_process_group_still_saves_everything(tmp_pat
     again: interrupts after the first must not cut the cleanup short (results.csv and the run in
     meta.json written), nor kill a worker with a traceback of its own."""
     out = tmp_path / "terminated"
-    sweep = subprocess.Popen([sys.executable, "scripts/sweep.py", "--devices", "cpu", "--impls", "naive", "--B",
+    sweep = subprocess.Popen([*SWEEP, "--devices", "cpu", "--impls", "naive", "--B",
                               "1,2,3,4,5,6,7,8", "--HV", "2", "--K", "16", "--max-seconds", "0.3", "--out", str(out),
                               "--no-charts"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True)

@@ -1,12 +1,12 @@
-"""scripts/targets.py: the kernel issue's targets judged on a results table (each library at its best
-variant), and README's generated block; scripts/mode_targets.py: the decode modes' targets."""
+"""scripts.reports.targets: the kernel issue's targets judged on a results table (each library at its best
+variant), and README's generated block; scripts.reports.mode_targets: the decode modes' targets."""
 
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from kda_impls.tools import mode_targets, targets
+from scripts.reports import mode_targets, targets
 
 
 def row(impl, B, us, frac, state="bfloat16", slot_pad=0, spread=0.01, library=None, K=128, engine="", mode="inplace"):

@@ -452,7 +452,7 @@ def test_forced_config_is_validated():
 
 
 # Every config a test below reads, per (HV, D, T) shape, compiled in one process of
-# scripts/triton_registers.py the first time a test asks for that shape. HV = 64, K = V = 64 (a shape
+# scripts.tuning.triton_registers the first time a test asks for that shape. HV = 64, K = V = 64 (a shape
 # the table tunes) unless a count needs the 128-wide rows: a compile there costs three times as much.
 SM90_CONFIGS = {
     (64, 64, 1): ["BV=8,num_warps=1", "BV=8,num_warps=1,state_first=1", "BV=8,num_warps=1,state_first=1,fast_gate=1",
@@ -488,7 +488,8 @@ def _offline_sm90(cache: Path, configs: str, HV: int, D: int, T: int = 1) -> lis
         known = json.loads(path.read_text()) if path.exists() else {"skip": None, "rows": {}}
         missing = [c for c in dict.fromkeys(asked + SM90_CONFIGS.get((HV, D, T), [])) if c not in known["rows"]]
         if missing and known["skip"] is None:
-            done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs", ";".join(missing),
+            done = subprocess.run([sys.executable, "-m", "scripts.tuning.triton_registers",
+                                   "--configs", ";".join(missing),
                                    "--state-dtypes", "bfloat16", "--HV", str(HV), "--D", str(D), "--B", str(COMPILE_B),
                                    "--T", str(T)], capture_output=True, text=True, cwd=REPO,
                                   timeout=120 + 60 * len(missing))  # a compile takes seconds; a loaded box, more
@@ -507,7 +508,7 @@ def _offline_sm90(cache: Path, configs: str, HV: int, D: int, T: int = 1) -> lis
 
 @pytest.fixture(scope="session")
 def offline_sm90(tmp_path_factory):
-    """offline_sm90(configs, HV, D, T=1): scripts/triton_registers.py's line per config (bf16 state,
+    """offline_sm90(configs, HV, D, T=1): scripts.tuning.triton_registers's line per config (bf16 state,
     B = COMPILE_B, T tokens), split into fields: state, config, kernel, regs, spill, warps/SM, SASS to the
     first load, SASS, MUFU.LG2, state load spread, loads before the first warp-wide instruction,
     shuffles, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte one, SASS
@@ -525,7 +526,7 @@ def test_the_offline_compile_is_the_same_at_any_batch(config, T):
     """What triton.compile is given (the kernel, its signature, constexprs and options) at COMPILE_B is what
     it is given at B = 256, the batch the tuning table is read at: the compiles above stand for B = 256."""
     from kda_impls.impls.triton_kda import kernel_arguments
-    from kda_impls.tools.triton_registers import signature
+    from scripts.tuning.triton_registers import signature
 
     def compiled_from(B: int):
         inputs = make_inputs(B, 64, 64, 64, 64, T=T, seed=0)
@@ -745,7 +746,7 @@ def test_register_script_specialises_arguments_as_the_launcher_does():
     """An integer argument equal to 1 is a constant in the launched kernel (Triton's launcher
     specialises it), a 16-divisible one is marked so, the rest are i32: otherwise the offline counts
     would compile a GVA group of 1 as a variable and overstate the kernel's prologue."""
-    from kda_impls.tools.triton_registers import signature
+    from scripts.tuning.triton_registers import signature
 
     class Kernel:
         arg_names = ["x_ptr", "n", "one", "big", "scale", "BLOCK"]
@@ -758,12 +759,12 @@ def test_register_script_specialises_arguments_as_the_launcher_does():
 
 
 def test_register_script_compiles_for_sm90_without_a_gpu():
-    """scripts/triton_registers.py: the launcher's kernel and arguments compiled offline. A 32-row
+    """scripts.tuning.triton_registers: the launcher's kernel and arguments compiled offline. A 32-row
     tile holds more registers than an 8-row one (each config compiled as it is), and the 8-row tile
     B = 1 uses reaches its first load within 40 instructions with the head counts compiled in, sooner
     than with them passed at run time and divided by on the way (21 against 43 at HV=32 K=V=128 under
     Triton 3.6: results/offline-sm90/triton36/; 17 against 43 at HV=64 K=V=64, compiled here, under 3.9)."""
-    done = subprocess.run([sys.executable, "scripts/triton_registers.py", "--configs",
+    done = subprocess.run([sys.executable, "-m", "scripts.tuning.triton_registers", "--configs",
                            "BV=32,num_warps=1;BV=8,num_warps=1,const_heads=1;BV=8,num_warps=1",
                            "--state-dtypes", "bfloat16", "--B", "1", "--HV", "64", "--D", "64"],
                           capture_output=True, text=True, cwd=REPO, timeout=600)

@@ -1,4 +1,4 @@
-"""The tuner (scripts/triton_tune.py: kda_impls.tools.triton_tune, tuning_table) and the tuning table it
+"""The tuner (scripts.tuning.triton_tune: scripts.tuning.triton_tune, tuning_table) and the tuning table it
 writes (kda_impls/impls/triton_tuning.json): the table the kernel reads is the committed JSON, the JSON is
 what its recorded command writes from the committed tune runs, and the tuner's rules for choosing
 an entry (best per shape, the state order from two sweeps, over-table runs past a margin)."""
@@ -15,7 +15,7 @@ from kda_impls.bench.config import Config
 from kda_impls.impls import triton_kda, triton_tuning
 from kda_impls.impls.triton_kda import TileConfig, choose_config
 from kda_impls.impls.triton_tuning import TABLE
-from kda_impls.tools import triton_tune, tuning_table
+from scripts.tuning import triton_tune, tuning_table
 
 
 def test_the_kernel_reads_the_committed_json():

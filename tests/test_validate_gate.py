@@ -1,4 +1,4 @@
-"""scripts/validate_gate.py without a GPU: the planted slowdown comes from the committed tune, the
+"""scripts.gate.validate_gate without a GPU: the planted slowdown comes from the committed tune, the
 sweep form's checks pass an A/A triple and a caught slowdown and fail a missed one, and the asv
 form's --max-runs stops before a run it may not start."""
 
@@ -13,17 +13,16 @@ import numpy as np
 import pandas as pd
 
 from helpers import REPO, asv_env, in_process, write_sweep_dir
-from kda_impls import validate_gate
 from kda_impls.bench.config import Config
-
-SCRIPT = REPO / "scripts" / "validate_gate.py"
+from scripts.gate import validate_gate
 
 TRITON = [Config("triton", B, 32, 32, 128, 128) for B in (64, 256)]
 FLA = Config("fla", 64, 32, 32, 128, 128)
+TUNE_ROWS = REPO / validate_gate.TUNE_ROWS  # the committed tune runs
 
 
 def test_planted_slowdown_is_a_tuned_config_5_to_10_percent_slower():
-    config, ratios = validate_gate.planted_config()
+    config, ratios = validate_gate.planted_config(TUNE_ROWS)
     assert config.startswith("BV=") and (ratios.B >= 64).all()
     # at least one point 5-10% slower (the committed tune runs give the table's bf16 B = 256 entry no
     # ratio: validate_gate.TUNE_CSVS), and the points called in range are those
@@ -35,9 +34,9 @@ def test_planted_and_sweep_forms_run_without_asv(monkeypatch):
     """A bare GPU box has no asv (nor its json5): the planted config must still print there, or the
     planted run silently times the table."""
     monkeypatch.setitem(sys.modules, "json5", None)  # any import of it fails
-    monkeypatch.delitem(sys.modules, "kda_impls.validate_gate")
-    bare = importlib.import_module("kda_impls.validate_gate")
-    assert bare.planted_config()[0] == validate_gate.planted_config()[0]
+    monkeypatch.delitem(sys.modules, "scripts.gate.validate_gate")
+    bare = importlib.import_module("scripts.gate.validate_gate")
+    assert bare.planted_config(TUNE_ROWS)[0] == validate_gate.planted_config(TUNE_ROWS)[0]
 
 
 def run_dir(path, seed: int, triton_scale=(1.0, 1.0)):
@@ -55,7 +54,7 @@ def run_dir(path, seed: int, triton_scale=(1.0, 1.0)):
 
 
 def evaluate(tmp_path, slow_scale, process: bool = False):
-    """The sweep form on three A runs and a slow one (``process``: scripts/validate_gate.py in its own
+    """The sweep form on three A runs and a slow one (``process``: scripts.gate.validate_gate in its own
     process, else its main here): the command's result and its summary."""
     runs = [run_dir(tmp_path / f"a{i}", i) for i in (1, 2, 3)]
     slow = run_dir(tmp_path / "slow", 9, slow_scale)
@@ -65,8 +64,8 @@ def evaluate(tmp_path, slow_scale, process: bool = False):
 def gate_sweeps(out, runs, slow, process: bool = False):
     args = ["sweep", str(out), *map(str, runs), str(slow)]
     if process:
-        done = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run([sys.executable, "-m", "scripts.gate.validate_gate", *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
     else:
         done = in_process(validate_gate.main, *args)
     return done, json.loads((out / "summary.json").read_text())
@@ -131,7 +130,7 @@ def test_planted_slowdown_reads_each_point_from_its_last_tune_run(tmp_path):
                                          for c, us in ((chosen[B], 10.0), (other, 10.7))])
     last = run(tmp_path / "last.csv", [(B, c, us) for B, planted_us in ((64, 10.6), (256, 10.3))
                                        for c, us in ((chosen[B], 10.0), (other, 13.0), (planted, planted_us))])
-    config, ratios = validate_gate.planted_config([first, last])
+    config, ratios = validate_gate.planted_config(tune_csvs=[first, last])
     assert config.startswith("BV=1,") and list(ratios.ratio.round(2)) == [1.06, 1.03]
 
 

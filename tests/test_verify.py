@@ -20,7 +20,7 @@ from kda_impls import effective_state, get, make_inputs, reference, rel_err, ver
 from kda_impls.bench.case import run_case
 from kda_impls.bench.config import Config
 from kda_impls.impls.naive import NaiveTorch
-from kda_impls.verify import (
+from kda_impls.verify_checks import (
     CPU_STEP_ELEMENTS,
     GPU_STEP_ELEMENTS,
     MIN_CPU_STEPS,

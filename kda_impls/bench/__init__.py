@@ -1,5 +1,5 @@
 """The benchmark harness: configurations and pool layouts, the case runner, timers, the copy
-roofline, clocks, and the sweep over presets (``scripts/sweep.py``, ``scripts/plot.py``;
+roofline, clocks, and the sweep over presets (``kda-sweep``, ``kda-plot``;
 docs/results-format.md documents the output)."""
 
 from .case import COLUMNS, STATUSES, Method, run_case

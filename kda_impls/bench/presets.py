@@ -162,9 +162,9 @@ PRESETS = {
         Preset("kimi-linear-48b", "Kimi-Linear-48B-A3B's KDA layer: H = HV = 32, K = V = 128, B 1..512, "
                "slot padding 0/16/64, bf16 and fp32 state", (_kimi_grid(),), *FAST),
         Preset("targets", "the Triton issue's targets: H = HV 16/32/64, K = V 64/128, B 1/16/64/256, slot_pad "
-               "0/64, bf16 and fp32 state (scripts/targets.py reports them)", _targets_grids(), *FAST),
+               "0/64, bf16 and fp32 state (scripts.reports.targets reports them)", _targets_grids(), *FAST),
         Preset("published", "the shapes of the published FlashInfer / fla-core table (results/published/; "
-               "scripts/compare_published.py compares)", _published_grids(), *THOROUGH),
+               "scripts.reports.compare_published compares)", _published_grids(), *THOROUGH),
         Preset("gva", "grouped value heads (H < HV), K = V = 128", _gva_grids(), *THOROUGH),
         Preset("spec-decode", "speculative verify at Kimi-Linear's layer: T 1/2/4/8 tokens per row, B 1/8/32/128, "
                "the state stored after every token or the last, bf16 and fp32 state", _spec_decode_grids(), *FAST),

@@ -378,3 +378,5 @@ def method_from_args(args, preset: Preset, device_type: str) -> Method:
                   retime_throttled=not args.no_retime)
 
 
+if __name__ == "__main__":  # python3 -m kda_impls.bench.sweep: kda-sweep from a checkout
+    main()

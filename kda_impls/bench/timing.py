@@ -272,7 +272,7 @@ def timed_pass(launchers: Sequence[Launcher], device: torch.device, prepare: Cal
     runs (a CUDA graph, else eager calls between events), wall seconds of one eager pass over
     ``launchers``). The pass repeats the rotation over ``launchers`` until it lasts TARGET_PASS_S, in
     whole ``cycle``s (:func:`_reps`), each call after the entry op ``prepare`` where there is one
-    (:func:`entry_op`). ``scripts/cupti_crosscheck.py --replay`` profiles the same pass."""
+    (:func:`entry_op`). ``scripts.crosscheck.cupti_crosscheck --replay`` profiles the same pass."""
     _pass(launchers, prepare)()  # every launcher once before capture (lazy workspaces, handles)
     wall_s, _ = synced_call(_pass(launchers, prepare), device)
     reps = _reps(wall_s / len(launchers), len(launchers), cycle)

@@ -2,7 +2,7 @@
 ``triton_tuning.json`` beside this file; see kda_impls.impls.triton_kda.choose_config (nearest tabled
 T, then B; fp16 state uses the bfloat16 rows).
 
-The JSON is data written by the tuner (``python3 scripts/triton_tune.py --write-table ...``; its
+The JSON is data written by the tuner (``python3 -m scripts.tuning.triton_tune --write-table ...``; its
 ``command`` field is the call that wrote it): regenerate it rather than edit it. This module owns the
 file's format, read (:func:`parse`) and written (:func:`dumps`).
 """

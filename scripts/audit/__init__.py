@@ -1,0 +1,1 @@
+"""The mutation audit's survival rates."""

@@ -1,0 +1,1 @@
+"""Second clocks beside the harness: CUPTI kernel durations and NVIDIA nvbench."""

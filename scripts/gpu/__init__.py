@@ -1,0 +1,1 @@
+"""The GPU checks: the runner (gpu-checks.sh) and the correctness grid."""

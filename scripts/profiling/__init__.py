@@ -1,0 +1,1 @@
+"""Profiling our kernel on a GPU: Nsight Compute counters, the memory ceiling, compute-sanitizer runs."""

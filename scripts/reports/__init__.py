@@ -1,0 +1,1 @@
+"""Reports from sweep directories: targets judged, published figures compared, variants costed."""

@@ -1,0 +1,1 @@
+"""Tuning our Triton kernel: tile timings, the tuning table, register counts."""
