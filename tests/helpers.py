@@ -1,11 +1,12 @@
-"""What several test modules share: loading a script of scripts/ as a module; running asv from
-tests (this interpreter as the existing environment, a throwaway HOME for the machine file
-~/.asv-machine.json, and this checkout importable in the benchmark processes); making a run once
-per test run (:func:`once`: the conftest's shared asv run and CPU sweeps); running a command's
-main in this process (:func:`in_process`) or kda-sweep in its own; and sweep result directories
-written by the sweep's own writer, so that readers are tested against the real format; and the
-check that an implementation replayed from a CUDA graph (as the harness times it) takes the eager
-call's step."""
+"""What several test modules share.
+
+- Running asv from tests: this interpreter as the existing environment, a throwaway HOME for the
+  machine file ~/.asv-machine.json, and this checkout importable in the benchmark processes.
+- Making a run once per test run (:func:`once`: the conftest's shared asv run and CPU sweeps).
+- Running a command's main in this process (:func:`in_process`), or kda-sweep in its own.
+- Sweep result directories written by the sweep's own writer, so that readers meet the real format.
+- The check that an implementation replayed from a CUDA graph (as the harness times it) takes the
+  eager call's step."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -158,14 +158,6 @@ def in_process(main: Callable, *args: str, env: dict[str, str] | None = None) ->
         signal.signal(signal.SIGTERM, sigterm)  # kda-sweep's, set before it measures
     return subprocess.CompletedProcess([getattr(main, "__module__", "main"), *args], code, out.getvalue(),
                                        err.getvalue())
-
-
-def load_script(name: str) -> ModuleType:
-    """``scripts/<name>.py`` as a module (scripts/ is no package)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def write_sweep_dir(path: Path, rows: dict[Config, list[float] | str], meta: dict,
