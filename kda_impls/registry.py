@@ -25,12 +25,12 @@ BUILTIN = {
     "fla-loggate-sigmoid": "kda_impls.impls.fla_kda:FlaLogGateSigmoid",
     "fla-batched": "kda_impls.impls.fla_kda:FlaBatched",
     "flashinfer": "kda_impls.impls.flashinfer_kda:FlashInferKDA",
-    "flashinfer-sigmoid": "kda_impls.impls.flashinfer_kda:FlashInferSigmoid",
-    "flashinfer-loggate": "kda_impls.impls.flashinfer_kda:FlashInferLogGate",
-    "flashinfer-loggate-sigmoid": "kda_impls.impls.flashinfer_kda:FlashInferLogGateSigmoid",
-    "flashinfer-gather": "kda_impls.impls.flashinfer_kda:FlashInferGather",
-    "flashinfer-dense": "kda_impls.impls.flashinfer_kda:FlashInferDense",
-    "flashinfer-recoverssm": "kda_impls.impls.flashinfer_kda:FlashInferRecoverSSM",
+    "flashinfer-sigmoid": "kda_impls.impls.flashinfer_variants:FlashInferSigmoid",
+    "flashinfer-loggate": "kda_impls.impls.flashinfer_variants:FlashInferLogGate",
+    "flashinfer-loggate-sigmoid": "kda_impls.impls.flashinfer_variants:FlashInferLogGateSigmoid",
+    "flashinfer-gather": "kda_impls.impls.flashinfer_variants:FlashInferGather",
+    "flashinfer-dense": "kda_impls.impls.flashinfer_variants:FlashInferDense",
+    "flashinfer-recoverssm": "kda_impls.impls.flashinfer_variants:FlashInferRecoverSSM",
     "triton": "kda_impls.impls.triton_kda:TritonKDA",
 }
 

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 
 from helpers import assert_verified_or_refuses_gva
 from kda_impls import make_inputs, reference, rel_err, verify
-from kda_impls.impls.flashinfer_kda import FlashInferKDA, FlashInferLogGate, FlashInferLogGateSigmoid, FlashInferSigmoid
+from kda_impls.impls.flashinfer_kda import FlashInferKDA
+from kda_impls.impls.flashinfer_variants import FlashInferLogGate, FlashInferLogGateSigmoid, FlashInferSigmoid
 
 
 def recurrent_kda_as_documented(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,

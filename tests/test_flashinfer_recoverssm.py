@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from kda_impls import Unsupported, get, make_inputs
-from kda_impls.impls.flashinfer_kda import FlashInferRecoverSSM
+from kda_impls.impls.flashinfer_variants import FlashInferRecoverSSM
 from replay_checks import poison_unused_records, step_problems, tolerance
 
 

@@ -23,10 +23,10 @@ import torch.nn.functional as F
 
 from helpers import assert_verified_or_refuses_gva
 from kda_impls import make_inputs, verify
-from kda_impls.impls.flashinfer_kda import (
+from kda_impls.impls.flashinfer_kda import FlashInferKDA
+from kda_impls.impls.flashinfer_variants import (
     FlashInferDense,
     FlashInferGather,
-    FlashInferKDA,
     FlashInferLogGate,
     FlashInferLogGateSigmoid,
     FlashInferSigmoid,
