@@ -18,9 +18,8 @@ from typing import Callable, NoReturn
 import torch
 
 from .capabilities import Capabilities, capability_violations, package_version
-from .contract_memory import ACTIVATION_DTYPES, check_dtypes_devices, check_out_alias, check_pool_layout, check_slots
+from .contract_memory import ACTIVATION_DTYPES, check_dtypes_devices, check_out, check_pool_layout, check_slots
 from .contract_shapes import check_shapes
-from .dtypes import dtype_name
 from .inputs import DecodeInputs
 
 __all__ = ["ACTIVATION_DTYPES", "Capabilities", "ContractError", "Implementation", "Unsupported", "package_version"]
@@ -138,28 +137,20 @@ class Implementation:
 
     # ---- running ------------------------------------------------------------------------------
     def bind(self, inputs: DecodeInputs, out: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
-        """Check, confirm it can run, allocate; return a launcher that only launches.
+        """Check (the inputs, then ``out``), confirm it can run, allocate; return a launcher that only launches.
 
         The launcher writes the output into ``out`` (allocated here if None) and the new state into
         the pool (frozen verify: no state), and returns ``out``. Slot values are validated here, once:
         the launcher assumes they do not change afterwards.
         """
         self.check(inputs)
+        if out is not None:
+            check_out(inputs, out, self.capabilities, self._fail)
         reason = self.unsupported(inputs)
         if reason:
             raise Unsupported(f"{self.label}: {reason}")
-        shape = inputs.out_shape
         if out is None:
-            out = torch.empty(shape, dtype=inputs.v.dtype, device=inputs.device)
-        elif tuple(out.shape) != shape or out.dtype != inputs.v.dtype or out.device != inputs.device \
-                or not out.is_contiguous():
-            self._fail("out", f"out must be a contiguous {shape} {dtype_name(inputs.v.dtype)} tensor on "
-                              f"{inputs.device}; got {tuple(out.shape)} {dtype_name(out.dtype)} on {out.device}")
-        elif out.data_ptr() % self.capabilities.base_alignment:
-            self._fail("out", f"out must start {self.capabilities.base_alignment}-byte aligned; its byte offset "
-                              f"is {out.data_ptr() % self.capabilities.base_alignment}")
-        else:
-            check_out_alias(inputs, out, self._fail)
+            out = torch.empty(inputs.out_shape, dtype=inputs.v.dtype, device=inputs.device)
         spelled = self._as_read(inputs)
         if spelled is inputs:
             return self._launcher(inputs, out)

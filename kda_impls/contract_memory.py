@@ -114,8 +114,17 @@ def _check_lengths(x: DecodeInputs, fail: Fail) -> None:
                                  f"after the cached ones); got min {lo}, largest sum {hi}")
 
 
-def check_out_alias(inputs: DecodeInputs, out: torch.Tensor, fail: Fail) -> None:
-    """``out`` overlaps no input: the launcher writes it while reading them, and overlap races."""
+def check_out(inputs: DecodeInputs, out: torch.Tensor, caps: Capabilities, fail: Fail) -> None:
+    """A given output buffer: contiguous, of the output's shape, dtype and device, aligned as ``caps``
+    declare, and over no input (the launcher writes it while reading them: overlap races)."""
+    shape = inputs.out_shape
+    if tuple(out.shape) != shape or out.dtype != inputs.v.dtype or out.device != inputs.device \
+            or not out.is_contiguous():
+        fail("out", f"out must be a contiguous {shape} {dtype_name(inputs.v.dtype)} tensor on "
+                    f"{inputs.device}; got {tuple(out.shape)} {dtype_name(out.dtype)} on {out.device}")
+    if out.data_ptr() % caps.base_alignment:
+        fail("out", f"out must start {caps.base_alignment}-byte aligned; its byte offset "
+                    f"is {out.data_ptr() % caps.base_alignment}")
     start, end = out.data_ptr(), out.data_ptr() + out.nbytes
     cached = inputs.cache.tensors() if inputs.replay else {}
     for name, t in {**inputs.tensors(), **cached}.items():
