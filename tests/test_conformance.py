@@ -21,9 +21,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import DEVICE, assert_graph_replay_takes_eager_step
-from kda_impls import ContractError, Implementation, Unsupported, get, make_inputs, names, verify
+from helpers import DEVICE, assert_graph_replay_takes_eager_step, with_gaps
+from kda_impls import ContractError, Implementation, Unsupported, get, make_inputs, names, rel_err, verify
 from kda_impls.impls.naive import NaiveTorch
+from kda_impls.verify_checks import TOLERANCE
 
 NAMES = names()
 
@@ -51,16 +52,20 @@ MODES = {
     "no-live-row": dict(B=2, pad_rows=2),
     "multi-token": dict(T=3),
     "multi-token-last": dict(T=3, checkpoints="last"),
-    "per-token-T1": dict(T=1, checkpoints="last"),  # the token axis kept at T = 1 (below)
+    "multi-token-gaps": dict(T=4, gaps=True),  # a -1 inside a live row: the token applied, not stored
+    "per-token-T1": dict(per_token=True),  # the token axis kept at T = 1
     "frozen": dict(T=3, update_state=False),
     "replay": dict(ring=4),
     "replay-verify": dict(T=2, ring=4),
 }
 
 
-def mode_inputs(impl: Implementation, mode: str, **kw):
-    x = conforming(impl, **{**MODES[mode], **kw})
-    return x.per_token_spelling() if mode == "per-token-T1" else x
+def mode_inputs(impl: Implementation, mode: dict, **kw):
+    """``conforming`` inputs of one of MODES or GPU_MODES."""
+    mode = {**mode, **kw}
+    gaps, per_token = mode.pop("gaps", False), mode.pop("per_token", False)
+    x = conforming(impl, **mode)
+    return with_gaps(x) if gaps else x.per_token_spelling() if per_token else x
 
 
 def refusal(impl: Implementation, x) -> tuple[type[Exception], str] | None:
@@ -95,7 +100,26 @@ def conforms(impl: Implementation, x, what: str) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_each_mode_runs_correctly_or_is_refused_before_anything_runs(name, mode):
     impl = get(name)
-    conforms(impl, mode_inputs(impl, mode, device=DEVICE), mode)
+    conforms(impl, mode_inputs(impl, MODES[mode], device=DEVICE), mode)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("name", NAMES)
+def test_a_launcher_reads_the_inputs_as_they_are_at_each_launch(name):
+    """What benchmarks rely on: one launcher, launched again after the activations changed in place,
+    takes the new step (as the naive step bound to a copy does)."""
+    impl = get(name)
+    x = conforming(impl, device=DEVICE)
+    if (reason := impl.unsupported(x)) is not None:
+        pytest.skip(reason)
+    y = x.clone()
+    launch, naive = impl.bind(x), get("naive").bind(y)
+    tol = TOLERANCE[x.state.dtype]
+    for step in range(2):
+        assert rel_err(launch(), naive()) <= tol, step
+        for t in (x.q, x.v, x.a, y.q, y.v, y.a):
+            t.mul_(-1)
+    assert rel_err(x.pool_span(), y.pool_span()) <= tol
 
 
 class WritesThePadding(NaiveTorch):
@@ -117,7 +141,7 @@ class WritesThePadding(NaiveTorch):
 def test_the_suite_fails_a_planted_bug(mode):
     impl = WritesThePadding()
     with pytest.raises(AssertionError, match="padding between slots was written"):
-        conforms(impl, mode_inputs(impl, mode), mode)
+        conforms(impl, mode_inputs(impl, MODES[mode]), mode)
 
 
 def declared_breaches(impl: Implementation) -> dict[str, tuple[str, object]]:
@@ -152,6 +176,13 @@ def declared_breaches(impl: Implementation) -> dict[str, tuple[str, object]]:
         x = conforming(impl)
         breaches["slot stride"] = ("pool-alignment", make_inputs(2, x.H, x.HV, x.K, x.V, state_dtype=x.state.dtype,
                                                                  slot_pad=1))
+    if caps.base_alignment > 1:
+        x = conforming(impl)
+        flat = x.pool_span()
+        buffer = torch.empty(flat.numel() + 1, dtype=flat.dtype)
+        buffer[1:].copy_(flat)
+        x.state = buffer.as_strided(x.state.shape, x.state.stride(), 1)  # one element past the allocation's start
+        breaches["base alignment"] = ("pool-alignment", x)
     return breaches
 
 
@@ -170,7 +201,8 @@ def test_each_declared_capability_is_enforced(name, what):
 def test_narrower_capabilities_are_checked_for_every_kind():
     """The breaches above cover every kind of declared capability some implementation narrows."""
     kinds = {what for _, what in CAPABILITY_BREACHES}
-    assert {"replay", "frozen", "tokens", "state dtype", "gva", "K", "K == V", "slot stride"} <= kinds, kinds
+    expected = {"replay", "frozen", "tokens", "state dtype", "gva", "K", "K == V", "slot stride", "base alignment"}
+    assert expected <= kinds, expected - kinds
 
 
 def plant(x, rule: str):
@@ -234,6 +266,7 @@ GPU_MODES = {
     "B64": dict(B=64, pad_rows=4),
     "B64-fp32": dict(B=64, state_dtype=torch.float32),
     "multi-token-T4": dict(B=16, T=4),
+    "multi-token-T8-gaps": dict(B=64, T=8, gaps=True),
     "frozen-T4": dict(B=16, T=4, update_state=False),
     "replay-ring8": dict(B=16, ring=8),
     "replay-verify-T4": dict(B=16, T=4, ring=8),
@@ -246,15 +279,15 @@ GPU_MODES = {
 @pytest.mark.parametrize("name", NAMES)
 def test_each_mode_at_real_shapes_on_gpu(name, mode, gva):
     impl = get(name)
-    x = conforming(impl, large=True, gva=gva, device="cuda", **GPU_MODES[mode])
-    conforms(impl, x, mode)
+    conforms(impl, mode_inputs(impl, GPU_MODES[mode], large=True, gva=gva, device="cuda"), mode)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["B64", "multi-token-T8-gaps"])
 @pytest.mark.parametrize("name", NAMES)
-def test_a_cuda_graph_replay_takes_the_eager_step(name):
+def test_a_cuda_graph_replay_takes_the_eager_step(name, mode):
     impl = get(name)
-    x = conforming(impl, large=True, B=32, gva=False, device="cuda")
+    x = mode_inputs(impl, GPU_MODES[mode], large=True, gva=False, device="cuda")
     if (reason := impl.unsupported(x)) is not None:
         pytest.skip(reason)
     assert_graph_replay_takes_eager_step(name, x)

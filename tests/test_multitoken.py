@@ -264,15 +264,6 @@ def test_every_built_in_implementation_takes_multi_token_steps():
         assert "any T" in caps.describe()
 
 
-@pytest.mark.interpreter
-def test_fla_runs_a_t1_step_in_the_per_token_spelling():
-    x = make_inputs(3, 2, 4, 16, 16, slot_pad=4, pad_rows=1, seed=6).per_token_spelling()
-    if reason := get("fla").unsupported(x):
-        pytest.skip(reason)
-    verdict = verify(get("fla"), x)
-    assert verdict.ok, verdict
-
-
 # ---- the reference: one T-token step is T one-token steps, each storing its state -----------------
 
 def stepwise(x: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -345,27 +336,6 @@ def test_reference_padding_rows_are_zero_and_gaps_still_output():
 
 
 # ---- naive and verify --------------------------------------------------------------------------------
-
-NAIVE_CASES = [
-    dict(B=4, H=2, HV=2, K=16, V=16, T=2),
-    dict(B=5, H=1, HV=4, K=16, V=8, T=4, slot_pad=7, pad_rows=2, gaps=True),  # GVA, K != V, padded
-    dict(B=3, H=2, HV=2, K=8, V=16, T=3, checkpoints="last", pad_rows=1),
-    dict(B=2, H=1, HV=1, K=8, V=8, T=3, pad_rows=2),  # nothing live
-]
-
-
-@pytest.mark.parametrize("case", NAIVE_CASES)
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-def test_naive_multi_token_matches_reference(case, state_dtype):
-    case = dict(case)
-    gaps = case.pop("gaps", False)
-    x = make_inputs(**case, state_dtype=state_dtype, seed=13)
-    if gaps:
-        x = with_gaps(x)
-    verdict = verify(get("naive"), x)
-    assert verdict.ok, verdict
-    if state_dtype == torch.float32:
-        assert verdict.err_state <= 1e-5
 
 
 class StartsFromFirstSlot(NaiveTorch):

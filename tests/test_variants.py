@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import DEVICE, assert_graph_replay_takes_eager_step, misaligned, needs_fla
+from helpers import DEVICE, misaligned, needs_fla
 from kda_impls import Implementation, Unsupported, get, make_inputs, names, reference, rel_err, verify
 from kda_impls.impls import precompute as precompute_module
 from kda_impls.impls.flashinfer_kda import FORMS, recurrent_kda_entry_point
@@ -265,23 +265,6 @@ def test_flashinfer_variant_arguments_bind_to_the_installed_signature(name):
 
 # ---- fla: every variant against the reference, and its calls --------------------------------
 
-FLA_CASES = {
-    "gva-padded-minus-one": dict(B=4, H=2, HV=4, K=32, V=32, slot_pad=16, pad_rows=1),
-    "fp32-activations": dict(B=3, H=2, HV=2, K=32, V=16, dtype=torch.float32, state_dtype=torch.float32),
-    "no-live-row": dict(B=2, H=1, HV=2, K=16, V=16, pad_rows=2),
-}
-
-
-@needs_fla
-@pytest.mark.interpreter
-@pytest.mark.parametrize("case", FLA_CASES.values(), ids=FLA_CASES.keys())
-@pytest.mark.parametrize("name", FLA[1:])  # "fla" itself: tests/test_fla.py
-def test_fla_variant_matches_reference(name, case):
-    x = make_inputs(**case, device=DEVICE, seed=28)
-    assert get(name).unsupported(x) is None
-    verdict = verify(get(name), x)
-    assert verdict.ok, verdict
-
 
 @needs_fla
 @pytest.mark.interpreter
@@ -361,28 +344,6 @@ def runnable(name, x):
     return x
 
 
-GPU_CASES = {
-    "one-warp-d128-minus-one-padded": dict(B=64, H=32, HV=32, K=128, V=128, slot_pad=64, pad_rows=8),
-    "one-warp-d64-padded": dict(B=8, H=16, HV=16, K=64, V=64, slot_pad=16, pad_rows=2),  # wrapper zero-fills D64
-    "grouped-minus-one": dict(B=4, H=8, HV=8, K=128, V=128, slot_pad=16, pad_rows=1, n_slots=9),
-    "gva-one-warp-d64": dict(B=8, H=8, HV=32, K=64, V=64, slot_pad=16, pad_rows=2),
-    "gva-grouped-d128": dict(B=8, H=4, HV=16, K=128, V=128, slot_pad=16, pad_rows=1, n_slots=9),
-}
-PACKED = [n for n in FLASHINFER if get(n).form == "packed"]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU_CASES.values(), ids=GPU_CASES.keys())
-@pytest.mark.parametrize("name", PACKED)
-def test_flashinfer_packed_variants_on_gpu(name, case):
-    x = make_inputs(**case, device="cuda", seed=32)
-    if name in GATE_IN_KERNEL and x.H != x.HV:
-        assert get(name).unsupported(x).startswith("GVA (H=")
-        return
-    verdict = verify(get(name), runnable(name, x))
-    assert verdict.ok, verdict
-
-
 DENSE_CASES = {  # what FlashInfer's benchmark passes: state[i] for batch row i, every row live
     "one-warp-d128": dict(B=64, H=32, HV=32, K=128, V=128),
     "one-warp-d64-gva": dict(B=16, H=8, HV=16, K=64, V=64),
@@ -435,18 +396,6 @@ def test_flashinfer_gather_form_overwrites_the_last_slot_for_minus_one(B, HV):
     torch.cuda.synchronize()
     assert not torch.equal(x.state[-1], last), "slot N-1 kept its state"
     assert out[1].abs().sum() > 0, "the -1 row got a zero output"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", FLASHINFER)
-def test_flashinfer_variants_capture_in_a_cuda_graph(name):
-    """What the benchmarks time: the launcher (precompute included) replayed from a CUDA graph
-    takes the same step as an eager call."""
-    form = get(name).form
-    layout = {"dense": dict(n_slots=16, sorted_slots=True), "gather": dict(slot_pad=16),
-              "packed": dict(slot_pad=16, pad_rows=2)}[form]
-    assert_graph_replay_takes_eager_step(name, runnable(name, make_inputs(16, 16, 16, 128, 128, **layout,
-                                                                      device="cuda", seed=35)))
 
 
 @pytest.mark.gpu

@@ -1,9 +1,8 @@
 """Each check of kda_impls.verify against an implementation with exactly that bug planted.
 
 A planted bug runs the correct (naive) decode, then breaks one thing: each test fails if the check
-that should catch it is removed, inverted or made NaN-blind. Writes to untouched slots and padding,
-a forgotten output row and a gate per q/k head are planted in tests/test_naive.py. The bugs that
-only consecutive steps show are the implementations of tests/planted/, registered as a user's are.
+that should catch it is removed, inverted or made NaN-blind. The bugs that only consecutive steps
+show are the implementations of tests/planted/, registered as a user's are.
 """
 
 import importlib
@@ -679,3 +678,20 @@ def test_everything_is_allocated_on_the_inputs_device_whatever_torchs_defaults(f
     assert x.cache is None or effective_state(x).device.type == "cpu"
     out, states = reference(x)
     assert out.device.type == states.device.type == "cpu"
+
+
+class GateReadPerQKHead(NaiveTorch):
+    """The GVA mistake libraries make: the gate parameters indexed by the q/k head."""
+
+    name = "bug-gate-per-qk-head"
+
+    def _launcher(self, inputs, out):
+        group = inputs.HV // inputs.H
+        wrong = type(inputs)(**{**inputs.tensors(), "A_log": inputs.A_log[::group].repeat_interleave(group)},
+                             scale=inputs.scale)
+        return super()._launcher(wrong, out)
+
+
+def test_a_gate_read_per_qk_head_under_gva_is_caught():
+    verdict = verify(GateReadPerQKHead(), make_inputs(4, 2, 8, 16, 16, slot_pad=8, pad_rows=1, seed=21))
+    assert any(re.match(r"^(output|state) error", p) for p in verdict.problems), verdict.problems
