@@ -39,15 +39,11 @@ Launcher = Callable[[], object]
 
 # Bump when what the timers measure changes (entry state, placements, what a sample is, the event
 # placement): the asv suite versions its benchmarks by it, and results of two versions never compare.
-METHOD_VERSION = 4  # 4: placements held, fresh from the first; 27 for steps over the L2; their mean
+METHOD_VERSION = 4
 
 # A row whose step moves more bytes than the L2 holds, or whose placements' medians spread by more than this (max /
-# min - 1), gets more placements: the method's extra_placements. On the H200 fla's large bf16 steps land anywhere in a
-# 10% range by placement, in clusters (results/h200/timing-evidence/placements.md): three runs' means of three draws
-# each lie more than 2% apart in 59% of resamplings, of 27 in 2% (fla-loggate, each run's first left out: its
-# estimators section). Three draws can all fall in one cluster and agree (fla-loggate-sigmoid bf16 HV=32 B=256 in two
-# of method 4's first three `published` runs: three within 1%, where the third's 27 spread over 11%), so large steps
-# get them all whatever their first three say; small ones, only where those spread (docs/timing.md, "Method 4").
+# min - 1), gets EXTRA_PLACEMENTS more. Large steps land anywhere in a 10% range by placement, in clusters, and three
+# draws can all fall in one cluster (results/h200/timing-evidence/placements.md; docs/timing.md, "Placements").
 PLACEMENT_SPREAD_LIMIT = 0.02
 EXTRA_PLACEMENTS = 24
 
@@ -62,12 +58,9 @@ CONFIDENCE = 0.95
 HOLD_HEADROOM = 0.25
 SPACER_PAGES = 64  # a placement's spacer is 1..SPACER_PAGES pages of 2 MiB (the allocator's segment unit)
 PAGE_BYTES = 2 << 20
-# On the H200 the first placement of a large row ran 10% slow (fp32 HV=64 K=V=128 B=256: 599 against 545 us) when
-# the memory of an earlier kernel time (six held placements) or of a correctness check had just been handed back to
-# the driver (results/h200/timing-evidence/settle.md): whatever the driver does with freed memory slows what runs
-# meanwhile. 10 ms of idling after such a hand-back ended it at both state dtypes, and the 0.5 GiB of a bf16 check's
-# inputs slowed the next placement by 8% in one process of two (the same file). ``settle_s`` (Method.settle_s,
-# --settle) idles after a release of more than this many bytes.
+# Right after the driver takes back a large allocation, the next large placement runs up to 10% slow; 10 ms of idling
+# ends it (results/h200/timing-evidence/settle.md). ``settle_s`` (Method.settle_s, --settle) idles after a release of
+# more than this many bytes.
 SETTLE_MIN_BYTES = 64 << 20
 
 
@@ -94,7 +87,7 @@ class Timing:
     def time(self) -> float:
         """The time a row reports: the mean over placements of each placement's median (one
         placement: its samples' median). Where a pool lands moves some kernels by up to 10%, in
-        clusters (docs/timing.md, "Method 4"): the median over placements then jumps from one
+        clusters (docs/timing.md, "Placements"): the median over placements then jumps from one
         cluster to another between runs, while the mean, the expected time of a pool placed at
         random, settles as placements are added."""
         return float(np.mean(self.placement_medians))
@@ -272,7 +265,7 @@ def timed_pass(launchers: Sequence[Launcher], device: torch.device, prepare: Cal
     runs (a CUDA graph, else eager calls between events), wall seconds of one eager pass over
     ``launchers``). The pass repeats the rotation over ``launchers`` until it lasts TARGET_PASS_S, in
     whole ``cycle``s (:func:`_reps`), each call after the entry op ``prepare`` where there is one
-    (:func:`entry_op`). ``scripts.crosscheck.cupti_crosscheck --replay`` profiles the same pass."""
+    (:func:`entry_op`). ``python3 -m scripts.crosscheck.cupti_crosscheck --replay`` profiles the same pass."""
     _pass(launchers, prepare)()  # every launcher once before capture (lazy workspaces, handles)
     wall_s, _ = synced_call(_pass(launchers, prepare), device)
     reps = _reps(wall_s / len(launchers), len(launchers), cycle)
