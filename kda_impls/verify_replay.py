@@ -23,23 +23,10 @@ from dataclasses import replace
 
 import torch
 
+from . import verify_checks as checks
 from .contract import Implementation
 from .inputs import DecodeInputs
 from .reference import effective_state, replay_step
-from .verify_checks import (
-    TOLERANCE,
-    Verdict,
-    bits,
-    default_steps,
-    fresh_activations,
-    nearest,
-    output_problems,
-    padding,
-    rel_err,
-    slot_rows,
-    steps_tolerance,
-    stores,
-)
 
 
 class _ReplayReference:
@@ -62,7 +49,7 @@ class _ReplayReference:
         before = self.state[live_slots]
         out, _ = replay_step(self.of(x), torch.float64)
         # a flush writes a new state: its bits differ
-        flushed = live_slots[(bits(self.state[live_slots]) != bits(before)).flatten(1).any(dim=1)]
+        flushed = live_slots[(checks.bits(self.state[live_slots]) != checks.bits(before)).flatten(1).any(dim=1)]
         if self.store is not None:
             self.state[flushed] = self.store(self.state[flushed]).double()
         return out, flushed
@@ -71,7 +58,7 @@ class _ReplayReference:
 def _next_step(impl: Implementation, inputs: DecodeInputs, gen: torch.Generator) -> DecodeInputs:
     """Fresh activations; a verify (T > 1) commits a random 0..T of the T records the step before left,
     unless ``impl`` refuses a commit (a verify from the checkpoint only): then it commits none."""
-    x = replace(fresh_activations(inputs, gen), num_accepted=None)
+    x = replace(checks.fresh_activations(inputs, gen), num_accepted=None)
     if inputs.T == 1:
         return x
     accepted = torch.randint(0, inputs.T + 1, (inputs.B,), generator=gen, device=inputs.device, dtype=torch.int32)
@@ -89,8 +76,8 @@ def _record_problems(x: DecodeInputs, u_before: torch.Tensor, refs: list[_Replay
     """The ``u`` records the step writes (those the reference wrote) against the reference's, within
     ``tol`` (a verify's records are judged here before any commit reads them); no other written."""
     found = []
-    ref_writes = (bits(refs[0].cache.u) != bits(ref_u_before)).any(dim=-1).any(dim=1)  # [N, L]
-    stray = (bits(x.cache.u) != bits(u_before)).any(dim=-1).any(dim=1) & ~ref_writes
+    ref_writes = (checks.bits(refs[0].cache.u) != checks.bits(ref_u_before)).any(dim=-1).any(dim=1)  # [N, L]
+    stray = (checks.bits(x.cache.u) != checks.bits(u_before)).any(dim=-1).any(dim=1) & ~ref_writes
     if stray.any():
         found.append(f"{int(stray.sum())} cache.u records written that the step does not write (another slot's, "
                      f"or not the step's own; e.g. slot, record {_first(stray)})")
@@ -98,7 +85,7 @@ def _record_problems(x: DecodeInputs, u_before: torch.Tensor, refs: list[_Replay
     def records(u):  # [N, HV, L, V] -> the written ones, [records, HV, V]
         return u.transpose(1, 2)[ref_writes]
 
-    err = nearest([rel_err(records(x.cache.u), records(ref.cache.u)) for ref in refs])
+    err = checks.nearest([checks.rel_err(records(x.cache.u), records(ref.cache.u)) for ref in refs])
     if not err <= tol:
         found.append(f"cache.u record error {err:.2e} > {tol:.0e} (the records the step writes)")
     return found
@@ -111,25 +98,26 @@ def _write_problems(x: DecodeInputs, before: torch.Tensor, ref: _ReplayReference
     after, cache = x.pool_span(), x.cache
     flushes = torch.zeros(x.N, dtype=torch.bool, device=x.device)
     flushes[flushed] = True
-    written = (bits(slot_rows(x, before)) != bits(slot_rows(x, after))).any(dim=1) & ~flushes
+    rows_before, rows_after = checks.slot_rows(x, before), checks.slot_rows(x, after)
+    written = (checks.bits(rows_before) != checks.bits(rows_after)).any(dim=1) & ~flushes
     if written.any():
         found.append(f"{int(written.sum())} pool slots written whose ring did not fill (the pool is written only "
                      f"at a flush; e.g. slot {_first(written)})")
-    if not torch.equal(bits(padding(x, before)), bits(padding(x, after))):
+    if not torch.equal(checks.bits(checks.padding(x, before)), checks.bits(checks.padding(x, after))):
         found.append("padding between slots was written")
     lengths = cache.length != ref.cache.length
     if lengths.any():
         s = int(torch.nonzero(lengths)[0])
         found.append(f"cache.length differs from the reference's at {int(lengths.sum())} slots (e.g. slot {s}: "
                      f"{int(cache.length[s])}, the reference {int(ref.cache.length[s])})")
-    kg = (bits(cache.kg) != bits(ref.cache.kg)).any(dim=-1).any(dim=1)  # [N, L]
+    kg = (checks.bits(cache.kg) != checks.bits(ref.cache.kg)).any(dim=-1).any(dim=1)  # [N, L]
     if kg.any():
         found.append(f"{int(kg.sum())} cache.kg records differ from the reference's (the step's raw k and a, copied "
                      f"at the records it writes, nothing elsewhere; e.g. slot, record {_first(kg)})")
     return found
 
 
-def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None = None) -> Verdict:
+def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None = None) -> checks.Verdict:
     """Run ``impl`` on the replay step ``inputs`` for ``steps`` consecutive steps (default
     :func:`~kda_impls.verify_checks.default_steps`: L + 1, every live ring flushing once) on its pool and
     cache, and judge each as the module says. ``err_out`` is the first step's output error,
@@ -137,16 +125,16 @@ def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None 
     :data:`~kda_impls.verify_checks.TOLERANCE`), ``err_steps`` the effective-state error after the last step
     run (within :func:`~kda_impls.verify.steps_tolerance` after every step). The steps stop at the
     first that has a problem. Raises what ``bind`` raises before anything runs."""
-    steps = default_steps(inputs) if steps is None else steps
+    steps = checks.default_steps(inputs) if steps is None else steps
     if steps < 1:
         raise ValueError(f"steps must be >= 1; got {steps}")
     live = inputs.live_rows()
     live_slots = inputs.slots.long()[live]
-    tol_state = TOLERANCE[inputs.state.dtype]
-    tol_out = max(TOLERANCE[inputs.v.dtype], tol_state)
+    tol_state = checks.TOLERANCE[inputs.state.dtype]
+    tol_out = max(checks.TOLERANCE[inputs.v.dtype], tol_state)
     gen = torch.Generator(device=inputs.device).manual_seed(int(inputs.slots.numel()) + 12345)
     # the pool's own rounding to nearest, then any other a kernel may store with (the nearer counts)
-    refs = [_ReplayReference(inputs)] + [_ReplayReference(inputs, store) for store in stores(inputs)[1:]]
+    refs = [_ReplayReference(inputs)] + [_ReplayReference(inputs, store) for store in checks.stores(inputs)[1:]]
     problems: list[str] = []
     err_out = err_state = err_steps = tol_steps = 0.0
     for step in range(steps):
@@ -158,12 +146,12 @@ def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None 
         out = launch()
         if out.is_cuda:
             torch.cuda.synchronize(out.device)
-        step_err_out, found = output_problems(x, out, [ref_out for ref_out, _ in results], live, tol_out)
+        step_err_out, found = checks.output_problems(x, out, [ref_out for ref_out, _ in results], live, tol_out)
         found += _write_problems(x, before, refs[0], results[0][1])
         found += _record_problems(x, u_before, refs, ref_u_before, tol_out)
         kernel = effective_state(x)[live_slots]
-        err_steps = nearest([rel_err(kernel, effective_state(ref.of(x))[live_slots]) for ref in refs])
-        tol_steps = steps_tolerance(inputs.state.dtype, step + 1)
+        err_steps = checks.nearest([checks.rel_err(kernel, effective_state(ref.of(x))[live_slots]) for ref in refs])
+        tol_steps = checks.steps_tolerance(inputs.state.dtype, step + 1)
         if step == 0:
             err_out, err_state = step_err_out, err_steps
             if not err_state <= tol_state:
@@ -175,4 +163,4 @@ def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None 
             problems += found if step == 0 else [f"step {step + 1} of {steps}: {p}" for p in found]
             steps = step + 1
             break
-    return Verdict(err_out, err_state, tol_out, tol_state, problems, err_steps, tol_steps, steps)
+    return checks.Verdict(err_out, err_state, tol_out, tol_state, problems, err_steps, tol_steps, steps)
