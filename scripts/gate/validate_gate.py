@@ -52,15 +52,12 @@ from kda_impls.impls.triton_kda import CONFIG_ENV, TileConfig, choose_config
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: its benchmarks/ and asv.conf.json
 
-# The one-token runs the committed table was written from (triton_tune.py --write-table). They
-# measured the kernel with its head counts passed at run time, as the table's entries run it
-# (const_heads=0). On a kernel that compiled them in, the config they put 5-10% behind (subtiles=8)
-# came out under 5% slower; a planted config must come from a run of the kernel the table runs.
-# The last two are the over-table runs that changed the table's B = 256 fp32 entry at the planted
-# shape (no earlier run timed the config it took): a point is read from the last run that timed it,
-# the table's choice with it. The table's bf16 B = 256 entry there (fast_gate=1, subtiles=2) was timed
-# only against near variants (run triton-tune-fast-gate-k128 in TUNE_ROWS), none 5% slower, so no
-# run here gives that point a ratio and the planted config is chosen on the other three.
+# The tune runs the planted config is chosen from: one-token runs of the kernel the table runs (head
+# counts passed at run time, const_heads=0), since a config's ratio to the table's choice depends on the
+# kernel it was timed with. The last two are the over-table runs that set the table's B = 256 fp32 entry
+# at the planted shape. A point is read from the last run that timed it, the table's choice with it. No
+# run gives the bf16 B = 256 point a ratio (its entry was timed only against near variants), so the
+# planted config is chosen on the other three points.
 TUNE_ROWS = Path("results/h200/tuning-table/rows.csv")  # default --tune-rows: every tune run the table is written from
 TUNE_CSVS = [f"results/h200/{run}/triton_tune.csv"  # those runs' names in the tune rows, last one read first
              for run in ("triton-tune-v3", "triton-tune-subtiles", "triton-tune-eviction-tiles/bf16",
