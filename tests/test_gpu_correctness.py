@@ -1,4 +1,4 @@
-"""The GPU correctness grid (kda_impls/tools/gpu_correctness.py) without a GPU: every kind of case its
+"""The GPU correctness grid (scripts/gpu/gpu_correctness.py) without a GPU: every kind of case its
 grid holds (in place, frozen verify, replay) runs through the case runner (a field spread into Config
 that is not one fails every case); its main on tiny cases, a refused mode counted with its reason."""
 
