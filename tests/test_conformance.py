@@ -50,9 +50,9 @@ MODES = {
     "in-place": dict(),
     "in-place-fp32": dict(state_dtype=torch.float32, dtype=torch.float32),  # verify's fp32 bounds: 1e-5
     "no-live-row": dict(B=2, pad_rows=2),
-    "multi-token": dict(T=3),
-    "multi-token-last": dict(T=3, checkpoints="last"),
-    "multi-token-gaps": dict(T=4, gaps=True),  # a -1 inside a live row: the token applied, not stored
+    # every token stored but a third (-1 inside live rows: the token applied, not stored), num_accepted random
+    "multi-token": dict(T=3, gaps=True),
+    "multi-token-last": dict(T=3, checkpoints="last"),  # only the last token stored
     "per-token-T1": dict(per_token=True),  # the token axis kept at T = 1
     "frozen": dict(T=3, update_state=False),
     "replay": dict(ring=4),
