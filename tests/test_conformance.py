@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from helpers import DEVICE, assert_graph_replay_takes_eager_step, with_gaps
-from kda_impls import ContractError, Implementation, Unsupported, get, make_inputs, names, rel_err, verify
+from kda_impls import ContractError, DecodeInputs, Implementation, Unsupported, get, make_inputs, names, rel_err, verify
 from kda_impls.impls.naive import NaiveTorch
 from kda_impls.verify_checks import TOLERANCE
 
@@ -31,11 +31,11 @@ NAMES = names()
 
 def conforming(impl: Implementation, *, large: bool = False, state_dtype: torch.dtype | None = None,
                dtype: torch.dtype = torch.bfloat16, B: int = 4, pad_rows: int = 1, gva: bool = True,
-               device: str = "cpu", seed: int = 5, **mode) -> "kda_impls.DecodeInputs":  # noqa: F821
+               device: str = "cpu", seed: int = 5, **mode) -> DecodeInputs:
     """Inputs every declared capability of ``impl`` allows: its first state dtype (unless given), K and
-    V among its values (K != V where allowed), GVA where allowed (and ``gva``), a padded pool whose slot stride is a
-    multiple of its ``slot_stride_multiple``, ``pad_rows`` rows of slot -1; ``mode``: T, checkpoints,
-    update_state, ring (make_inputs' arguments)."""
+    V among its values (K != V where allowed), GVA where allowed (and ``gva``), a padded pool whose
+    slot stride is a multiple of its ``slot_stride_multiple``, ``pad_rows`` rows of slot -1; ``mode``:
+    T, checkpoints, update_state, ring (make_inputs' arguments)."""
     caps = impl.capabilities
     K = min(caps.k_values) if caps.k_values else (128 if large else 16)
     V = K if caps.k_equals_v else min(caps.v_values) if caps.v_values else (128 if large else 32)
@@ -60,7 +60,7 @@ MODES = {
 }
 
 
-def mode_inputs(impl: Implementation, mode: dict, **kw):
+def mode_inputs(impl: Implementation, mode: dict, **kw) -> DecodeInputs:
     """``conforming`` inputs of one of MODES or GPU_MODES."""
     mode = {**mode, **kw}
     gaps, per_token = mode.pop("gaps", False), mode.pop("per_token", False)
@@ -68,7 +68,7 @@ def mode_inputs(impl: Implementation, mode: dict, **kw):
     return with_gaps(x) if gaps else x.per_token_spelling() if per_token else x
 
 
-def refusal(impl: Implementation, x) -> tuple[type[Exception], str] | None:
+def refusal(impl: Implementation, x: DecodeInputs) -> tuple[type[Exception], str] | None:
     """What ``bind`` must raise for ``x``, with the rule or reason; None where it must run."""
     try:
         impl.check(x)
