@@ -98,6 +98,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def dtype(text: str) -> str:
+    """An argparse ``type`` for a dtype name: ``bf16`` or ``bfloat16`` -> ``bfloat16``."""
+    from .dtypes import full
+
+    try:
+        return full(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def devices(text: str) -> list[str]:
     """``all`` (every visible GPU, else the CPU), ``cpu``, ``cuda`` (the current GPU) or a list
     such as ``cuda:0,cuda:1``; each one checked to exist; one kind of device."""
