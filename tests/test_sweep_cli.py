@@ -198,10 +198,9 @@ def test_default_out_is_named_by_the_grid_and_settings(tmp_path):
     from kda_impls.bench import sweep
 
     def out_of(*argv):
-        args = sweep.parser().parse_args(["--devices", "cpu", *argv])
-        name, configs = sweep.configs_from_args(args, "cpu")
-        method = sweep.method_from_args(args, sweep.PRESETS.get(name, sweep.PRESETS["published"]), "cpu")
-        return sweep.default_out(args, name, configs, sweep.settings_of(["cpu"], method)).relative_to(Path.cwd())
+        spec = sweep.spec_from_argv(["--devices", "cpu", *argv])
+        settings = sweep.settings_of(["cpu"], spec.method())
+        return sweep.default_out(spec, spec.configs(), settings).relative_to(Path.cwd())
 
     assert out_of() == out_of("--preset", "smoke") == Path("sweeps/smoke-cpu")
     grids = {out_of("--B", "1"), out_of("--B", "2"), out_of("--B", "1", "--l2-entry", "dirty"),
@@ -428,13 +427,15 @@ def test_lane_summary_adds_up_each_devices_rows():
 
 
 def test_a_python_script_runs_a_sweep_and_gets_its_table(tmp_path):
-    """kda_impls.sweep: the command's rows, resume and checks from Python; a refused argument raises."""
+    """kda_impls.sweep: the command's rows, resume and checks from Python values (a torch dtype, lists);
+    a refused argument raises, naming the setting."""
     code = f"""
+import torch
 import kda_impls
 from kda_impls.cli import UsageError
 if __name__ == "__main__":
     grid = dict(impls=["naive"], devices="cpu", B=[1, 2], H=1, HV=2, K=16, V=16, placements=1,
-                out={str(tmp_path / "s")!r})
+                state_dtype=torch.bfloat16, out={str(tmp_path / "s")!r})
     table = kda_impls.sweep(**grid)
     assert list(table.status) == ["ok", "ok"] and list(table.B) == [1, 2] and (table.kernel_us_mean > 0).all()
     again = kda_impls.sweep(**grid)
@@ -447,7 +448,7 @@ if __name__ == "__main__":
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 kept, 0 to measure" in done.stdout
-    assert "refused: argument --B: 0 must be a whole number >= 1" in done.stdout
+    assert "refused: B: 0 must be a whole number >= 1" in done.stdout
 
 
 def test_a_cpu_run_of_a_gpu_sized_grid_warns_with_its_estimate(tmp_path):

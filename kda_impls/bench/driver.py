@@ -184,7 +184,7 @@ class Sweep:
                              f"pass another --out, or the same settings to resume")
 
     def check_resumable(self) -> None:
-        """:meth:`check_directory` on what is in ``out_dir`` now (a dry run's check); writes nothing."""
+        """:meth:`check_directory` on what is in ``out_dir`` now (before a run takes the lock); writes nothing."""
         self.check_directory(read_meta(self.out_dir), device_info(torch.device(self.devices[0]))["name"])
 
     def plan(self) -> Plan:

@@ -231,15 +231,17 @@ class SweepSpec:
                 raise EmptyShard(f"shard {index}/{count} of this grid holds no rows")
         return configs
 
-    def method(self) -> Method:
-        """How rows are timed: the preset's budgets unless the spec narrows them, and the preset's
-        placement processes on a GPU unless ``placement_processes`` says otherwise."""
+    def method(self, device_type: str | None = None) -> Method:
+        """How rows are timed on ``device_type`` (default: the spec's devices'): the preset's budgets
+        unless the spec narrows them, and the preset's placement processes on a GPU unless
+        ``placement_processes`` says otherwise."""
+        device_type = device_type or self.device_type
         preset: Preset = PRESETS.get(self.name, PRESETS["published"])
         kernel = Budget(min_samples=self.min_samples or preset.kernel.min_samples,
                         max_samples=max(preset.kernel.max_samples, self.min_samples or 0),
                         max_seconds=self.max_seconds or preset.kernel.max_seconds, rel_ci=preset.kernel.rel_ci)
         processes = self.placement_processes or (
-            preset.placement_processes if self.device_type == "cuda" else Method.placement_processes)
+            preset.placement_processes if device_type == "cuda" else Method.placement_processes)
         return Method(entry=self.l2_entry, kernel=kernel, call=preset.call, extra_placements=self.extra_placements,
                       disjoint_placements=self.disjoint_placements, settle_s=self.settle,
                       placement_processes=processes, retime_throttled=self.retime)

@@ -184,6 +184,7 @@ def prepare(spec: SweepSpec, command: str, exits_on_interrupt: bool = False) -> 
     sweep = Sweep(configs, out_dir, list(spec.devices), method, command=command, preset=spec.name,
                   row_timeout=spec.row_timeout, fresh=spec.fresh, cooldown_s=spec.cooldown,
                   exits_on_interrupt=exits_on_interrupt)
+    sweep.check_resumable()
     return Prepared(sweep, spec)
 
 
@@ -217,8 +218,6 @@ def main(argv: list[str] | None = None) -> None:
     try:
         spec = spec_from_argv(argv)
         run = prepare(spec, shlex.join(sys.argv if argv is None else argv), exits_on_interrupt=True)
-        if spec.dry_run:
-            run.sweep.check_resumable()
         plan = run.sweep.plan()
     except EmptyShard as exc:
         print(f"{PROG}: {exc}; nothing to measure")
