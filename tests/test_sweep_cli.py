@@ -552,7 +552,7 @@ def test_survey_takes_dtype_names_as_the_sweep_does(monkeypatch):
 def test_a_second_sweep_into_a_directory_in_use_is_refused_naming_the_first(tmp_path):
     """One writer per directory: while another process holds the directory, a sweep into it is one
     line naming that process and writes nothing; once that process is killed (a crash), the lock is
-    free and the sweep runs."""
+    free and the sweep runs, removing the lock file as it ends."""
     out = tmp_path / "s"
     out.mkdir()
     hold = ("import sys; from kda_impls.bench.lock import Lock\n"
@@ -569,8 +569,10 @@ def test_a_second_sweep_into_a_directory_in_use_is_refused_naming_the_first(tmp_
     finally:
         holder.kill()
         holder.wait()
+    assert (out / ".kda-sweep.lock").exists()  # what the killed holder left
     done = run("sweep", *TINY, "--out", str(out))
     assert done.returncode == 0 and "0 kept, 1 to measure" in done.stdout, done.stdout + done.stderr
+    assert not (out / ".kda-sweep.lock").exists()
 
 
 def test_a_script_without_its_main_guard_fails_at_once_saying_so(tmp_path):
