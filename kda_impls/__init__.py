@@ -9,8 +9,9 @@ from .replay import ReplayCache
 from .verify import Verdict, rel_err, verify
 
 __all__ = [
-    "Capabilities", "ContractError", "DecodeInputs", "Implementation", "ReplayCache", "Unsupported", "Verdict",
-    "effective_state", "from_engine", "get", "make_inputs", "names", "reference", "rel_err", "sweep", "SweepSpec", "verify",
+    "Capabilities", "ContractError", "DecodeInputs", "Implementation", "ReplayCache", "SweepSpec", "Unsupported",
+    "Verdict", "effective_state", "from_engine", "get", "make_inputs", "names", "reference", "rel_err", "sweep",
+    "verify",
 ]
 
 

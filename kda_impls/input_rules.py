@@ -9,10 +9,13 @@ import torch
 from . import dtypes
 
 
-def shape_violation(H: int, HV: int) -> tuple[str, str] | None:
-    """The contract's rule on head counts that no tensor is needed to check: ``(rule, message)``, or None."""
+def shape_violation(B: int, H: int, HV: int, pad_rows: int = 0) -> tuple[str, str] | None:
+    """The first of the contract's rules on sizes that no tensor is needed to check, broken:
+    ``(rule, message)``; None where all hold."""
     if H == 0 or HV % H:
         return "gva", f"HV must be a multiple of H; got HV={HV}, H={H} (value head hv reads q/k head hv // (HV // H))"
+    if not 0 <= pad_rows <= B:
+        return "pad-rows", f"pad_rows must be in [0, B={B}]; got {pad_rows}"
     return None
 
 

@@ -316,7 +316,7 @@ def make_inputs(
         if not (isinstance(value, numbers.Integral) and value >= low):  # numpy's integers too
             raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
     state_dtype, dtype, dev = torch_dtype("state_dtype", state_dtype), torch_dtype("dtype", dtype), valid_device(device)
-    if broken := shape_violation(H, HV):
+    if broken := shape_violation(B, H, HV, pad_rows):
         refuse(*broken)
     if ring is not None:
         if not update_state:
@@ -331,8 +331,6 @@ def make_inputs(
                            device=device, seed=seed).as_frozen()
     if checkpoints not in CHECKPOINTS:
         raise ValueError(f"checkpoints must be one of {CHECKPOINTS}; got {checkpoints!r}")
-    if not 0 <= pad_rows <= B:
-        raise ValueError(f"pad_rows must be in [0, B={B}]; got {pad_rows}")
     stores_per_row = T if checkpoints == "all" else 1
     stored = B * stores_per_row
     n_slots = max(2 * stored, 1) if n_slots is None else n_slots

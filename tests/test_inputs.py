@@ -89,7 +89,7 @@ def test_make_inputs_slots():
     ordered = make_inputs(16, 1, 1, 4, 4, sorted_slots=True, seed=5).slots
     assert torch.equal(ordered, ordered.sort().values)
     assert make_inputs(0, 1, 1, 4, 4).N == 1  # an empty batch still gets a pool of one slot
-    with pytest.raises(ValueError, match=r"^pad_rows must be in \[0, B=4\]; got 5$"):
+    with pytest.raises(ContractError, match=r"^make_inputs: pad_rows must be in \[0, B=4\]; got 5$"):
         make_inputs(4, 1, 1, 8, 8, pad_rows=5)
     with pytest.raises(ValueError, match=r"^n_slots=3 must be >= B=4 \(every stored token needs its own slot\)$"):
         make_inputs(4, 1, 1, 8, 8, n_slots=3)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from .case import COLUMNS
 from .results import PROVENANCE
-from .spec import EmptyShard, SweepSpec
+from .spec import EmptyShard, SettingError, SweepSpec
 from .sweep import draw_charts, prepare, report
 from .worker import UNGUARDED_EXIT
 
@@ -41,6 +41,8 @@ def sweep(preset: str | None = None, *, charts: bool = False, **settings) -> pd.
     if _in_a_workers_reimport():
         raise SystemExit(UNGUARDED_EXIT)  # the sweep that started this process says why
     spec = SweepSpec(preset=preset, charts=charts, **settings)
+    if spec.dry_run:
+        raise SettingError("dry_run", "kda_impls.sweep measures; `kda-sweep --dry-run` lists what it would measure")
     started = time.perf_counter()
     given = ", ".join(f"{k}={v!r}" for k, v in settings.items())
     try:

@@ -122,7 +122,7 @@ def changes(measured_by: dict | None, target: str, versions: dict) -> tuple[str,
     """Why a row recorded as ``measured_by`` is not what ``target`` with ``versions`` measures now:
     ``(kind, words)``, kind "other code" or "other settings"; None where nothing differs."""
     if not measured_by:
-        return "other code", "its row names no files (measured before rows recorded them)"
+        return "other code", "the row records none of the files that measured it"
     if measured_by.get("target") != target:
         return "other code", f"{measured_by.get('target')} -> {target}"
     changed = [Path(rel).name + (" changed" if _resolve(rel) else " gone") for rel, old in

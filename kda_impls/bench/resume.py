@@ -31,7 +31,7 @@ class Plan:
 
     def why_again(self) -> str:
         """A line per difference found in rows measured by other code or settings, naming the rows."""
-        return "".join(f"\n  measured again, {words}: " + (keys[0] if len(keys) == 1 else
+        return "".join(f"\n  measured again, {words}: " + (", ".join(keys) if len(keys) <= 3 else
                                                             f"{len(keys)} rows ({keys[0]}, ...)")
                        for words, keys in self.differs.items())
 

@@ -200,7 +200,8 @@ class SweepSpec:
         return self.preset or ("kimi-linear-48b" if self.device_type == "cuda" else "smoke")
 
     def configs(self) -> list[Config]:
-        """The rows, this shard's of them; :class:`UsageError` for a grid that is empty or breaks a rule."""
+        """The rows, this shard's of them; :class:`UsageError` for a grid that is empty or breaks a rule
+        of the contract on sizes (HV % H, pad_rows <= B)."""
         # a CPU's timings model no placement (they smoke-test the harness): one there unless asked for more
         placements = self.placements or (1 if self.device_type == "cpu" else PoolLayout.placements)
         layout = PoolLayout(slots_per_row=self.slots_per_row, slot_order=self.slot_order, placements=placements)
@@ -218,7 +219,7 @@ class SweepSpec:
         if not configs:
             raise UsageError(f"the axes given leave no configuration of preset {self.name}")
         for cfg in configs:
-            broken = shape_violation(cfg.H, cfg.HV)
+            broken = shape_violation(cfg.B, cfg.H, cfg.HV, cfg.pad_rows)
             if broken:
                 raise UsageError(f"{broken[1]} (the contract's rule {broken[0]!r})")
         if self.baseline and self.baseline not in {c.impl for c in configs}:
