@@ -615,7 +615,8 @@ def test_a_sweep_spec_takes_python_values_and_refuses_with_the_settings_name():
                               (dict(state_dtype=torch.int8), "state_dtype: unknown dtype 'int8'"),
                               (dict(mode="verify"), "mode: 'verify' is not one of inplace, frozen, replay"),
                               (dict(shard=(2, 2)), "shard: (2, 2) is not i/n"), (dict(B=[]), "B: an empty list"),
-                              (dict(devices="tpu"), "devices: 'tpu' is not a device")]:
+                              (dict(devices="tpu"), "devices: 'tpu' is not a device"),
+                              (dict(fresh="yes"), "fresh: 'yes' is not True or False")]:
         with pytest.raises(SettingError) as refused:
             SweepSpec(**{"devices": "cpu"} | settings)
         assert str(refused.value).startswith(message), refused.value

@@ -156,6 +156,9 @@ class SweepSpec:
         for name in ("placements", "placement_processes", "min_samples"):
             if getattr(self, name) is not None:
                 set_(name, _whole(name, getattr(self, name), 1))
+        for name in ("disjoint_placements", "retime", "fresh", "dry_run", "charts"):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingError(name, f"{getattr(self, name)!r} is not True or False")
         _choice("slot_order", self.slot_order, SLOT_ORDERS)
         _choice("l2_entry", self.l2_entry, list(ENTRY_STATES))
         set_("settle", _number("settle", self.settle, 0, strict=False))
