@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from helpers import REPO, in_process, once
-from kda_impls import make_inputs
+from kda_impls import make_inputs, registry
 from kda_impls.bench import case, clocks, driver, l2, timing
 from kda_impls.bench import sweep as sweep_module
 from kda_impls.bench.case import COLUMNS, Method, run_case
@@ -1160,3 +1160,28 @@ def test_an_implementation_that_cannot_run_on_the_device_gets_its_rows_without_a
     reason = case.run_case(cfg, "cpu")["reason"]
     assert table.reason.tolist() == [reason] and reason  # what the worker's run_case says, word for word
     assert table.library.tolist() == ["flashinfer"]
+
+
+def test_a_rows_fingerprint_names_what_differs_now(monkeypatch):
+    """What resume compares (bench/fingerprint.py): the target, every loaded file of this package (a
+    tuning table too), the library versions and the KDA_* kernel settings; provenance variables such as
+    KDA_GIT_SHA are not kernel settings."""
+    from kda_impls.bench import fingerprint
+
+    target = "kda_impls.impls.naive:NaiveTorch"
+    registry.get("naive")  # its module loaded, as in a worker that measured it
+    monkeypatch.delenv("KDA_TRITON_CONFIG", raising=False)
+    measured_by = fingerprint.record(target, {"torch": "2.0"})
+    assert {"kda_impls/impls/naive.py", "kda_impls/impls/triton_tuning.json"} <= set(measured_by["files"])
+    assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) is None
+    monkeypatch.setenv("KDA_GIT_SHA", "0" * 40)
+    assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) is None
+    assert fingerprint.changes(measured_by, target, {"torch": "2.1"}) == ("other code", "torch 2.0 -> 2.1")
+    assert fingerprint.changes(measured_by, "mine:Other", {"torch": "2.0"}) == ("other code", f"{target} -> mine:Other")
+    gone = measured_by | {"files": measured_by["files"] | {"kda_impls/impls/gone.py": "0" * 16}}
+    assert fingerprint.changes(gone, target, {"torch": "2.0"}) == ("other code", "gone.py gone")
+    edited = measured_by | {"files": measured_by["files"] | {"kda_impls/impls/triton_tuning.json": "0" * 16}}
+    assert fingerprint.changes(edited, target, {"torch": "2.0"}) == ("other code", "triton_tuning.json changed")
+    monkeypatch.setenv("KDA_TRITON_CONFIG", "BV=32")
+    assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) == ("other settings", "KDA_TRITON_CONFIG set")
+    assert fingerprint.changes(None, target, {}) == ("other code", "the row records none of the files that measured it")

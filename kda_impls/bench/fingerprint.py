@@ -61,37 +61,44 @@ def _root_of(name: str, file: Path) -> Path:
     return file.parents[depth]
 
 
-def _owned(file: Path, target_root: Path | None) -> bool:
-    if file.is_relative_to(PACKAGE) or (target_root is not None and file.is_relative_to(target_root)):
-        return True
-    return not any(file.is_relative_to(p) for p in _installation())
+@cache
+def _source(name: str, file: str, target_root: Path | None) -> tuple[str, Path] | None:
+    """``(path relative to its import root, path)`` of module ``name`` loaded from ``file``, where it
+    counts: not the installation's (this package and the target's package always), and found at that
+    relative path on sys.path (not a module a library loads by path from a cache of its own)."""
+    path = Path(file).resolve()
+    if not path.is_file():
+        return None
+    ours = path.is_relative_to(PACKAGE) or (target_root is not None and path.is_relative_to(target_root))
+    if not ours and any(path.is_relative_to(p) for p in _installation()):
+        return None
+    relative = str(path.relative_to(_root_of(name, path)))
+    found = _resolve(relative)
+    return (relative, path) if found is not None and found.resolve() == path else None
 
 
 def loaded_files(target: str) -> dict[str, str]:
     """``{path relative to its import root: hash}`` of the source of every module loaded in this
-    process that is not the installation's (this package and the target's package always), and of
-    the data files in the directories of those that are in a package."""
-    top = target.partition(":")[0].split(".")[0]
-    target_module = sys.modules.get(top)
-    target_file = getattr(target_module, "__file__", None)
-    target_root = Path(target_file).resolve().parent if target_file and "__init__" in target_file else \
-        Path(target_file).resolve() if target_file else None
+    process that counts (:func:`_source`), and of the data files in the directories of those that
+    are in a package."""
+    top = sys.modules.get(target.partition(":")[0].split(".")[0])
+    top_file = getattr(top, "__file__", None)
+    target_root = None if not top_file else Path(top_file).resolve()
+    if target_root is not None and target_root.stem == "__init__":
+        target_root = target_root.parent
     files, package_dirs = {}, {}
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if not file or name in ("__main__", "__mp_main__"):
+        if not file or name in ("__main__", "__mp_main__") or (source := _source(name, file, target_root)) is None:
             continue
-        path = Path(file).resolve()
-        if not path.is_file() or not _owned(path, target_root):
-            continue
-        root = _root_of(name, path)
-        files[str(path.relative_to(root))] = path
+        relative, path = source
+        files[relative] = path
         if "." in name or path.stem == "__init__":
-            package_dirs[path.parent] = root
-    for directory, root in package_dirs.items():
+            package_dirs[path.parent] = Path(relative).parent
+    for directory, relative in package_dirs.items():
         for data in directory.iterdir():
             if data.is_file() and data.suffix not in SOURCE_SUFFIXES and not data.name.startswith("."):
-                files[str(data.relative_to(root))] = data
+                files[str(relative / data.name)] = data
     return {rel: file_hash(path) for rel, path in sorted(files.items())}
 
 
