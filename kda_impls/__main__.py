@@ -8,7 +8,7 @@ import pandas as pd
 
 from .bench.case import run_case
 from .bench.config import MODES, Config
-from .cli import Parser, devices
+from .cli import Parser, devices, dtype
 from .registry import extra_impls, get, interpret_triton_on, names
 
 SHAPE = dict(B=4, H=2, HV=4, K=64, V=64, pad_rows=1)
@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = Parser(prog="kda-survey", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", type=devices, default="all", help="cpu, cuda or cuda:N (default: the first "
                         "GPU when one is visible, else cpu)")
-    parser.add_argument("--state-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--state-dtype", type=dtype, default="bfloat16", metavar="DTYPE",
+                        help="bf16, fp16, fp32 (or torch's names; default bf16)")
     args = parser.parse_args(argv)
     args.device = args.device[0]  # "all": the first of them
     try:

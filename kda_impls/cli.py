@@ -21,14 +21,9 @@ class UsageError(ValueError):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``PROG: error: WHAT (see PROG --help)``, exit status 2; with
-    ``raises``, a :class:`UsageError` instead (a Python caller's arguments)."""
-
-    raises = False
+    """argparse with one-line errors: ``PROG: error: WHAT (see PROG --help)``, exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        if self.raises:
-            raise UsageError(message)
         fail(self.prog, f"{message} (see {self.prog} --help)")
 
 
@@ -77,25 +72,21 @@ def positive_int(text: str) -> int:
     return value
 
 
-def non_negative_int(text: str) -> int:
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be a whole number >= 0")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = _number(text, float)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be a number >= 0")
-    return value
-
-
 def positive_float(text: str) -> float:
     value = _number(text, float)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text} must be a number > 0")
     return value
+
+
+def dtype(text: str) -> str:
+    """An argparse ``type`` for a dtype name: ``bf16`` or ``bfloat16`` -> ``bfloat16``."""
+    from .dtypes import full
+
+    try:
+        return full(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def devices(text: str) -> list[str]:

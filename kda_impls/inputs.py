@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from .input_rules import refuse, shape_violation, torch_dtype, valid_device
 from .replay import ReplayCache
 
 
@@ -273,8 +274,8 @@ def make_inputs(
     checkpoints: str = "all",
     update_state: bool = True,
     ring: int | None = None,
-    state_dtype: torch.dtype = torch.bfloat16,
-    dtype: torch.dtype = torch.bfloat16,
+    state_dtype: torch.dtype | str = torch.bfloat16,
+    dtype: torch.dtype | str = torch.bfloat16,
     slot_pad: int = 0,
     n_slots: int | None = None,
     pad_rows: int = 0,
@@ -286,7 +287,8 @@ def make_inputs(
 
     The pool is a strided view of one flat buffer with slot stride ``HV*V*K + slot_pad``; the
     padding holds random bits too, so a kernel that writes it is caught bit-for-bit. ``dtype`` is
-    that of q, k, v, a, b.
+    that of q, k, v, a, b; either dtype may be named (``"bf16"``, ``"float32"``). A dtype, device or
+    head count the contract refuses is a :class:`~kda_impls.ContractError` here, before anything is drawn.
 
     T = 1 (the one-token spelling): ``slots`` is a random choice of ``B`` distinct slots out of
     ``n_slots`` (default ``2*B``, so untouched slots exist), in random order unless ``sorted_slots``
@@ -313,6 +315,9 @@ def make_inputs(
                              ("slot_pad", slot_pad, 0)):
         if not (isinstance(value, numbers.Integral) and value >= low):  # numpy's integers too
             raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+    state_dtype, dtype, dev = torch_dtype("state_dtype", state_dtype), torch_dtype("dtype", dtype), valid_device(device)
+    if broken := shape_violation(B, H, HV, pad_rows):
+        refuse(*broken)
     if ring is not None:
         if not update_state:
             raise ValueError("ring (replay) needs update_state=True: a replay step writes its records")
@@ -326,15 +331,12 @@ def make_inputs(
                            device=device, seed=seed).as_frozen()
     if checkpoints not in CHECKPOINTS:
         raise ValueError(f"checkpoints must be one of {CHECKPOINTS}; got {checkpoints!r}")
-    if not 0 <= pad_rows <= B:
-        raise ValueError(f"pad_rows must be in [0, B={B}]; got {pad_rows}")
     stores_per_row = T if checkpoints == "all" else 1
     stored = B * stores_per_row
     n_slots = max(2 * stored, 1) if n_slots is None else n_slots
     if n_slots < stored:
         need = "B" if stores_per_row == 1 else "B*T"
         raise ValueError(f"n_slots={n_slots} must be >= {need}={stored} (every stored token needs its own slot)")
-    dev = torch.device(device)
     # drawn on the target device: a pool of gigabytes would take seconds on the CPU
     gen = torch.Generator(device=dev).manual_seed(seed)
 

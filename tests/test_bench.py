@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from helpers import REPO, SWEEP, in_process, once
-from kda_impls import make_inputs
+from kda_impls import make_inputs, registry
 from kda_impls.bench import case, clocks, driver, l2, timing
 from kda_impls.bench import sweep as sweep_module
 from kda_impls.bench.case import COLUMNS, Method, run_case
@@ -30,6 +30,7 @@ from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.bench.l2 import rotation_plan, working_set_bytes
 from kda_impls.bench.presets import PRESETS, adhoc_configs
 from kda_impls.bench.results import PROVENANCE, atomic_write
+from kda_impls.bench.spec import SettingError, SweepSpec
 from kda_impls.bench.timing import Budget, Timing, call_time, kernel_time
 
 TESTS = Path(__file__).resolve().parent
@@ -68,7 +69,11 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
     assert list(table.columns) == [*COLUMNS, *PROVENANCE]
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     assert (table.commit == head).all() and table.dirty.isin([True, False]).all()
-    assert table.groupby("impl").fingerprint.nunique().eq(1).all() and table.fingerprint.nunique() == 2
+    ran = table[table.fingerprint.notna()]  # a row whose worker died records nothing of its code
+    assert set(ran.impl) == {"naive", "misbehaves"} and ran.fingerprint.str.fullmatch("[0-9a-f]{12}").all()
+    row = json.loads((out / "rows" / f"{ran.key.iloc[0]}.json").read_text())
+    assert {"kda_impls/contract.py", "kda_impls/impls/naive.py", "kda_impls/impls/triton_tuning.json"} <= \
+        set(row["measured_by"]["files"])  # the package's modules the worker loaded, and their data files
     assert len(table) == 2 * SMOKE_CONFIGS and table.key.is_unique
     naive = table[table.impl == "naive"]
     assert (naive.status == "ok").all(), naive[["key", "status", "reason"]]
@@ -168,17 +173,20 @@ def test_statuses_crashed_wrong_unsupported(swept):
 
 
 def test_rerun_keeps_ok_rows_of_this_code_and_measures_the_rest(swept, tmp_path):
-    """A resumed run keeps the ok rows whose fingerprint is the code's now, and measures again the
-    missing ones, those that were not ok and those another version of the code measured (of naive's
-    rows in a copy of the smoke sweep, one deleted, one marked wrong, one of other code; misbehaves'
-    rows are outside the rerun's grid and stay as they are)."""
+    """A resumed run keeps the ok rows that the code of now measures the same way, and measures again
+    the missing ones, those that were not ok and those another version of the code measured, naming
+    the file that differs (of naive's rows in a copy of the smoke sweep, one deleted, one marked wrong,
+    one recorded as measured by another contract.py; misbehaves' rows are outside the rerun's grid and
+    stay as they are)."""
     out = shutil.copytree(swept[0], tmp_path / "smoke")
     before = pd.read_csv(out / "results.csv")
     naive = before[before.impl == "naive"].key
     dropped, failed, stale = naive.iloc[0], naive.iloc[1], naive.iloc[2]
     (out / "rows" / f"{dropped}.json").unlink()
-    for key, change in ((failed, {"status": "wrong"}), (stale, {"fingerprint": "other"})):
+    for key in (failed, stale):
         row = json.loads((out / "rows" / f"{key}.json").read_text())
+        row["measured_by"]["files"]["kda_impls/contract.py"] = "0" * 16
+        change = {"status": "wrong"} if key == failed else {"measured_by": row["measured_by"]}
         (out / "rows" / f"{key}.json").write_text(json.dumps(row | change))
     kept = {p.name: p.stat().st_mtime_ns for p in (out / "rows").glob("*.json") if p.stem not in (failed, stale)}
 
@@ -191,10 +199,12 @@ def test_rerun_keeps_ok_rows_of_this_code_and_measures_the_rest(swept, tmp_path)
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{SMOKE_CONFIGS - 3} kept, 3 to measure (1 new, 1 not ok, 1 other code)" in done.stdout, done.stdout
+    assert f"measured again, other code: contract.py changed: {stale}" in done.stdout, done.stdout
     assert {p.name: p.stat().st_mtime_ns for p in (out / "rows").glob("*.json") if p.name in kept} == kept
     after = pd.read_csv(out / "results.csv").set_index("key")
     assert set(after.index) == set(before.key) and after.loc[[dropped, failed, stale], "status"].eq("ok").all()
-    assert after.loc[stale, "fingerprint"] == after.loc[naive.iloc[3], "fingerprint"]
+    remeasured = json.loads((out / "rows" / f"{stale}.json").read_text())["measured_by"]["files"]
+    assert remeasured["kda_impls/contract.py"] != "0" * 16  # what measured it now: the contract.py that is here
     assert len(json.loads((out / "meta.json").read_text())["runs"]) == 2
 
 
@@ -839,8 +849,8 @@ def test_sweep_times_each_row_in_its_placement_processes(tmp_path):
     assert row.status == "ok" and row.placements_timed == 4 and row.key.endswith("_pl2")
     method = json.loads((out / "meta.json").read_text())["settings"]["method"]
     assert method["placement_processes"] == 2 and method["settle_s"] == 0.01
-    with pytest.raises(SystemExit):  # a negative idle is refused before anything runs
-        sweep_module.parser().parse_args(["--settle", "-1"])
+    with pytest.raises(SettingError, match="settle: -1 must be a number >= 0"):  # refused before anything runs
+        SweepSpec(settle=-1)
 
 
 def test_sweeps_settle_by_default_after_a_hand_back_like_the_one_that_slowed_the_h200():
@@ -848,7 +858,7 @@ def test_sweeps_settle_by_default_after_a_hand_back_like_the_one_that_slowed_the
     placement by 8%, and 10 ms of idling ended such a slowdown (results/h200/timing-evidence/settle.md):
     a sweep idles at least that long, by default, after a hand-back that large. Fails if the default
     goes back to no settling or the threshold rises past that hand-back."""
-    assert sweep_module.parser().parse_args([]).settle == Method().settle_s >= 0.01
+    assert SweepSpec().settle == sweep_module.spec_from_argv([]).settle == Method().settle_s >= 0.01
     assert timing.SETTLE_MIN_BYTES < 256 * 64 * 128 * 128 * torch.bfloat16.itemsize
 
 
@@ -1003,9 +1013,8 @@ def test_worker_preloads_its_implementation_before_it_says_hello(monkeypatch):
 def test_sweep_placement_processes_default_by_preset_and_device(preset, argv, device_type, processes):
     """On a GPU the thorough presets time a row in three processes, the fast ones (a minute for
     kimi-linear-48b) in one; the CPU, whose rows are not ranked, in one; the option overrides both."""
-    args = sweep_module.parser().parse_args(["--preset", preset, *argv])
-    method = sweep_module.method_from_args(args, PRESETS[preset], device_type)
-    assert method.placement_processes == processes
+    spec = sweep_module.spec_from_argv(["--preset", preset, "--devices", "cpu", *argv])
+    assert spec.method(device_type).placement_processes == processes
 
 
 def test_worker_hands_its_cache_back_after_each_row_with_the_methods_settle(monkeypatch):
@@ -1151,3 +1160,28 @@ def test_an_implementation_that_cannot_run_on_the_device_gets_its_rows_without_a
     reason = case.run_case(cfg, "cpu")["reason"]
     assert table.reason.tolist() == [reason] and reason  # what the worker's run_case says, word for word
     assert table.library.tolist() == ["flashinfer"]
+
+
+def test_a_rows_fingerprint_names_what_differs_now(monkeypatch):
+    """What resume compares (bench/fingerprint.py): the target, every loaded file of this package (a
+    tuning table too), the library versions and the KDA_* kernel settings; provenance variables such as
+    KDA_GIT_SHA are not kernel settings."""
+    from kda_impls.bench import fingerprint
+
+    target = "kda_impls.impls.naive:NaiveTorch"
+    registry.get("naive")  # its module loaded, as in a worker that measured it
+    monkeypatch.delenv("KDA_TRITON_CONFIG", raising=False)
+    measured_by = fingerprint.record(target, {"torch": "2.0"})
+    assert {"kda_impls/impls/naive.py", "kda_impls/impls/triton_tuning.json"} <= set(measured_by["files"])
+    assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) is None
+    monkeypatch.setenv("KDA_GIT_SHA", "0" * 40)
+    assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) is None
+    assert fingerprint.changes(measured_by, target, {"torch": "2.1"}) == ("other code", "torch 2.0 -> 2.1")
+    assert fingerprint.changes(measured_by, "mine:Other", {"torch": "2.0"}) == ("other code", f"{target} -> mine:Other")
+    gone = measured_by | {"files": measured_by["files"] | {"kda_impls/impls/gone.py": "0" * 16}}
+    assert fingerprint.changes(gone, target, {"torch": "2.0"}) == ("other code", "gone.py gone")
+    edited = measured_by | {"files": measured_by["files"] | {"kda_impls/impls/triton_tuning.json": "0" * 16}}
+    assert fingerprint.changes(edited, target, {"torch": "2.0"}) == ("other code", "triton_tuning.json changed")
+    monkeypatch.setenv("KDA_TRITON_CONFIG", "BV=32")
+    assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) == ("other settings", "KDA_TRITON_CONFIG set")
+    assert fingerprint.changes(None, target, {}) == ("other code", "the row records none of the files that measured it")

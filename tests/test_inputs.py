@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kda_impls import make_inputs
+from kda_impls import ContractError, make_inputs
 
 # Each case: make_inputs arguments, then the bytes a step moves, summed term by term:
 #   live state rows read and written: 2 * live * HV*V*K * state bytes
@@ -89,7 +89,7 @@ def test_make_inputs_slots():
     ordered = make_inputs(16, 1, 1, 4, 4, sorted_slots=True, seed=5).slots
     assert torch.equal(ordered, ordered.sort().values)
     assert make_inputs(0, 1, 1, 4, 4).N == 1  # an empty batch still gets a pool of one slot
-    with pytest.raises(ValueError, match=r"^pad_rows must be in \[0, B=4\]; got 5$"):
+    with pytest.raises(ContractError, match=r"^make_inputs: pad_rows must be in \[0, B=4\]; got 5$"):
         make_inputs(4, 1, 1, 8, 8, pad_rows=5)
     with pytest.raises(ValueError, match=r"^n_slots=3 must be >= B=4 \(every stored token needs its own slot\)$"):
         make_inputs(4, 1, 1, 8, 8, n_slots=3)
@@ -136,3 +136,23 @@ def test_the_one_token_spelling():
     assert torch.equal(one.slots, x.slots)
     with pytest.raises(ValueError, match=r"^a step of T=2 tokens has no one-token spelling$"):
         make_inputs(3, 1, 2, 8, 8, T=2).one_token_spelling()
+
+
+def test_make_inputs_takes_dtype_names():
+    x = make_inputs(2, 1, 2, 16, 16, state_dtype="bf16", dtype="float32")
+    assert x.state.dtype == torch.bfloat16 and x.q.dtype == torch.float32
+
+
+@pytest.mark.parametrize("arguments, rule, words", [
+    (dict(state_dtype="fp8"), "dtype", "state_dtype must be a torch dtype or its name; unknown dtype 'fp8'"),
+    (dict(dtype=3), "dtype", "dtype must be a torch dtype or its name; unknown dtype '3'"),
+    (dict(device="tpu"), "device", "device must be cpu, cuda or cuda:N; got 'tpu'"),
+    # a GPU past the last one visible: absent on every machine
+    (dict(device=f"cuda:{torch.cuda.device_count()}"), "device", "device must be one that exists here"),
+    (dict(H=3, HV=4), "gva", "HV must be a multiple of H; got HV=4, H=3"),
+])
+def test_make_inputs_refuses_what_the_contract_refuses_before_drawing(arguments, rule, words):
+    shape = dict(B=2, H=1, HV=2, K=16, V=16) | {k: arguments.pop(k) for k in ("H", "HV") if k in arguments}
+    with pytest.raises(ContractError) as refused:
+        make_inputs(**shape, **arguments)
+    assert refused.value.rule == rule and str(refused.value).startswith(f"make_inputs: {words}"), refused.value

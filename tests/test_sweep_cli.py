@@ -101,6 +101,8 @@ BAD_SWEEP_ARGUMENTS = [
     (["--devices", "cuda:7"], ["--devices"]),
     (["--preset", "kimi-linear-48b", "--HV", "7"], ["leave no configuration of preset kimi-linear-48b"]),
     (["--baseline", "triton"], ["--baseline triton is not among this run's implementations (naive)"]),
+    (["--H", "3", "--HV", "2"], ["HV must be a multiple of H; got HV=2, H=3", "rule 'gva'"]),
+    (["--HV", "2,4", "--H", "1,3"], ["HV must be a multiple of H; got HV=2, H=3"]),
 ]
 
 
@@ -198,10 +200,9 @@ def test_default_out_is_named_by_the_grid_and_settings(tmp_path):
     from kda_impls.bench import sweep
 
     def out_of(*argv):
-        args = sweep.parser().parse_args(["--devices", "cpu", *argv])
-        name, configs = sweep.configs_from_args(args, "cpu")
-        method = sweep.method_from_args(args, sweep.PRESETS.get(name, sweep.PRESETS["published"]), "cpu")
-        return sweep.default_out(args, name, configs, sweep.settings_of(["cpu"], method)).relative_to(Path.cwd())
+        spec = sweep.spec_from_argv(["--devices", "cpu", *argv])
+        settings = sweep.settings_of(["cpu"], spec.method())
+        return sweep.default_out(spec, spec.configs(), settings).relative_to(Path.cwd())
 
     assert out_of() == out_of("--preset", "smoke") == Path("sweeps/smoke-cpu")
     grids = {out_of("--B", "1"), out_of("--B", "2"), out_of("--B", "1", "--l2-entry", "dirty"),
@@ -428,13 +429,15 @@ def test_lane_summary_adds_up_each_devices_rows():
 
 
 def test_a_python_script_runs_a_sweep_and_gets_its_table(tmp_path):
-    """kda_impls.sweep: the command's rows, resume and checks from Python; a refused argument raises."""
+    """kda_impls.sweep: the command's rows, resume and checks from Python values (a torch dtype, lists);
+    a refused argument raises, naming the setting."""
     code = f"""
+import torch
 import kda_impls
 from kda_impls.cli import UsageError
 if __name__ == "__main__":
     grid = dict(impls=["naive"], devices="cpu", B=[1, 2], H=1, HV=2, K=16, V=16, placements=1,
-                out={str(tmp_path / "s")!r})
+                state_dtype=torch.bfloat16, out={str(tmp_path / "s")!r})
     table = kda_impls.sweep(**grid)
     assert list(table.status) == ["ok", "ok"] and list(table.B) == [1, 2] and (table.kernel_us_mean > 0).all()
     again = kda_impls.sweep(**grid)
@@ -447,7 +450,7 @@ if __name__ == "__main__":
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 kept, 0 to measure" in done.stdout
-    assert "refused: argument --B: 0 must be a whole number >= 1" in done.stdout
+    assert "refused: B: 0 must be a whole number >= 1" in done.stdout
 
 
 def test_a_cpu_run_of_a_gpu_sized_grid_warns_with_its_estimate(tmp_path):
@@ -488,3 +491,132 @@ def test_mode_axis_measures_frozen_verify_beside_in_place_and_reads_older_rows_a
     assert older["mode"].tolist() == ["inplace"] * 3 and older.ring.tolist() == [0] * 3
     again = call("sweep", *MODES[:-2], "--mode", "inplace", "--out", str(out))  # resumes: starts no worker
     assert again.returncode == 0 and "3 kept, 0 to measure" in again.stdout, again.stdout + again.stderr
+
+
+def planted_package(directory: Path) -> Path:
+    """tests/planted/helped.py and its helper copied as a package ``mine`` of ``directory``, as a user's
+    implementation kept outside the repository (the tests edit the copy)."""
+    package = directory / "mine"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for name in ("helped.py", "helper.py"):
+        shutil.copy(REPO / "tests" / "planted" / name, package / name)
+    return directory
+
+
+def test_resume_measures_again_what_other_code_or_settings_measured_and_says_why(tmp_path):
+    """A row is kept only where the code and settings that measured it are those of now: an edit of a
+    helper module the implementation imports, a switch of KDA_EXTRA_IMPLS to another class of the same
+    file, and a KDA_* setting that changes the kernel each make the row be measured again, named in a
+    line, and the planted bug each brings is then caught (exit 1). Unchanged, the row is kept."""
+    root = planted_package(tmp_path / "user")
+    env = {"PYTHONPATH": os.pathsep.join([str(root), str(REPO)]), "KDA_EXTRA_IMPLS": "mine=mine.helped:Helped"}
+    argv = [*TINY, "--impls", "mine"]
+    first = run("sweep", *argv, "--out", str(tmp_path / "ok"), env=env)
+    assert first.returncode == 0 and "0 kept, 1 to measure (1 new)" in first.stdout, first.stdout + first.stderr
+    again = run("sweep", *argv, "--out", str(tmp_path / "ok"), env=env)
+    assert again.returncode == 0 and "1 kept, 0 to measure," in again.stdout, again.stdout + again.stderr
+    changes = [("class", {"KDA_EXTRA_IMPLS": "mine=mine.helped:Doubled"},
+                "other code: mine.helped:Helped -> mine.helped:Doubled"),
+               ("setting", {"KDA_PLANTED_FACTOR": "2"}, "other settings: KDA_PLANTED_FACTOR set"),
+               ("helper", {}, "other code: helper.py changed")]
+    for name, change, words in changes:
+        out = shutil.copytree(tmp_path / "ok", tmp_path / name)
+        if name == "helper":
+            (root / "mine" / "helper.py").write_text("def finish(out):\n    return out.mul_(3)\n")
+        done = run("sweep", *argv, "--out", str(out), env=env | change)
+        kind = words.split(":")[0]
+        assert f"0 kept, 1 to measure (1 {kind})" in done.stdout, (name, done.stdout + done.stderr)
+        assert f"measured again, {words}: mine_B2" in done.stdout, (name, done.stdout)
+        assert done.returncode == 1 and "1 wrong" in done.stderr.splitlines()[-1], (name, done.stderr)
+
+
+def test_an_empty_shard_is_one_line_and_leaves_no_directory(tmp_path):
+    out = tmp_path / "s"
+    done = call("sweep", *TINY, "--shard", "1/2", "--out", str(out))
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    assert done.stdout.splitlines() == ["kda-sweep: shard 1/2 of this grid holds no rows; nothing to measure"]
+    assert not out.exists()
+
+
+def test_survey_takes_dtype_names_as_the_sweep_does(monkeypatch):
+    import kda_impls.__main__ as survey_cli
+
+    asked = []
+    monkeypatch.setattr(survey_cli, "survey", lambda device, state_dtype: asked.append(state_dtype) or pd.DataFrame())
+    done = call("survey", "--device", "cpu", "--state-dtype", "bf16")
+    assert done.returncode == 0 and asked == ["bfloat16"], done.stderr
+    one_line_error(call("survey", "--device", "cpu", "--state-dtype", "fp8"), "unknown dtype 'fp8'")
+
+
+def test_a_second_sweep_into_a_directory_in_use_is_refused_naming_the_first(tmp_path):
+    """One writer per directory: while another process holds the directory, a sweep into it is one
+    line naming that process and writes nothing; once that process is killed (a crash), the lock is
+    free and the sweep runs, removing the lock file as it ends."""
+    out = tmp_path / "s"
+    out.mkdir()
+    hold = ("import sys; from kda_impls.bench.lock import Lock\n"
+            "with Lock(sys.argv[1]):\n    print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], cwd=REPO, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        before = files_of(out)
+        refused = call("sweep", *TINY, "--out", str(out))
+        one_line_error(refused, f"{out} is being written by another sweep (pid {holder.pid} on ",
+                       "wait for it to end, or pass another --out")
+        assert files_of(out) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (out / ".kda-sweep.lock").exists()  # what the killed holder left
+    done = run("sweep", *TINY, "--out", str(out))
+    assert done.returncode == 0 and "0 kept, 1 to measure" in done.stdout, done.stdout + done.stderr
+    assert not (out / ".kda-sweep.lock").exists()
+
+
+def test_a_script_without_its_main_guard_fails_at_once_saying_so(tmp_path):
+    """Worker processes start with "spawn", which imports the calling script again: without the
+    ``if __name__ == "__main__":`` guard the sweep stops at its workers' start with the line that
+    says to add it, and no row is recorded as crashed."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("import kda_impls\n"
+                      f"kda_impls.sweep(impls='naive', devices='cpu', B=1, H=1, HV=2, K=16, V=16, placements=1, "
+                      f"out={str(tmp_path / 's')!r})\n")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=os.environ | {"PYTHONPATH": str(REPO)})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        'put the call under `if __name__ == "__main__":` in the script'), done.stderr
+    assert not list((tmp_path / "s").glob("rows/*.json"))
+
+
+def test_import_kda_impls_leaves_the_harness_out():
+    """The contract, inputs and implementations load with the package; pandas, matplotlib and the sweep's
+    harness only when a sweep is asked for (``kda_impls.sweep``)."""
+    code = ("import sys, torch; before = set(sys.modules); import kda_impls; "
+            "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('pandas', 'matplotlib', 'tqdm') "
+            "or m.startswith('kda_impls.bench'))); kda_impls.SweepSpec; print('pandas' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split("\n")[:2] == ["[]", "True"], done.stdout + done.stderr
+
+
+def test_a_sweep_spec_takes_python_values_and_refuses_with_the_settings_name():
+    import torch
+
+    from kda_impls.bench.spec import SettingError, SweepSpec
+
+    spec = SweepSpec(devices="cpu", impls="naive", B=[1, 2, 2], HV=4, state_dtype=[torch.bfloat16, "fp32", "bf16"],
+                     shard="1/2", mode="inplace")
+    assert (spec.impls, spec.B, spec.HV, spec.state_dtype) == (("naive",), (1, 2), (4,), ("bfloat16", "float32"))
+    assert spec.shard == (1, 2) and spec.mode == ("inplace",) and spec.devices == ("cpu",)
+    assert SweepSpec(devices=["cpu"], B="1,2").B == (1, 2) and SweepSpec(devices="cpu").name == "smoke"
+    for settings, message in [(dict(B=0), "B: 0 must be a whole number >= 1"), (dict(B=1.5), "B: 1.5 is not"),
+                              (dict(state_dtype=torch.int8), "state_dtype: unknown dtype 'int8'"),
+                              (dict(mode="verify"), "mode: 'verify' is not one of inplace, frozen, replay"),
+                              (dict(shard=(2, 2)), "shard: (2, 2) is not i/n"), (dict(B=[]), "B: an empty list"),
+                              (dict(devices="tpu"), "devices: 'tpu' is not a device"),
+                              (dict(fresh="yes"), "fresh: 'yes' is not True or False")]:
+        with pytest.raises(SettingError) as refused:
+            SweepSpec(**{"devices": "cpu"} | settings)
+        assert str(refused.value).startswith(message), refused.value

@@ -10,15 +10,14 @@ once; on a GPU a thorough preset times each row in three such processes in turn
 (``Method.placement_processes``), and every worker has started before the first row is timed. A
 worker that dies (a segfault, an illegal memory access, which poisons the CUDA context, a row past
 the timeout) makes its row ``crashed``; the next row gets a fresh worker. Each finished row is a file
-in ``DIR/rows/`` that names the commit and the implementation's fingerprint (:func:`fingerprint`):
-a later run of the same settings keeps the ok rows whose fingerprint is the code's now and measures
-the others again.
+in ``DIR/rows/`` that names the commit and what measured it (:mod:`.fingerprint`: the code the
+worker loaded, the kernel settings, the library versions): a later run of the same settings keeps
+the ok rows that the code and settings of now would measure the same way, and measures the others
+again, saying why.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import json
 import multiprocessing as mp
 import platform
@@ -28,7 +27,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -38,11 +37,11 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .. import registry
 from ..cli import UsageError
 from ..contract import package_version
 from .case import Method, empty_row, merge_rows, refused_on, refused_row
 from .config import Config
+from .lock import Lock
 from .results import (
     assemble,
     device_info,
@@ -53,10 +52,11 @@ from .results import (
     write_meta,
     write_row,
 )
+from .resume import Plan, plan
 from .roofline import copy_bandwidth
 from .schedule import GroupScheduler, compile_groups
 from .timing import METHOD_VERSION
-from .worker import serve
+from .worker import UNGUARDED, UNGUARDED_EXIT, current_versions, serve_ignoring_interrupts
 
 MAX_CRASHES = 3  # per implementation and run; its remaining rows are then recorded, not run
 STARTUP_TIMEOUT_S = 600.0
@@ -73,15 +73,6 @@ def _exit_reason(code: int | None) -> str:
     return f"worker exited with code {code}"
 
 
-def _ignore_interrupts_then_serve(*args) -> None:
-    # Ctrl-C reaches every process of the terminal's group, and so does a time limit's SIGTERM
-    # (`timeout` signals the driver, then its whole group): the driver handles it (stopping the
-    # workers, saving what is done), so a worker must not die of it with a traceback of its own.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    serve(*args)
-
-
 class Worker:
     """The driver's handle on one implementation's worker process on one device."""
 
@@ -89,7 +80,7 @@ class Worker:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         # not a daemon: a library may start processes of its own (JIT compilers)
-        self.process = ctx.Process(target=_ignore_interrupts_then_serve, args=(impl, device, method, child, warm),
+        self.process = ctx.Process(target=serve_ignoring_interrupts, args=(impl, device, method, child, warm),
                                    name=f"kda-bench-{impl}-{device}")
         self.process.start()
         child.close()  # so that the worker's death reads as end-of-file here
@@ -109,6 +100,8 @@ class Worker:
             with suppress(EOFError):
                 return self.conn.recv()
         self.process.join()
+        if self.process.exitcode == UNGUARDED_EXIT:
+            raise UsageError(UNGUARDED)
         raise WorkerDied(_exit_reason(self.process.exitcode))
 
     def ready(self) -> None:
@@ -157,40 +150,9 @@ def differences(old, new, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} -> {new!r}"]
 
 
-def fingerprint(impl: str) -> str:
-    """What measured a row, in 12 hex digits: a hash of the implementation's module source and of its
-    libraries' versions (``Implementation.versions()``). A row whose fingerprint is not the code's now
-    is measured again."""
-    module = registry.implementations()[impl].partition(":")[0]
-    spec = importlib.util.find_spec(module)
-    source = Path(spec.origin).read_bytes() if spec and spec.origin else b""
-    try:
-        versions = registry.get(impl).versions()
-    except Exception as exc:  # a library that does not import: its rows say why
-        versions = {"error": type(exc).__name__}
-    return hashlib.sha256(source + json.dumps(versions, sort_keys=True).encode()).hexdigest()[:12]
-
-
-REMEASURE_REASONS = ("new", "not ok", "other code", "fresh")  # why a configuration is measured (Plan.why)
-
-
-@dataclass
-class Plan:
-    """What a run would do: the configurations to measure, why each is (:data:`REMEASURE_REASONS`),
-    and how many rows of the directory are kept."""
-
-    pending: list[Config]
-    why: Counter
-    kept: int
-
-    def describe(self) -> str:
-        reasons = ", ".join(f"{self.why[r]} {r}" for r in REMEASURE_REASONS if self.why[r])
-        return f"{self.kept} kept, {len(self.pending)} to measure" + (f" ({reasons})" if reasons else "")
-
-
 class Sweep:
     """One run of the driver over ``configs`` into ``out_dir`` on ``devices``. A row already in the
-    directory is kept when it is ok and its fingerprint is the code's now, unless ``fresh``.
+    directory is kept when it is ok and :func:`fingerprint.changes` finds nothing changed, unless ``fresh``.
     ``exits_on_interrupt``: the caller ends the process when :meth:`run` is interrupted (the command
     line), so the interrupt handlers stay ignored after the first interrupt, through the exit;
     otherwise they are handed back once the run's cleanup is done."""
@@ -204,7 +166,7 @@ class Sweep:
         self.exits_on_interrupt = exits_on_interrupt
         self.crashes: Counter[str] = Counter()
         self.impls_meta: dict[str, dict] = {}
-        self.fingerprints = {impl: fingerprint(impl) for impl in dict.fromkeys(c.impl for c in configs)}
+        self.versions = {impl: current_versions(impl) for impl in dict.fromkeys(c.impl for c in configs)}
         self.provenance: dict = {}  # what each row records of the code that measured it
         self.measured = 0
         self.lock = threading.Lock()
@@ -222,21 +184,13 @@ class Sweep:
                              f"pass another --out, or the same settings to resume")
 
     def check_resumable(self) -> None:
-        """:meth:`check_directory` on what is in ``out_dir`` now (a dry run's check); writes nothing."""
+        """:meth:`check_directory` on what is in ``out_dir`` now (before a run takes the lock); writes nothing."""
         self.check_directory(read_meta(self.out_dir), device_info(torch.device(self.devices[0]))["name"])
 
     def plan(self) -> Plan:
         """What :meth:`run` would measure; reads the directory, writes nothing."""
         rows = {row["key"]: row for row in read_rows(self.out_dir)} if self.out_dir.is_dir() else {}
-        pending, why = [], Counter()
-        for cfg in self.configs:
-            row = rows.get(cfg.key())
-            reason = ("new" if row is None else "fresh" if self.fresh else "not ok" if row["status"] != "ok"
-                      else "other code" if row.get("fingerprint") != self.fingerprints[cfg.impl] else None)
-            if reason:
-                pending.append(cfg)
-                why[reason] += 1
-        return Plan(pending, why, len(self.configs) - len(pending))
+        return plan(self.configs, rows, self.versions, fresh=self.fresh)
 
     # -- one lane per device
     def _worker(self, impl: str, device: str, process: int) -> Worker:
@@ -296,10 +250,9 @@ class Sweep:
             raise
         if self.stopping.is_set():  # killed by the interrupt: not a result
             return False
-        write_row(self.out_dir, row | self.provenance | {"fingerprint": self.fingerprints[cfg.impl],
-                                                         "device": row.get("device") or device, "host": platform.node(),
-                                       "started_utc": started.isoformat(timespec="milliseconds"),
-                                       "row_s": round(time.perf_counter() - clock, 3)})
+        write_row(self.out_dir, row | self.provenance | {"device": row.get("device") or device, "host": platform.node(),
+                                                         "started_utc": started.isoformat(timespec="milliseconds"),
+                                                         "row_s": round(time.perf_counter() - clock, 3)})
         with self.lock:
             self.measured += 1
             bar.set_postfix_str(cfg.key(), refresh=False)
@@ -308,8 +261,18 @@ class Sweep:
 
     # -- the run
     def run(self) -> pd.DataFrame:
-        started = time.perf_counter()
+        """Measure what :meth:`plan` finds to measure, holding the directory's lock; the directory's table."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        with Lock(self.out_dir):
+            try:
+                return self._run()
+            except UsageError:  # a worker's start said the caller's script lacks its __main__ guard
+                for worker in filter(None, self.workers.values()):
+                    worker.stop(now=True)
+                raise
+
+    def _run(self) -> pd.DataFrame:
+        started = time.perf_counter()
         remove_stale_temporaries(self.out_dir)
         meta = read_meta(self.out_dir)
         env = environment(torch.device(self.devices[0]), self.out_dir, self.command)
@@ -318,7 +281,7 @@ class Sweep:
         plan = self.plan()
         pending = plan.pending
         print(f"{len(self.configs)} rows in {self.out_dir}: {plan.describe()}, on {env['gpu']} "
-              f"({', '.join(self.devices)}; L2 entry state {self.method.entry})")
+              f"({', '.join(self.devices)}; L2 entry state {self.method.entry}){plan.why_again()}")
         # before any worker starts, so that nothing else touches a device while it is measured; a
         # resumed directory keeps its rooflines
         by_device = meta.get("copy_bandwidth_by_device", {})
@@ -332,7 +295,7 @@ class Sweep:
         self.impls_meta = meta.get("impls", {})
 
         # what cannot run on these devices whatever its inputs (a package missing) starts no worker
-        self.refused = {impl: reason for impl in self.fingerprints if (reason := refused_on(impl, self.devices[0]))}
+        self.refused = {impl: reason for impl in self.versions if (reason := refused_on(impl, self.devices[0]))}
         groups = compile_groups(pending)
         for group in groups:  # each group's shape at B = 1: what is compiled per shape, in little memory
             self.warm.setdefault(group[0].impl, []).append(replace(group[0], B=1))

@@ -34,8 +34,8 @@ PLACEMENT_STATISTICS = {"median": np.median, "mean": np.mean, "min": np.min}
 # Sample files keep microseconds to this many decimals (0.1 ns, far below what CUDA events resolve):
 # full float digits made a two-GPU `targets` run's samples.json 2.4 MB, past what a repo should carry.
 SAMPLE_DECIMALS = 4
-# What measured a row: the commit (and whether the tree differed from it) and the implementation's
-# fingerprint (driver.fingerprint); results.csv carries them after the case runner's columns
+# What measured a row: the commit (and whether the tree differed from it) and the fingerprint of its
+# code and settings (fingerprint.digest); results.csv carries them after the case runner's columns
 PROVENANCE = ["commit", "dirty", "fingerprint"]
 REPO = Path(__file__).resolve().parents[2]
 

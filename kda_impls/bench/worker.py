@@ -6,16 +6,24 @@ Kept apart from the driver so that a worker imports only what measuring needs.
 
 from __future__ import annotations
 
+import signal
 from contextlib import suppress
 from multiprocessing.connection import Connection
 
 import torch
 
 from .. import registry
+from . import fingerprint
 from .case import Method, run_case
 from .config import Config
 from .l2 import as_device
 from .timing import release_cache
+
+# A worker started by "spawn" runs the caller's main script again; one whose sweep call is not under
+# `if __name__ == "__main__":` would start a sweep of its own there. It exits with this status instead.
+UNGUARDED_EXIT = 87
+UNGUARDED = ("kda_impls.sweep ran again in a worker process, which imports the calling script anew: put the "
+             "call under `if __name__ == \"__main__\":` in the script")
 
 
 def _cuda_context_lost(device: torch.device) -> bool:
@@ -36,6 +44,14 @@ def describe(impl: str) -> dict:
     except Exception as exc:  # run_case reports it again on each row
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"versions": implementation.versions(), "supports": implementation.capabilities.describe()}
+
+
+def current_versions(impl: str) -> dict:
+    """The implementation's library versions here, or the error that keeps it from importing."""
+    try:
+        return registry.get(impl).versions()
+    except Exception as exc:  # its rows say why
+        return {"error": type(exc).__name__}
 
 
 def serve(impl: str, device: str, method: Method, conn: Connection, warm: tuple[Config, ...] = ()) -> None:
@@ -67,6 +83,8 @@ def serve(impl: str, device: str, method: Method, conn: Connection, warm: tuple[
     while (request := conn.recv()) is not None:
         cfg, copy_bw = request
         row = run_case(cfg, device, method, copy_bw=copy_bw) | {"device": str(device)}
+        measured_by = fingerprint.record(registry.implementations()[impl], current_versions(impl))
+        row |= {"fingerprint": fingerprint.digest(measured_by), "measured_by": measured_by}
         if row["status"] == "error" and _cuda_context_lost(device):
             conn.send(row | {"status": "crashed", "reason": f"CUDA context lost: {row['reason']}"})
             return
@@ -74,3 +92,13 @@ def serve(impl: str, device: str, method: Method, conn: Connection, warm: tuple[
         # placements (idling where the method settles)
         release_cache(device, method.settle_s)
         conn.send(row)
+
+
+def serve_ignoring_interrupts(*args) -> None:
+    """The worker process's target: :func:`serve` with SIGINT and SIGTERM ignored."""
+    # Ctrl-C reaches every process of the terminal's group, and so does a time limit's SIGTERM
+    # (`timeout` signals the driver, then its whole group): the driver handles it (stopping the
+    # workers, saving what is done), so a worker must not die of it with a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    serve(*args)
