@@ -57,7 +57,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from ..contract import Capabilities
+from ..contract import Capabilities, Unsupported
 from ..inputs import DecodeInputs
 from ..reference import L2_EPS, log_decay
 from .sglang_kda import ATTENTION, SGLangKDA, kernel_module, packed_qkv
@@ -175,7 +175,26 @@ class SGLangReplaySSM(SGLangKDA):
                     ssm_state_indices=inputs.slots, write_pos=write_pos, force_flush=None,
                     use_qk_l2norm_in_kernel=True, is_kda=True)
 
+    def _keys_unsupported(self, inputs: DecodeInputs) -> str | None:
+        """Under GVA, what the cached keys rule out (read once, at bind time): SGLang's k ring holds one key
+        per q/k head, so the value heads of one q/k head must hold the same key in every committed record."""
+        group = inputs.HV // inputs.H
+        if group == 1:
+            return None
+        cache, K = inputs.cache, inputs.K
+        committed = torch.arange(cache.L, device=inputs.device)[None, :] < cache.length[:, None]  # [N, L]
+        keys = cache.kg[..., :K].unflatten(1, (inputs.H, group))  # [N, H, group, L, K]
+        differ = (keys != keys[:, :, :1]).any(dim=-1).any(dim=1).any(dim=1) & committed
+        if bool(differ.any()):
+            return (f"SGLang's k ring holds one key per q/k head, and {int(differ.sum())} committed records hold "
+                    f"different keys for the value heads of one q/k head (GVA: a step writes its q/k head's key to "
+                    f"each of them)")
+        return None
+
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
+        reason = self._keys_unsupported(inputs)
+        if reason:
+            raise Unsupported(f"{self.label}: {reason}")
         decode = self.kernel()
         cache = inputs.cache
         rings = sglang_rings(inputs)
