@@ -11,6 +11,7 @@ same mask as bool, so that the kernel's own code runs unchanged.
 """
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -26,7 +27,9 @@ from kda_impls.reference import replay_step
 from kda_impls.verify import bits
 
 pytestmark = [pytest.mark.skipif(sglang_dir() is None, reason=f"sglang not installed ({INSTALL})"),
-              pytest.mark.interpreter]
+              pytest.mark.interpreter,
+              pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs the kernel interpreted: "
+                                 "TRITON_INTERPRET=1 (tests/conftest.py sets it where no GPU is visible)")]
 
 CASES = {
     "gva-padded-pool-pad-row-fp32": dict(B=3, H=1, HV=2, K=32, V=16, slot_pad=8, pad_rows=1,
@@ -53,7 +56,7 @@ def staggered(x, L):
     """Each live slot's ring at its own length, so that the slots flush at different steps; under GVA each
     record's key the same for the value heads of one q/k head, as the steps write them."""
     live = x.slots.long()[x.live_rows()]
-    x.cache.length[live] = (torch.arange(len(live), dtype=torch.int32) + L - 2) % L
+    x.cache.length[live] = (torch.arange(len(live), dtype=torch.int32, device=x.device) + L - 2) % L
     group = x.HV // x.H
     x.cache.kg[..., :x.K] = x.cache.kg[:, ::group, :, :x.K].repeat_interleave(group, dim=1)
     return x
@@ -90,12 +93,12 @@ def test_rings_the_kernel_writes_are_what_its_next_launches_read(interpreter_mas
     assert rel_err(effective_state(x)[slots], effective_state(ref)[slots]) <= 1e-5
 
 
-def flushes_as_timed(impl, x) -> bool:
+def flushes_as_timed(impl, x, device="cpu") -> bool:
     """Whether, over the launches the bench's own timer makes of ``impl`` on ``x`` (on the CPU: a warm-up,
     then whole ring cycles), each live slot's pool block was written exactly at the launches where its
     ring fills: ``(length + launches) // L`` times from its length before the first."""
     slots = x.slots.long()[x.live_rows()]
-    start = x.cache.length[slots].long()
+    start = x.cache.length[slots].long().cpu()
     writes = torch.zeros(len(slots), dtype=torch.int64)
     calls = []
 
@@ -105,13 +108,13 @@ def flushes_as_timed(impl, x) -> bool:
         def counted():
             before = inputs.state[slots].clone()
             result = launch()
-            writes.add_((bits(inputs.state[slots]) != bits(before)).flatten(1).any(dim=1).long())
+            writes.add_((bits(inputs.state[slots]) != bits(before)).flatten(1).any(dim=1).long().cpu())
             calls.append(1)
             return result
 
         return counted
 
-    kernel_time(lambda _: x, bind, "cpu", Budget(min_samples=1, max_samples=2, max_seconds=0.01))
+    kernel_time(lambda _: x, bind, device, Budget(min_samples=1, max_samples=2, max_seconds=0.01))
     assert len(calls) > x.cache.L
     return torch.equal(writes, (start + len(calls)) // x.cache.L)
 
