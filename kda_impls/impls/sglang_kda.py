@@ -108,7 +108,7 @@ def import_failure(name: str) -> str | None:
         kernel_module(name)
     except Exception as exc:  # a kernel file's import-time failure of any kind is the reason, not a crash
         text = " ".join(str(exc).split())
-        return f"sglang's {name.replace('.', '/')}.py does not import here: {type(exc).__name__}: {text}"
+        return f"{name.replace('.', '/')}.py does not import here: {type(exc).__name__}: {text}"
     return None
 
 
