@@ -130,7 +130,7 @@ class SGLangReplaySSM(SGLangKDA):
                "and advances length (one launch of ours); reconstruction dot in the activations' dtype, sigmoid(b) "
                "rounded to b's dtype")
     engine_call = "SGLang (--linear-attn-decode-backend triton --enable-linear-replayssm)"
-    capabilities = Capabilities(replay=True, packages=("triton",))
+    capabilities = Capabilities(replay=True, min_compute_capability=(8, 0), packages=("triton",))  # bf16 tl.dot
 
     def versions(self) -> dict[str, str]:
         return {**super().versions(), "triton": triton.__version__}
