@@ -31,10 +31,11 @@ Each launch is a step as SGLang's scheduler and backend take it, plus the contra
 1. ``mixed_qkv`` packed from q, k, v (one copy SGLang does not make: its conv1d writes that layout);
 2. the cursor's snapshot, ``write_pos = length[slots]`` (-1 rows read slot 0, as SGLang's clamp);
 3. the kernel, on the rings and ``cache.length``'s snapshot;
-4. one launch of this module (:func:`_commit_kernel`) per live row: the token's ``u`` record copied to
-   ``cache.u`` in fp32 from ``d_cache`` (no copy at a flush: the kernel stores no d record there), its raw
-   key and gate input to ``cache.kg`` from the step's k and a (SGLang's rings keep only what the raw
-   inputs give, not the inputs themselves), and the cursor advanced into ``cache.length``.
+4. one launch of this module (:func:`_commit_kernel`, a program per row and value head): the token's ``u``
+   record copied to ``cache.u`` in fp32 from ``d_cache`` (for an fp32 state ``d_cache`` is ``cache.u``
+   itself, nothing to copy; none at a flush: the kernel stores no d record there), its raw key and gate
+   input to ``cache.kg`` from the step's k and a (SGLang's rings keep only what the raw inputs give, not
+   the inputs themselves), and the cursor advanced into ``cache.length``.
 
 So the rings the kernel writes are what its next launch reads, and ``cache`` holds the contract's records
 after every launch for a check to read; the timed step includes the copies of 1 and 4, which SGLang does
@@ -66,24 +67,27 @@ from .sglang_kda import ATTENTION, SGLangKDA, kernel_module, packed_qkv
 @triton.jit
 def _commit_kernel(k_ptr, a_ptr, slots_ptr, write_pos_ptr, d_ptr, u_ptr, kg_ptr, length_ptr, HV: tl.constexpr,
                    GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
-                   L: tl.constexpr):
-    """Per live row: the token's records into the contract's cache, then its slot's cursor advanced."""
-    row = tl.program_id(0).to(tl.int64)
+                   L: tl.constexpr, COPY_U: tl.constexpr):
+    """Per live row and value head: the token's records into the contract's cache; the row's first head
+    advances its slot's cursor (every program reads the cursor's snapshot, none the lengths)."""
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // HV
+    hv = pid % HV
     slot = tl.load(slots_ptr + row)
     if slot >= 0:
         n = tl.load(write_pos_ptr + row)
+        at = (slot.to(tl.int64) * HV + hv) * L + n
         offs_k = tl.arange(0, KP)
-        offs_v = tl.arange(0, VP)
-        for hv in range(HV):
-            at = ((slot.to(tl.int64) * HV + hv) * L + n)
-            tl.store(kg_ptr + at * 2 * K + offs_k, tl.load(k_ptr + (row * (HV // GROUP) + hv // GROUP) * K + offs_k,
-                                                           mask=offs_k < K), mask=offs_k < K)
-            tl.store(kg_ptr + at * 2 * K + K + offs_k, tl.load(a_ptr + (row * HV + hv) * K + offs_k, mask=offs_k < K),
-                     mask=offs_k < K)
-            if n < L - 1:  # a flushing step stores no d record
-                tl.store(u_ptr + at * V + offs_v, tl.load(d_ptr + at * V + offs_v, mask=offs_v < V).to(tl.float32),
-                         mask=offs_v < V)
-        tl.store(length_ptr + slot, tl.where(n == L - 1, 0, n + 1))
+        in_k = offs_k < K
+        tl.store(kg_ptr + at * 2 * K + offs_k, tl.load(k_ptr + (row * (HV // GROUP) + hv // GROUP) * K + offs_k,
+                                                       mask=in_k), mask=in_k)
+        tl.store(kg_ptr + at * 2 * K + K + offs_k, tl.load(a_ptr + pid * K + offs_k, mask=in_k), mask=in_k)
+        if COPY_U and n < L - 1:  # a flushing step stores no d record
+            offs_v = tl.arange(0, VP)
+            tl.store(u_ptr + at * V + offs_v, tl.load(d_ptr + at * V + offs_v, mask=offs_v < V).to(tl.float32),
+                     mask=offs_v < V)
+        if hv == 0:
+            tl.store(length_ptr + slot, tl.where(n == L - 1, 0, n + 1))
 
 
 @triton.jit
@@ -113,7 +117,7 @@ def sglang_rings(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
     cache, K = inputs.cache, inputs.K
     group = inputs.HV // inputs.H
     key = cache.kg[:, ::group, :, :K].float()  # [N, H, L, K]: the value heads of a q/k head hold its one key
-    return dict(d_cache=cache.u.to(inputs.state.dtype),
+    return dict(d_cache=cache.u.to(inputs.state.dtype),  # cache.u itself for an fp32 state (no copy)
                 k_cache=(key / torch.sqrt((key * key).sum(-1, keepdim=True) + L2_EPS)).to(inputs.state.dtype),
                 g_cache=log_decay(inputs, cache.kg[..., K:], torch.float32).contiguous())
 
@@ -202,10 +206,11 @@ class SGLangReplaySSM(SGLangKDA):
         safe_slots = inputs.slots.clamp(min=0)
         write_pos = torch.empty(inputs.B, dtype=torch.int32, device=inputs.device)
         arguments = self.library_arguments(inputs, out, mixed_qkv, rings, write_pos)
-        commit = _commit_kernel[(inputs.B,)]
+        commit = _commit_kernel[(inputs.B * inputs.HV,)]
         commit_args = (inputs.k, inputs.a, inputs.slots, write_pos, rings["d_cache"], cache.u, cache.kg, cache.length)
         sizes = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V,
-                     KP=triton.next_power_of_2(inputs.K), VP=triton.next_power_of_2(inputs.V), L=cache.L)
+                     KP=triton.next_power_of_2(inputs.K), VP=triton.next_power_of_2(inputs.V), L=cache.L,
+                     COPY_U=rings["d_cache"] is not cache.u)
 
         def launch() -> torch.Tensor:
             pack()
