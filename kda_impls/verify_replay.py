@@ -7,13 +7,13 @@ step before it left, where the implementation takes a commit). Alongside, the re
 ``replay_step`` runs in float64 on a copy of the pool and of the cache, so that it holds what a correct
 kernel's pool holds: each flush rounded to the pool's dtype (where Triton is interpreted, also a copy
 whose flushes are truncated, as the interpreter converts; the nearer counts).
-After every step: the output (poisoned with NaN before the launch) within
-:data:`~kda_impls.verify.TOLERANCE` of the reference's and zero at padding rows; the lengths and the
-raw key and gate records equal to the reference's, the pool written at the slots the reference
-flushed only, no ``u`` record written but those the reference wrote, the padding between slots
-unchanged (all bit for bit); the ``u`` records written within the output's tolerance of the
-reference's (a verify's before any commit reads them); the live slots' effective states
-(:func:`kda_impls.effective_state`) within ``u * sqrt(n)`` of the reference's after n steps, as
+After every step and its launcher's :func:`~kda_impls.replay.sync_records`: the output (poisoned with
+NaN before the launch) within :data:`~kda_impls.verify.TOLERANCE` of the reference's and zero at
+padding rows; the lengths and the raw key and gate records equal to the reference's, the pool written
+at the slots the reference flushed only, no ``u`` record written but those the reference wrote, the
+padding between slots unchanged (all bit for bit); the ``u`` records written within the output's
+tolerance of the reference's (a verify's before any commit reads them); the live slots' effective
+states (:func:`kda_impls.effective_state`) within ``u * sqrt(n)`` of the reference's after n steps, as
 in-place decode's stored states are.
 """
 
@@ -26,6 +26,7 @@ import torch
 from .contract import Implementation
 from .inputs import DecodeInputs
 from .reference import effective_state, replay_step
+from .replay import sync_records
 from .verify import (
     TOLERANCE,
     Verdict,
@@ -159,6 +160,7 @@ def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None 
         before, u_before, ref_u_before = x.pool_span().clone(), x.cache.u.clone(), refs[0].cache.u.clone()
         results = [ref.step(x, live_slots) for ref in refs]
         out = launch()
+        sync_records(launch)
         if out.is_cuda:
             torch.cuda.synchronize(out.device)
         step_err_out, found = output_problems(x, out, [ref_out for ref_out, _ in results], live, tol_out)

@@ -1,8 +1,9 @@
 """SGLang's ReplaySSM decode kernel (the sglang 0.5.23 wheel's own Triton file), run for real on the CPU
 under TRITON_INTERPRET=1 through the ``sglang-replayssm`` adapter: judged by ``kda_impls.verify`` over
-several steps and ring flushes, its rings carried across launches of one bind, and its cursor advanced
-in every timed launch (SGLang's issue #38398: a benchmark that never advanced ``write_pos`` overstated
-the ReplaySSM speed-up by up to 21%).
+several steps and ring flushes, its rings carried across launches of one bind, its cursor advanced in
+every timed launch (SGLang's issue #38398: a benchmark that never advanced ``write_pos`` overstated
+the ReplaySSM speed-up by up to 21%), and its records copied into the cache by ``sync_records`` only,
+outside the timed launch.
 
 Needs the wheel, installed without its dependencies (``python3 -m pip install --no-deps sglang==0.5.23``);
 skips without it. Triton 3.9's interpreter makes ``block_mask & (scalar < n)`` an int32 mask that its
@@ -19,11 +20,13 @@ import torch
 import triton.runtime.interpreter as interpreter
 
 from kda_impls import effective_state, get, make_inputs, rel_err, verify
+from kda_impls.bench.case import _TimedFirstLaunch
 from kda_impls.bench.timing import Budget, kernel_time
 from kda_impls.contract import Unsupported
 from kda_impls.impls import sglang_replay
 from kda_impls.impls.sglang_kda import INSTALL, sglang_dir
 from kda_impls.reference import replay_step
+from kda_impls.replay import sync_records
 from kda_impls.verify import bits
 
 pytestmark = [pytest.mark.skipif(sglang_dir() is None, reason=f"sglang not installed ({INSTALL})"),
@@ -86,6 +89,7 @@ def test_rings_the_kernel_writes_are_what_its_next_launches_read(interpreter_mas
             getattr(x, name).copy_(fresh)
             getattr(ref, name).copy_(fresh)
         out = launch().clone()
+        sync_records(launch)
         want, _ = replay_step(ref, torch.float64)
         assert rel_err(out[live], want[live, 0]) <= 1e-5 and (out[~live] == 0).all()
     assert torch.equal(x.cache.length, ref.cache.length)
@@ -126,22 +130,66 @@ def test_every_timed_launch_advances_the_cursor(interpreter_masks):
 
 
 def test_the_cycle_check_catches_a_launcher_that_never_advances_write_pos(interpreter_masks, monkeypatch):
-    """SGLang #38398, planted: the records copied back, the cursor never advanced."""
+    """SGLang #38398, planted: the cursor snapshotted, never advanced."""
     L = 4
     x = staggered(make_inputs(**CASES["bf16-state"], ring=L, seed=7), L)
     frozen = x.cache.length.clone()
-    commit = sglang_replay._commit_kernel
-
-    class Launch:
-        def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                commit[grid](*args, **kwargs)
-                x.cache.length.copy_(frozen)
-
-            return run
-
-    monkeypatch.setattr(sglang_replay, "_commit_kernel", Launch())
+    monkeypatch.setattr(sglang_replay, "_cursor_kernel", Planted(sglang_replay._cursor_kernel,
+                                                                 after=lambda: x.cache.length.copy_(frozen)))
     assert not flushes_as_timed(get("sglang-replayssm"), x)
+
+
+class Planted:
+    """Stands in for a Triton kernel of the adapter: launches it, counts the launches, then runs ``after``."""
+
+    def __init__(self, kernel, after=lambda: None):
+        self.kernel, self.after, self.launches = kernel, after, 0
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.kernel[grid](*args, **kwargs)
+            self.launches += 1
+            self.after()
+
+        return run
+
+
+def test_a_timed_launch_is_the_cursor_and_the_kernel_and_never_the_records_copy(interpreter_masks, monkeypatch):
+    L = 4
+    x = staggered(make_inputs(**CASES["bf16-state"], ring=L, seed=7), L)
+    impl = get("sglang-replayssm")
+    cursor, records = Planted(sglang_replay._cursor_kernel), Planted(sglang_replay._records_kernel)
+    monkeypatch.setattr(sglang_replay, "_cursor_kernel", cursor)
+    monkeypatch.setattr(sglang_replay, "_records_kernel", records)
+    decode, decodes = impl.kernel(), []
+    monkeypatch.setattr(type(impl), "kernel", lambda self: lambda **kw: (decodes.append(1), decode(**kw)))
+    assert flushes_as_timed(impl, x)
+    assert cursor.launches == len(decodes) > L and records.launches == 0
+
+
+def test_a_check_that_never_syncs_the_records_finds_the_cache_stale(interpreter_masks, monkeypatch):
+    """Planted: a launcher whose ``sync_records`` does nothing leaves the cache's records behind the rings;
+    verify, which binds each step anew from the cache, finds them."""
+    L = 4
+    x = staggered(make_inputs(**CASES["bf16-state"], ring=L, seed=5), L)
+    launcher = sglang_replay.SGLangReplaySSM._launcher
+
+    def never_synced(self, inputs, out):
+        launch = launcher(self, inputs, out)
+        launch.sync_records = lambda: None
+        return launch
+
+    monkeypatch.setattr(sglang_replay.SGLangReplaySSM, "_launcher", never_synced)
+    verdict = verify(get("sglang-replayssm"), x, steps=2)
+    assert not verdict.ok and any("cache.kg records differ" in p for p in verdict.problems), verdict
+
+
+def test_the_harness_wrappers_carry_sync_records(interpreter_masks):
+    """The per-token spelling's launcher (contract) and the sweep's first-launch timer (bench) wrap the
+    adapter's launcher; verify through both still syncs the records."""
+    L = 4
+    x = staggered(make_inputs(**CASES["bf16-state"], ring=L, seed=5), L).per_token_spelling()
+    assert verify(_TimedFirstLaunch(get("sglang-replayssm")), x, steps=L + 1).ok
 
 
 def test_refusals_say_why(interpreter_masks):

@@ -1,52 +1,21 @@
-"""SGLang's ReplaySSM decode (sglang 0.5.23, ``sglang-replayssm``) on the contract's :class:`~kda_impls.ReplayCache`.
+"""SGLang's ReplaySSM decode (``sglang-replayssm``) on the contract's :class:`~kda_impls.ReplayCache`.
 
-The kernel, ``fused_recurrent_linear_replayssm_decode(..., is_kda=True)``
-(``sglang/kernels/ops/attention/linear/fused_recurrent_linear_replayssm.py``, imports torch and triton
-only; ported from vLLM's ReplaySSM), is the decode of SGLang's ``triton`` KDA backend with
-``--enable-linear-replayssm`` (``kda_triton.py``, ``TritonKDAKernel.packed_decode`` with the rings): one
-token per row, the checkpoint read every step and written every L steps. Its rings are not the
-contract's layout:
+The kernel is ``fused_recurrent_linear_replayssm_decode(..., is_kda=True)`` (sglang 0.5.23,
+``kernels/ops/attention/linear/fused_recurrent_linear_replayssm.py``), the decode of SGLang's ``triton``
+KDA backend with ``--enable-linear-replayssm``. Its rings, built from the cache at bind:
 
-- ``d_cache`` ``[N, HV, L, V]`` in the state's dtype: ``sigmoid(b) * (v - S k^)``; the contract's
-  ``cache.u``, fp32;
-- ``k_cache`` ``[N, H, L, K]`` in the state's dtype: the L2-normalised key per q/k head; the contract's
-  ``cache.kg[..., :K]`` holds the raw key per value head;
-- ``g_cache`` ``[N, HV, L, K]`` fp32: the log decay ``-exp(A_log) softplus(a + dt_bias)``; the
-  contract's ``cache.kg[..., K:]`` holds the raw gate input ``a``;
-- ``write_pos`` ``[B]`` int32 per row: records ``0 .. write_pos-1`` valid; the contract's
-  ``cache.length`` ``[N]`` per slot
+- ``d_cache [N, HV, L, V]``, state dtype: ``cache.u`` (the same tensor for an fp32 state);
+- ``k_cache [N, H, L, K]``, state dtype: the L2-normalised key per q/k head of ``cache.kg[..., :K]``;
+- ``g_cache [N, HV, L, K]`` fp32: the log decay of the raw gate input ``cache.kg[..., K:]``;
+- ``write_pos [B]``: the row's snapshot of the per-slot cursor ``cache.length``.
 
-(the memory pool allocates the d and k rings in the SSM state's dtype: ``memory_pool.py``). The row's
-step (``write_pos`` = n): output from the checkpoint and records ``0..n-1``; where ``n < L - 1`` the
-token's d, k, g records are stored at n; at ``n == L - 1`` (a flush) the new state is written into the
-pool and no record is stored. The kernel leaves the cursor to its caller: SGLang's hybrid backend, once
-per forward, gathers ``write_pos`` per row from the per-slot cursor and stores back ``0`` after a flush,
-else ``write_pos + 1`` (``hybrid_linear_attn_backend.py``). That is the contract's one-token step, its
-``length`` the per-slot cursor.
+A launch is SGLang's step: ``mixed_qkv`` packed (the kernel's input layout), the cursor's snapshot and
+advance (one small launch), the kernel. The launcher's ``sync_records`` (never timed:
+:func:`kda_impls.replay.sync_records`) copies the step's records into the cache.
 
-The adapter translates at bind time, outside the launcher: the rings from the cache's records (u in the
-state's dtype, each q/k head's key normalised as the kernel normalises, eps 1e-6, the log decay in fp32).
-Each launch is a step as SGLang's scheduler and backend take it, plus the contract's records:
-
-1. ``mixed_qkv`` packed from q, k, v (one copy SGLang does not make: its conv1d writes that layout);
-2. the cursor's snapshot, ``write_pos = length[slots]`` (-1 rows read slot 0, as SGLang's clamp);
-3. the kernel, on the rings and ``cache.length``'s snapshot;
-4. one launch of this module (:func:`_commit_kernel`, a program per row and value head): the token's ``u``
-   record copied to ``cache.u`` in fp32 from ``d_cache`` (for an fp32 state ``d_cache`` is ``cache.u``
-   itself, nothing to copy; none at a flush: the kernel stores no d record there), its raw key and gate
-   input to ``cache.kg`` from the step's k and a (SGLang's rings keep only what the raw inputs give, not
-   the inputs themselves), and the cursor advanced into ``cache.length``.
-
-So the rings the kernel writes are what its next launch reads, and ``cache`` holds the contract's records
-after every launch for a check to read; the timed step includes the copies of 1 and 4, which SGLang does
-not make (the kg copy writes ``B*HV*2K`` elements and the u copy ``B*HV*V`` fp32: a few percent of the
-checkpoint's read at K = V = 128). A timing over whole ring cycles (L launches) crosses every live
-row's flush once, as for the contract's own replay step: the cursor advances in the launch, so it cannot
-be skipped (SGLang's issue #38398: a benchmark that never advanced it overstated the speed-up by up to
-21%). From the wrapper's checks and the kernel: one token per row, no commit; ``nk = 2`` K-tiles each
-at least 16 wide for ``tl.dot`` (K >= 32) and value tiles at least 16 (V >= 16); the reconstruction's
-``tl.dot`` takes its operands rounded to the activations' dtype (bf16 tensor cores, TF32 for fp32:
-the kernel's comment), and ``sigmoid(b)`` is rounded to b's dtype before use.
+Refused: in-place decode, a commit, T > 1, K < 32 or V < 16, a GVA cache whose value heads of one q/k
+head hold different keys; on the CPU, all but fp32 activations under ``TRITON_INTERPRET=1``. Details:
+docs/semantics.md, "SGLang's kernels".
 """
 
 from __future__ import annotations
@@ -65,11 +34,23 @@ from .sglang_kda import ATTENTION, SGLangKDA, kernel_module, packed_qkv
 
 
 @triton.jit
-def _commit_kernel(k_ptr, a_ptr, slots_ptr, write_pos_ptr, d_ptr, u_ptr, kg_ptr, length_ptr, HV: tl.constexpr,
-                   GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
-                   L: tl.constexpr, COPY_U: tl.constexpr):
-    """Per live row and value head: the token's records into the contract's cache; the row's first head
-    advances its slot's cursor (every program reads the cursor's snapshot, none the lengths)."""
+def _cursor_kernel(slots_ptr, length_ptr, write_pos_ptr, L: tl.constexpr):
+    """SGLang's scheduler's cursor step, a program per row: ``write_pos`` the slot's cursor, the cursor
+    advanced (0 after the flush at L - 1). A -1 row keeps its ``write_pos`` (the kernel reads none)."""
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row)
+    if slot >= 0:
+        n = tl.load(length_ptr + slot)
+        tl.store(write_pos_ptr + row, n)
+        tl.store(length_ptr + slot, tl.where(n == L - 1, 0, n + 1))
+
+
+@triton.jit
+def _records_kernel(k_ptr, a_ptr, slots_ptr, write_pos_ptr, d_ptr, u_ptr, kg_ptr, HV: tl.constexpr,
+                    GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
+                    L: tl.constexpr, COPY_U: tl.constexpr):
+    """Per live row and value head, the step's record at its ``write_pos`` into the contract's cache: the raw
+    key and gate input from the step's k and a, ``u`` from ``d_cache`` in fp32."""
     pid = tl.program_id(0).to(tl.int64)
     row = pid // HV
     hv = pid % HV
@@ -86,8 +67,6 @@ def _commit_kernel(k_ptr, a_ptr, slots_ptr, write_pos_ptr, d_ptr, u_ptr, kg_ptr,
             offs_v = tl.arange(0, VP)
             tl.store(u_ptr + at * V + offs_v, tl.load(d_ptr + at * V + offs_v, mask=offs_v < V).to(tl.float32),
                      mask=offs_v < V)
-        if hv == 0:
-            tl.store(length_ptr + slot, tl.where(n == L - 1, 0, n + 1))
 
 
 @triton.jit
@@ -129,10 +108,10 @@ class SGLangReplaySSM(SGLangKDA):
     module = f"{ATTENTION}.linear.fused_recurrent_linear_replayssm"
     entry = "fused_recurrent_linear_replayssm_decode"
     variant = ("replay decode only (T = 1, no commit): SGLang's rings (d and normalised k in the state's dtype, log "
-               "decay fp32, a per-row write_pos) translated from the cache at bind; each launch packs mixed_qkv, "
-               "snapshots write_pos = length[slots], runs the kernel, and copies the token's records into the cache "
-               "and advances length (one launch of ours); reconstruction dot in the activations' dtype, sigmoid(b) "
-               "rounded to b's dtype")
+               "decay fp32) translated from the cache at bind; each launch packs mixed_qkv, snapshots and advances "
+               "the cursor (write_pos = length[slots]; one launch of ours), runs the kernel; the records copied into "
+               "the cache untimed (sync_records); reconstruction dot in the activations' dtype, sigmoid(b) rounded "
+               "to b's dtype")
     engine_call = "SGLang (--linear-attn-decode-backend triton --enable-linear-replayssm)"
     capabilities = Capabilities(replay=True, min_compute_capability=(8, 0), packages=("triton",))  # bf16 tl.dot
 
@@ -203,20 +182,24 @@ class SGLangReplaySSM(SGLangKDA):
         cache = inputs.cache
         rings = sglang_rings(inputs)
         mixed_qkv, pack = packed_qkv(inputs)
-        safe_slots = inputs.slots.clamp(min=0)
-        write_pos = torch.empty(inputs.B, dtype=torch.int32, device=inputs.device)
+        write_pos = torch.zeros(inputs.B, dtype=torch.int32, device=inputs.device)
         arguments = self.library_arguments(inputs, out, mixed_qkv, rings, write_pos)
-        commit = _commit_kernel[(inputs.B * inputs.HV,)]
-        commit_args = (inputs.k, inputs.a, inputs.slots, write_pos, rings["d_cache"], cache.u, cache.kg, cache.length)
+        cursor = _cursor_kernel[(inputs.B,)]
+        records = _records_kernel[(inputs.B * inputs.HV,)]
+        record_args = (inputs.k, inputs.a, inputs.slots, write_pos, rings["d_cache"], cache.u, cache.kg)
         sizes = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V,
                      KP=triton.next_power_of_2(inputs.K), VP=triton.next_power_of_2(inputs.V), L=cache.L,
                      COPY_U=rings["d_cache"] is not cache.u)
 
         def launch() -> torch.Tensor:
             pack()
-            torch.index_select(cache.length, 0, safe_slots, out=write_pos)
+            cursor(inputs.slots, cache.length, write_pos, L=cache.L, num_warps=1)
             decode(**arguments)
-            commit(*commit_args, **sizes, num_warps=1)
             return out
 
+        def sync_records() -> None:
+            """The last launch's records into the cache, from its rings, write_pos and inputs (not timed)."""
+            records(*record_args, **sizes, num_warps=1)
+
+        launch.sync_records = sync_records
         return launch
