@@ -1,45 +1,18 @@
-"""SGLang's own KDA decode kernels (sglang 0.5.23, installed without its dependencies), in the calls
-its decode backends make.
+"""SGLang's own KDA decode kernels (sglang 0.5.23, installed with ``--no-deps``), in the calls its decode
+backends make.
 
-sglang pins its own torch and dozens of serving packages; only a handful of its kernel files are
-needed here, so the wheel goes in with ``python3 -m pip install --no-deps sglang==0.5.23`` and this
-module loads the kernel files it calls from the installed package directory
-(:func:`kernel_module`) without executing the package's ``__init__``s: ``sglang/__init__.py``
-imports its serving runtime, ``sglang/kernels/ops/attention/__init__.py`` its kernel registry. The
-parent packages of a loaded file are stand-ins (empty namespace modules over the real directories),
-registered in ``sys.modules`` under their real names where no ``sglang`` is imported yet, so that a
-kernel file's own absolute imports of sibling files resolve. A process that also imports SGLang's
-runtime gets those stand-ins for the packages (their ``__init__`` does not run); a benchmark process
-never does. A kernel whose imports need what is not installed is refused with the import's error.
+- :func:`kernel_module` loads a kernel file from the installed package without running sglang's
+  ``__init__``s (they import its serving runtime): the parent packages are empty stand-ins over the
+  real directories, so the file's imports of its siblings resolve.
+- ``sglang-cutedsl``: ``cutedsl_fused_sigmoid_gating_kda_update`` (the ``cutedsl`` backend), q/k/v
+  ``[1, B, ...]`` with ``cu_seqlens``; its own bf16 output copied into ``out``, -1 rows zeroed.
+- ``sglang-triton``: ``fused_recurrent_kda_packed_decode`` (the ``triton`` backend), q|k|v packed into
+  ``mixed_qkv``.
+- ``sglang-replayssm``: the ReplaySSM decode (:mod:`kda_impls.impls.sglang_replay`).
 
-What each adapter relies on, from sglang 0.5.23's source:
-
-- ``sglang-cutedsl``: ``cutedsl_fused_sigmoid_gating_kda_update``
-  (``sglang/kernels/ops/attention/cutedsl_kda.py``; imports torch, cuda-bindings and
-  nvidia-cutlass-dsl only), the decode of SGLang's ``cutedsl`` KDA decode backend
-  (``srt/layers/attention/linear/kernels/kda_cutedsl.py``, ``CuteDSLKDAKernel.decode``): q/k/v as
-  ``[1, B, ...]``, ``a`` ``[B, HV, K]``, ``b`` ``[B, HV]``, the pool as ``initial_state_source``,
-  ``initial_state_indices`` the slots, ``cu_seqlens = arange(B + 1)`` (the backend's
-  ``query_start_loc`` at decode), ``use_qk_l2norm_in_kernel=True``, softplus beta 1 and threshold 20,
-  no scale (``K**-0.5``: a scale is refused). Asserted there: ``K == 128``, ``V % 16``, ``V % 32``
-  and ``(V / 16) % 8 == 0`` (so ``V % 128 == 0``), each slot's ``[HV, V, K]`` block compact (any slot
-  stride: the kernel is compiled against the pool's real strides). Every tensor goes to the kernel
-  with ``assumed_align=16``; q/k/v/a/b and the output are compiled as bfloat16, ``dt_bias`` as a
-  bfloat16 placeholder while the backend hands the model's fp32 parameter (``kimi_linear.py``), as
-  this adapter does. GVA: value head ``hv`` reads q/k head ``hv // (HV // H)``, ``A_log`` and
-  ``dt_bias`` per value head. The wrapper allocates its own bf16 output each call (the adapter copies
-  it into ``out``); a row with slot -1 loads, stores and outputs nothing, so its output row is left
-  as allocated and the adapter zeroes it (one ``index_fill_``, where there are padding rows). One
-  token per sequence.
-- ``sglang-triton``: ``fused_recurrent_kda_packed_decode``
-  (``sglang/kernels/ops/attention/fla/fused_recurrent.py``), the decode of SGLang's ``triton`` KDA
-  decode backend on CUDA (``kda_triton.py``, ``TritonKDAKernel.packed_decode``): q|k|v packed into one
-  ``mixed_qkv`` ``[B, 2*H*K + HV*V]`` (the conv1d output SGLang hands it; here one copy in the step,
-  which SGLang does not make), ``a`` ``[B, HV*K]``, ``b`` ``[B, HV]``, ``A_log`` and ``dt_bias`` flat,
-  ``out`` ``[B, 1, HV, V]``. Its module imports ``sglang.kernels.ops.attention.fla.utils``, which
-  imports ``sglang.srt.utils.common``, which imports SGLang's serving dependencies (psutil, pybase64,
-  Pillow, starlette, ...): installed without them, it is refused with that import's error.
-- ``sglang-replayssm`` (``kda_impls/impls/sglang_replay.py``): the ReplaySSM decode.
+Refused with its reason: a kernel whose imports fail (``sglang-triton`` without SGLang's serving
+dependencies); for ``sglang-cutedsl`` all but bf16 activations, K = 128, V % 128 == 0, the default
+scale, 16-byte aligned tensors, sm_90+. What each call relies on: docs/semantics.md, "SGLang's kernels".
 """
 
 from __future__ import annotations

@@ -92,7 +92,8 @@ def interpreter_fault() -> str | None:
 
 
 def sglang_rings(inputs: DecodeInputs) -> dict[str, torch.Tensor]:
-    """SGLang's ``d_cache``, ``k_cache``, ``g_cache`` holding the records of ``inputs.cache`` (module docstring)."""
+    """SGLang's ``d_cache``, ``k_cache``, ``g_cache`` holding the records of ``inputs.cache`` (module
+    docstring); each key normalised as the kernel normalises it (eps 1e-6)."""
     cache, K = inputs.cache, inputs.K
     group = inputs.HV // inputs.H
     key = cache.kg[:, ::group, :, :K].float()  # [N, H, L, K]: the value heads of a q/k head hold its one key
