@@ -80,7 +80,8 @@ except KeyError:
 # the baseline, and each library in the call serving engines make and in its fastest one (the
 # sweeps measure every variant: docs/findings.md); KDA_ASV_IMPLS (comma-separated) chooses others.
 # Registered names only, in registry order; the CPU keeps those that can run there.
-TRACKED = {"naive", "triton", "fla", "fla-loggate-sigmoid", "flashinfer-sigmoid", "flashinfer-loggate-sigmoid"}
+TRACKED = {"naive", "triton", "fla", "fla-loggate-sigmoid", "flashinfer-sigmoid", "flashinfer-loggate-sigmoid",
+           "sglang-cutedsl", "sglang-replayssm"}
 DEFAULT_IMPLS = {"gate": {"triton", "fla"}, "cpu": {"naive", "triton", "fla"}}
 _wanted = set(filter(None, os.environ.get("KDA_ASV_IMPLS", "").split(","))) or DEFAULT_IMPLS.get(PROFILE_NAME, TRACKED)
 IMPLS = [name for name in names() if name in _wanted]
@@ -92,7 +93,7 @@ FROZEN_IMPLS = [name for name in IMPLS if name in {"triton", "flashinfer-loggate
 # The replay point's (T = 1; `ring` the records per slot), likewise
 REPLAY = (dict(B=[2], heads=[TINY], state_dtype=["bfloat16"], ring=4) if PROFILE_NAME == "cpu" else
           dict(B=[64], heads=[KIMI], state_dtype=["bfloat16"], ring=16))
-REPLAY_IMPLS = [name for name in IMPLS if name == "triton"] or IMPLS
+REPLAY_IMPLS = [name for name in IMPLS if name in {"triton", "sglang-replayssm"}] or IMPLS
 
 # Six placements a benchmark: the fewest whose medians let the gate's Mann-Whitney test reach
 # p < 0.01 (two sides of 6: p >= 0.002), each sampled until its median is known to +-1% (95% CI)

@@ -11,6 +11,7 @@ returns the zero-argument launcher that benchmarks time.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 from typing import Callable, NoReturn
@@ -141,7 +142,8 @@ class Implementation:
 
         The launcher writes the output into ``out`` (allocated here if None) and the new state into
         the pool (frozen verify: no state), and returns ``out``. Slot values are validated here, once:
-        the launcher assumes they do not change afterwards.
+        the launcher assumes they do not change afterwards. A replay launcher may carry ``sync_records``
+        (:func:`kda_impls.replay.sync_records`).
         """
         self.check(inputs)
         if out is not None:
@@ -156,6 +158,7 @@ class Implementation:
             return self._launcher(inputs, out)
         launch = self._launcher(spelled, out.view(spelled.out_shape))
 
+        @functools.wraps(launch)  # carries its sync_records
         def launch_per_token() -> torch.Tensor:
             launch()
             return out

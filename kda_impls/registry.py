@@ -32,6 +32,9 @@ BUILTIN = {
     "flashinfer-dense": "kda_impls.impls.flashinfer_variants:FlashInferDense",
     "flashinfer-recoverssm": "kda_impls.impls.flashinfer_variants:FlashInferRecoverSSM",
     "triton": "kda_impls.impls.triton_kda:TritonKDA",
+    "sglang-cutedsl": "kda_impls.impls.sglang_kda:SGLangCuteDSL",
+    "sglang-triton": "kda_impls.impls.sglang_kda:SGLangTriton",
+    "sglang-replayssm": "kda_impls.impls.sglang_replay:SGLangReplaySSM",
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -106,3 +107,11 @@ def violations(x, dims: dict[str, int]):
     if x.T > L:
         yield "ring", (f"a replay step's T tokens must fit in the ring (T <= L): T={x.T}, L={L} "
                        f"(its records are written after a flush at the latest)")
+
+
+def sync_records(launch: Callable[[], torch.Tensor]) -> None:
+    """Make the cache hold the records of ``launch``'s last launch. A launcher whose kernel keeps them in a
+    layout of its own carries ``sync_records``, a zero-argument callable that copies them into the
+    cache: the checks call it after each launch, before they read the cache; timers never do. Others
+    write the cache itself and carry none."""
+    getattr(launch, "sync_records", lambda: None)()

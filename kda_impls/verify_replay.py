@@ -7,13 +7,13 @@ step before it left, where the implementation takes a commit). Alongside, the re
 ``replay_step`` runs in float64 on a copy of the pool and of the cache, so that it holds what a correct
 kernel's pool holds: each flush rounded to the pool's dtype (where Triton is interpreted, also a copy
 whose flushes are truncated, as the interpreter converts; the nearer counts).
-After every step: the output (poisoned with NaN before the launch) within
-:data:`~kda_impls.verify_checks.TOLERANCE` of the reference's and zero at padding rows; the lengths and the
-raw key and gate records equal to the reference's, the pool written at the slots the reference
-flushed only, no ``u`` record written but those the reference wrote, the padding between slots
-unchanged (all bit for bit); the ``u`` records written within the output's tolerance of the
-reference's (a verify's before any commit reads them); the live slots' effective states
-(:func:`kda_impls.effective_state`) within ``u * sqrt(n)`` of the reference's after n steps, as
+After every step and its launcher's :func:`~kda_impls.replay.sync_records`: the output (poisoned with
+NaN before the launch) within :data:`~kda_impls.verify_checks.TOLERANCE` of the reference's and zero at
+padding rows; the lengths and the raw key and gate records equal to the reference's, the pool written
+at the slots the reference flushed only, no ``u`` record written but those the reference wrote, the
+padding between slots unchanged (all bit for bit); the ``u`` records written within the output's
+tolerance of the reference's (a verify's before any commit reads them); the live slots' effective
+states (:func:`kda_impls.effective_state`) within ``u * sqrt(n)`` of the reference's after n steps, as
 in-place decode's stored states are.
 """
 
@@ -27,6 +27,7 @@ from . import verify_checks as checks
 from .contract import Implementation
 from .inputs import DecodeInputs
 from .reference import effective_state, replay_step
+from .replay import sync_records
 
 
 class _ReplayReference:
@@ -82,8 +83,11 @@ def _record_problems(x: DecodeInputs, u_before: torch.Tensor, refs: list[_Replay
         found.append(f"{int(stray.sum())} cache.u records written that the step does not write (another slot's, "
                      f"or not the step's own; e.g. slot, record {_first(stray)})")
 
-    def records(u):  # [N, HV, L, V] -> the written ones, [records, HV, V]
-        return u.transpose(1, 2)[ref_writes]
+    judged = ref_writes.clone()  # a decode step's record at L - 1 is folded into the pool by its flush: never read
+    judged[:, -1] &= x.T > 1
+
+    def records(u):  # [N, HV, L, V] -> the judged written ones, [records, HV, V]
+        return u.transpose(1, 2)[judged]
 
     err = checks.nearest([checks.rel_err(records(x.cache.u), records(ref.cache.u)) for ref in refs])
     if not err <= tol:
@@ -144,6 +148,7 @@ def verify_replay(impl: Implementation, inputs: DecodeInputs, steps: int | None 
         before, u_before, ref_u_before = x.pool_span().clone(), x.cache.u.clone(), refs[0].cache.u.clone()
         results = [ref.step(x, live_slots) for ref in refs]
         out = launch()
+        sync_records(launch)
         if out.is_cuda:
             torch.cuda.synchronize(out.device)
         step_err_out, found = checks.output_problems(x, out, [ref_out for ref_out, _ in results], live, tol_out)

@@ -51,7 +51,8 @@ def test_every_implementation_says_which_library_and_call_it_is():
         assert impl.name == name
         assert impl.variant and "\n" not in impl.variant, f"{name}: variant must be one line"
     engine_calls = {n: i.engine_call for n, i in registered.items() if i.engine_call}
-    assert set(engine_calls) == {"flashinfer-sigmoid", "fla", "fla-loggate-sigmoid"}
+    assert set(engine_calls) == {"flashinfer-sigmoid", "fla", "fla-loggate-sigmoid", "sglang-cutedsl", "sglang-triton",
+                                 "sglang-replayssm"}
     assert engine_calls["flashinfer-sigmoid"].startswith("SGLang")
     assert engine_calls["fla-loggate-sigmoid"].startswith("vLLM")
 

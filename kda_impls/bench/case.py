@@ -5,6 +5,7 @@ the asv suite all run cases through :func:`run_case`, so they share one status v
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -106,6 +107,7 @@ class _TimedFirstLaunch:
             return launch
 
 
+        @functools.wraps(launch)  # carries its sync_records
         def timed():
             self.seconds, result = synced_call(launch, inputs.device)
             return result

@@ -1,0 +1,54 @@
+"""The SGLang adapters against the float64 reference on a GPU (sm_90+ for the CuTe-DSL decode), with the
+sglang wheel installed without its dependencies (``python3 -m pip install --no-deps sglang==0.5.23``) and
+``.[sglang]``; a call refused here skips with its reason (``sglang-triton`` without SGLang's serving
+dependencies)."""
+
+import pytest
+import torch
+from test_sglang_replay import flushes_as_timed, staggered
+
+from kda_impls import get, make_inputs, verify
+from kda_impls.impls.sglang_kda import INSTALL, sglang_dir
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(sglang_dir() is None, reason=f"sglang not installed ({INSTALL})")]
+
+IN_PLACE = [
+    dict(B=4, H=32, HV=32, K=128, V=128, slot_pad=64, pad_rows=1),  # the CuTe-DSL small-batch kernel (B < 32)
+    dict(B=64, H=32, HV=32, K=128, V=128, slot_pad=16, pad_rows=8),  # the large-batch kernel, -1 rows
+    dict(B=64, H=16, HV=32, K=128, V=128, state_dtype=torch.float32),  # GVA, fp32 state
+    dict(B=1, H=32, HV=32, K=128, V=128),  # one row: the wrapper's dense form
+    dict(B=8, H=8, HV=16, K=128, V=256, n_slots=20),  # V = 256
+]
+REPLAY = [
+    dict(B=16, H=32, HV=32, K=128, V=128, slot_pad=64, pad_rows=2),
+    dict(B=64, H=16, HV=32, K=128, V=128),  # GVA
+]
+
+
+def runs_or_skips(name, x):
+    reason = get(name).unsupported(x)
+    if reason:
+        pytest.skip(reason)
+    verdict = verify(get(name), x)
+    assert verdict.ok, verdict
+
+
+@pytest.mark.parametrize("case", IN_PLACE)
+@pytest.mark.parametrize("name", ["sglang-cutedsl", "sglang-triton"])
+def test_in_place_decode_matches_the_reference(name, case):
+    runs_or_skips(name, make_inputs(**case, device="cuda", seed=41))
+
+
+@pytest.mark.parametrize("case", REPLAY)
+def test_replay_matches_the_reference_over_a_flush(case):
+    L = 16
+    runs_or_skips("sglang-replayssm", staggered(make_inputs(**case, ring=L, device="cuda", seed=42), L))
+
+
+def test_every_timed_launch_advances_the_cursor_on_the_gpu():
+    L = 16
+    x = staggered(make_inputs(**REPLAY[0], ring=L, device="cuda", seed=43), L)
+    reason = get("sglang-replayssm").unsupported(x)
+    if reason:
+        pytest.skip(reason)
+    assert flushes_as_timed(get("sglang-replayssm"), x, "cuda")
