@@ -44,14 +44,13 @@ STAMP = re.compile(rb"kda_impls chart version ([0-9a-f]{12})")
 FORMATS = ("png", "svg", "pdf")  # the formats whose files carry the stamp
 MIN_WIDTH = 8.0  # inches
 CHARS_PER_INCH = 12  # of 10-point text, to wrap titles and lay out legends
-# by the implementations' ``library`` (older sweeps without one: by implementation)
-LIBRARY_COLORS = {"torch": "#7f7f7f", "naive": "#7f7f7f", "kda-impls": "#d62728", "triton": "#d62728",
-                  "fla": "#1f77b4", "flashinfer": "#2ca02c"}
+# by the implementations' ``library``
+LIBRARY_COLORS = {"torch": "#7f7f7f", "kda-impls": "#d62728", "fla": "#1f77b4", "flashinfer": "#2ca02c"}
 OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e")
 # a library's variants side by side: tab10 without its grey (the naive reference's colour)
 VARIANT_COLORS = tuple(c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7)
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
-LIBRARY_MARKERS = {"torch": "s", "naive": "s", "kda-impls": "o", "triton": "o", "fla": "^", "flashinfer": "D"}
+LIBRARY_MARKERS = {"torch": "s", "kda-impls": "o", "fla": "^", "flashinfer": "D"}
 # log-axis tick candidates per decade, sparsest first (:func:`log_ticks`)
 TICK_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9))
 

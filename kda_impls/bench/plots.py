@@ -52,7 +52,6 @@ FORMATS = ("png", "svg")  # the default of --format (chart_style.FORMATS: every 
 
 def libraries(ok: pd.DataFrame) -> Lines:
     """Each library at its fastest ok variant per configuration, labelled with how many it had."""
-    ok = ok.assign(library=ok.library.fillna(ok.impl))
     best = best_per_library(ok).assign(line=lambda t: t.library)
     variants = ok.groupby("library").impl.unique()
     names = sorted(variants.index)
@@ -62,7 +61,7 @@ def libraries(ok: pd.DataFrame) -> Lines:
 
 
 def variants(ok: pd.DataFrame, library: str) -> Lines:
-    mine = ok[ok.library.fillna(ok.impl) == library]
+    mine = ok[ok.library == library]
     names = sorted(mine.impl.unique())
     return Lines(mine.assign(line=mine.impl), {n: cs.variant_style(n) for n in names}, {n: n for n in names})
 
@@ -261,7 +260,7 @@ def figures(ok: pd.DataFrame, table: pd.DataFrame, meta: dict, *, baseline=None,
 
 def check_baseline(sweep: Sweep, baseline: str | None) -> None:
     """ValueError unless ``baseline`` is None or a library or implementation of the sweep."""
-    known = set(sweep.table.impl) | set(sweep.table.get("library", pd.Series(dtype=str)).dropna())
+    known = set(sweep.table.impl) | set(sweep.table.library.dropna())
     if baseline is not None and baseline not in known:
         raise ValueError(f"--baseline {baseline} is not in {sweep.path} (its libraries and implementations: "
                          f"{', '.join(sorted(known))})")
