@@ -186,9 +186,9 @@ Two sweeps of different timing methods, L2 entry states, placement processes or 
 times are refused (exit 2).
 Thresholds: --threshold for every benchmark that no rule names; the default rules gate
 B = 1 kernel time and bandwidth at 0.10 (one-row steps move by up to 6% between two runs
-of one commit) and only report call latency; --threshold-for rules replace them. A row
-timed on the CPU ({CPU_TIMER}) is judged at t >= {TIMER_THRESHOLDS[CPU_TIMER]:g}: CPU times of
-one commit move by up to 2x between runs.
+of one commit) and only report call latency; --threshold-for rules replace them.
+A row timed on the CPU ({CPU_TIMER}) is judged at t >= {TIMER_THRESHOLDS[CPU_TIMER]:g}: CPU times of one
+commit move by up to 2x between runs.
 Exit status: 1 if any benchmark is broken, slower, missing or unsure (--allow-missing and
 --allow-unsure pass those two), 2 on unusable input (nothing compared), 0 otherwise.
 Without samples, asv's 99% intervals stand in for the test."""
