@@ -53,6 +53,7 @@ from kda_impls.bench.case import Method, run_case
 from kda_impls.bench.config import Config, PoolLayout
 from kda_impls.bench.timing import Budget
 from kda_impls.registry import interpret_triton_on
+from kda_impls.regress_load import CPU_TIMER
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 interpret_triton_on(DEVICE)  # before any kernel module is imported
@@ -95,27 +96,28 @@ REPLAY = (dict(B=[2], heads=[TINY], state_dtype=["bfloat16"], ring=4) if PROFILE
           dict(B=[64], heads=[KIMI], state_dtype=["bfloat16"], ring=16))
 REPLAY_IMPLS = [name for name in IMPLS if name in {"triton", "sglang-replayssm"}] or IMPLS
 
-# Six placements a benchmark: the fewest whose medians let the gate's Mann-Whitney test reach
-# p < 0.01 (two sides of 6: p >= 0.002), each sampled until its median is known to +-1% (95% CI)
-# or its share of the time is up; six more where they spread or the step exceeds the L2 (the sweeps
-# add 24: asv spawns a process per benchmark, and a gate run must stay within minutes). On the CPU
-# nothing is ranked.
+# Six placements a benchmark, on every device: enough medians for the gate's Mann-Whitney test to reach
+# p < 0.01 (two sides of 6: p >= 0.002), so that it decides on a CPU as on a GPU (there at the CPU
+# timer's threshold, kda_impls.regress_rule.TIMER_THRESHOLDS). On a GPU each is sampled until its median
+# is known to +-1% (95% CI) or its share of the time is up, and six more are added where they spread or
+# the step exceeds the L2 (the sweeps add 24: asv spawns a process per benchmark, and a gate run must
+# stay within minutes).
+PLACEMENTS = 6
 if DEVICE == "cuda":
-    PLACEMENTS = 6
     METHOD = Method(kernel=Budget(min_samples=60, max_samples=3000, max_seconds=0.6, rel_ci=0.01),
                     call=Budget(min_samples=30, max_samples=1000, max_seconds=0.2, rel_ci=0.01), extra_placements=6)
 else:
-    PLACEMENTS = 2
-    METHOD = Method(kernel=Budget(min_samples=2, max_samples=10, max_seconds=0.1, rel_ci=0.05),
+    METHOD = Method(kernel=Budget(min_samples=5, max_samples=20, max_seconds=0.1, rel_ci=0.05),
                     call=Budget(min_samples=3, max_samples=10, max_seconds=0.1, rel_ci=0.05))
 
 # asv compares results of one benchmark version only. The version is explicit: the harness's
 # timing.METHOD_VERSION (bumped when what the timers measure changes) and this suite's own, bumped
 # when what the benchmarks ask of the harness changes (budgets, placements, entry state, settling:
 # 2 since Method.settle_s idles after each large hand-back by default, as the sweeps' gate refuses
-# to compare sweeps that settled differently).
+# to compare sweeps that settled differently). On a CPU the version names the timer after a "+", as a
+# sweep row's kernel_method does: the gate judges CPU times at that timer's threshold.
 SUITE_VERSION = 2
-VERSION = f"{timing.METHOD_VERSION}.{SUITE_VERSION}"
+VERSION = f"{timing.METHOD_VERSION}.{SUITE_VERSION}" + ("" if DEVICE == "cuda" else f"+{CPU_TIMER}")
 
 
 def config(impl: str, B: int, heads: str, slot_pad: int = 0, state_dtype: str = "bfloat16", T: int = 1,

@@ -4,7 +4,9 @@ Modules are imported on first use, so a missing optional library only affects it
 Implementations kept outside this repository join through the environment, without an edit here:
 ``KDA_EXTRA_IMPLS="name=module:Class,other=module:Class"`` (each module importable where the name
 is used: a sweep's worker processes inherit the environment). Every entry point (the survey, the
-sweeps, the correctness grid, the asv suite) reads the registry, so every one sees them.
+sweeps, the correctness grid, the asv suite) reads the registry, so every one sees them. A name is
+one implementation everywhere: an extra entry under a built-in name is refused, never run in its
+place (rows and charts labelled ``triton`` are always ours).
 """
 
 from __future__ import annotations
@@ -47,13 +49,17 @@ def interpret_triton_on(device) -> None:
 
 
 def extra_impls() -> dict[str, str]:
-    """The entries of $KDA_EXTRA_IMPLS; a malformed one is a ValueError naming it."""
+    """The entries of $KDA_EXTRA_IMPLS; a malformed one, or one under a built-in name, is a ValueError
+    naming it."""
     extra = {}
     for entry in filter(None, (part.strip() for part in os.environ.get(EXTRA_IMPLS_ENV, "").split(","))):
         name, sep, target = (s.strip() for s in entry.partition("="))
         module, colon, cls = target.partition(":")
         if not (sep and name and module and colon and cls):
             raise ValueError(f"{EXTRA_IMPLS_ENV}: {entry!r} is not name=module:Class")
+        if name in BUILTIN:
+            raise ValueError(f"{EXTRA_IMPLS_ENV}: {entry!r} takes the built-in implementation's name {name!r}; "
+                             f"give yours a name of its own (e.g. my-{name}={target})")
         extra[name] = target
     return extra
 

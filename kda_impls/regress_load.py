@@ -17,6 +17,7 @@ from .bench.results import load as load_sweep_dir
 # Benchmarks whose value is a rate (higher is better): the asv suite's bandwidth benchmarks. Their
 # ratio is A/B, so that for every benchmark a ratio above 1 is a slowdown.
 RATES = r"\.track_(gbps|roofline_frac)\b"
+CPU_TIMER = "perf_counter"  # the harness's timer on a CPU: a sweep row's kernel_method, an asv version's suffix
 UNSUPPORTED = "unsupported"  # a sweep row's status (and asv's skip) for a combination that cannot run here
 
 
@@ -29,7 +30,7 @@ class Measurement:
     spread: tuple[float, float] | None = None  # min and max of the per-placement medians
     ci99: tuple[float, float] | None = None  # asv's 99% confidence interval of the median
     version: str | None = None  # asv's benchmark version: results of different versions never compare
-    timer: str | None = None  # a sweep row's kernel_method; "perf_counter" on the CPU
+    timer: str | None = None  # a sweep row's kernel_method; asv: its version's suffix ("4.2+perf_counter" on a CPU)
     placements: tuple[float, ...] | None = None  # the per-placement medians (asv: the samples)
     rate: bool = False  # a bandwidth: higher is better
 
@@ -73,7 +74,8 @@ def load_asv(path: Path) -> ResultSet:
     stored as reprs), ``null`` where it failed, ``NaN`` where it was skipped; an unparametrised
     benchmark has lists of one. A whole column is ``null`` (or the row is cut short) when nothing
     in it was recorded, e.g. ``samples`` without ``--record-samples``. The suite's samples are
-    one median per placement, so their range is the placement spread.
+    one median per placement, so their range is the placement spread. A version's suffix after
+    ``+`` names the timer (benchmarks/common.py: ``perf_counter`` on a CPU).
     """
     try:
         data = json.loads(path.read_text())
@@ -102,30 +104,38 @@ def load_asv(path: Path) -> ResultSet:
             ci = (a, b) if _finite(a) and _finite(b) and (n or 0) > 1 else None
             spread = (min(kept), max(kept)) if len(kept) > 1 else None
             measurements[name] = Measurement(float(median), kept or None, spread, ci, field_of["version"],
+                                             timer=str(field_of["version"]).partition("+")[2] or None,
                                              placements=kept or None, rate=rate)
     return ResultSet(str(path), "asv", data.get("params", {}).get("machine"), measurements, failures=failures)
 
 
+# What the gate reads of a sweep's results.csv besides the key, status and kernel time
+SWEEP_COLUMNS = ("reason", "kernel_method", "kernel_us_placement_min", "kernel_us_placement_max")
+
+
 def load_sweep(directory: Path) -> ResultSet:
     """Read a sweep directory (:func:`kda_impls.bench.results.load`): per ok row its key, kernel
-    time and placement spread, with the raw kernel samples and the per-placement medians (older
-    directories have none) in microseconds; per other row its status and reason."""
+    time, timer and placement spread, with the raw kernel samples and the per-placement medians in
+    microseconds; per other row its status and reason."""
     try:
         sweep = load_sweep_dir(directory)
     except SweepDirError as exc:
         raise InputError(str(exc)) from None
+    lacking = [column for column in SWEEP_COLUMNS if column not in sweep.table.columns]
+    if lacking:
+        raise InputError(f"{directory / 'results.csv'}: no column {', '.join(lacking)} (an older kda-sweep's "
+                         f"results); re-run the sweep")
     measurements = {}
     for row in sweep.ok.itertuples(index=False):
         kept = tuple(x for x in sweep.samples.get(row.key, ()) if _finite(x))
         spread = (row.kernel_us_placement_min, row.kernel_us_placement_max) \
-            if _finite(getattr(row, "kernel_us_placement_min", None)) else None
+            if _finite(row.kernel_us_placement_min) else None
         placed = tuple(x for x in sweep.placements.get(row.key, ()) if _finite(x))
         measurements[row.key] = Measurement(float(row.kernel_us_mean), kept or None, spread,
-                                            timer=getattr(row, "kernel_method", None), placements=placed or None)
+                                            timer=row.kernel_method, placements=placed or None)
     failures = {}
     for row in sweep.table[~sweep.table.key.isin(measurements)].itertuples(index=False):
-        reason = getattr(row, "reason", "")
-        reason = reason if isinstance(reason, str) and reason else "no reason recorded"
+        reason = row.reason if isinstance(row.reason, str) and row.reason else "no reason recorded"
         failures[row.key] = Failure(str(row.status), reason if row.status != "ok" else "ok but no kernel time")
     return ResultSet(str(directory), "sweep", sweep.meta.get("gpu"), measurements,
                      sweep.meta.get("settings", {}).get("method"), failures)
@@ -140,10 +150,14 @@ def load(path: str | Path) -> ResultSet:
     raise InputError(f"{path}: no such file or directory")
 
 
-# Method settings besides the version and the entry state that change where placements land or what
-# runs before them, each with the value a directory from before it existed was timed with: one
-# process a row, no settling.
-PLACEMENT_SETTINGS = {"placement_processes": 1, "settle_s": 0.0}
+# What a sweep's timing method records that decides whether two sweeps compare: a different
+# timer, L2 entry state, or way of making and settling placements moves times by itself.
+METHOD_FIELDS = {
+    "version": ("were timed by different timing methods", "re-run the older one"),
+    "entry": ("were timed from different L2 entry states", "re-run one with the other's --l2-entry"),
+    "placement_processes": ("made their placements differently", "re-run one with the other's setting"),
+    "settle_s": ("made their placements differently", "re-run one with the other's setting"),
+}
 
 
 def check_comparable(a: ResultSet, b: ResultSet) -> None:
@@ -152,18 +166,8 @@ def check_comparable(a: ResultSet, b: ResultSet) -> None:
     if a.machine and b.machine and a.machine != b.machine:
         raise InputError(f"results come from different machines ({a.machine!r} vs {b.machine!r}); "
                          f"timings are only comparable on one machine")
-    if a.kind == "sweep":  # directories of timing method 3 and earlier do not say which they are
-        version_a, version_b = ((s.method or {}).get("version", "<= 3") for s in (a, b))
-        if version_a != version_b:
-            raise InputError(f"the sweeps were timed by different timing methods ({version_a} vs {version_b}: "
-                             f"kda_impls.bench.timing.METHOD_VERSION); re-run the older one")
-        if a.method is not None and b.method is not None:
-            for name, before in PLACEMENT_SETTINGS.items():
-                value_a, value_b = a.method.get(name, before), b.method.get(name, before)
-                if value_a != value_b:
-                    raise InputError(f"the sweeps' placements were made differently ({name}: {value_a!r} vs "
-                                     f"{value_b!r}); re-run one with the other's setting")
-    entry_a, entry_b = ((s.method or {}).get("entry") for s in (a, b))
-    if entry_a and entry_b and entry_a != entry_b:
-        raise InputError(f"the sweeps were timed from different L2 entry states ({entry_a!r} vs {entry_b!r}); "
-                         f"re-run one with --l2-entry {entry_a}")
+    if a.kind == "sweep":
+        for name, (what, fix) in METHOD_FIELDS.items():
+            value_a, value_b = ((s.method or {}).get(name) for s in (a, b))
+            if value_a != value_b:
+                raise InputError(f"the sweeps {what} ({name}: {value_a!r} vs {value_b!r}); {fix}")

@@ -1,10 +1,13 @@
 """Charts: each library at its best verified call in one colour, each library's variants in a chart of their own,
-at least two labelled ticks on every log axis, legends inside the figure; where kda-plot writes (never into a
-directory git tracks unless asked) and its one-line errors. Tiny frames, the Agg backend."""
+at least two labelled ticks on every log axis, legends inside the figure, a panel for every configuration on one
+shared y axis, what is not drawn named in the title; where kda-plot writes (never into a directory git tracks
+unless asked), whole files carrying the chart code's version, and its one-line errors; the committed charts drawn
+by today's chart code. Tiny frames, the Agg backend."""
 
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -30,10 +33,10 @@ def table(state_dtypes=("bfloat16", "float32")) -> pd.DataFrame:
         for dtype in state_dtypes:
             rows.append({"impl": impl, "library": LIBRARY[impl], "B": B, "H": 4, "HV": 4, "K": 16, "V": 16,
                          "state_dtype": dtype, "pad_rows": 0, "T": 1, "checkpoints": "all", "mode": "inplace",
-                         "slot_pad": 0, "slots_per_row": 1, "slot_order": "random", "placements": 3, "status": "ok",
-                         "key": f"{impl}_{B}_{dtype}", "kernel_us_mean": us, "kernel_us_placement_min": us * 0.98,
-                         "kernel_us_placement_max": us * 1.02, "call_us_median": us + 40, "gbps": 1e3 / us,
-                         "roofline_frac": 0.25 / us})
+                         "ring": 0, "slot_pad": 0, "slots_per_row": 1, "slot_order": "random", "placements": 3,
+                         "status": "ok", "key": f"{impl}_{B}_{dtype}", "kernel_us_mean": us,
+                         "kernel_us_placement_min": us * 0.98, "kernel_us_placement_max": us * 1.02,
+                         "call_us_median": us + 40, "gbps": 1e3 / us, "roofline_frac": 0.25 / us})
     return pd.DataFrame(rows)
 
 
@@ -130,10 +133,22 @@ def run_main(capsys, *argv) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def kda_plot_temporaries() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("kda-plot-*"))
+
+
 def test_charts_go_beside_an_untracked_sweep_and_not_into_a_tracked_one(tmp_path, capsys):
+    """Beside an untracked sweep: every file whole (no temporary left) and stamped with the chart code's
+    version. A tracked one: refused in one line naming --out, nothing written anywhere (nor in the
+    temporary directory); --out chooses where, the tracked directory itself included."""
+    temporaries = kda_plot_temporaries()
     own = sweep_dir(tmp_path / "own")
-    code, out, _ = run_main(capsys, str(own), "--format", "png")
-    assert code == 0 and (own / "latency.png").exists() and (own / "variants_fla.png").exists()
+    code, out, _ = run_main(capsys, str(own), "--format", "png,svg")
+    assert code == 0 and (own / "latency.png").exists() and (own / "variants_fla.svg").exists()
+    charts = [p for p in own.iterdir() if p.suffix in (".png", ".svg")]
+    assert sorted(p.name for p in own.iterdir()) == sorted(["results.csv", "meta.json", *(p.name for p in charts)])
+    assert {chart_style.stamped_version(p) for p in charts} == {chart_style.CHART_VERSION}
+    assert out.splitlines() == [str(p) for p in sorted(charts, key=lambda p: out.index(p.name))]
     repo = tmp_path / "repo"
     tracked = sweep_dir(repo / "results" / "run")
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
@@ -141,23 +156,27 @@ def test_charts_go_beside_an_untracked_sweep_and_not_into_a_tracked_one(tmp_path
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "run"], check=True)
     before = sorted(p.name for p in tracked.iterdir())
-    code, out, _ = run_main(capsys, str(tracked), "--format", "png")
-    assert code == 0 and sorted(p.name for p in tracked.iterdir()) == before
-    note = out.splitlines()[0]
-    assert "is tracked by git" in note
-    new = Path(note.split("new charts in ")[1].split(" (")[0])
-    assert (new / "latency.png").exists() and new != tracked
+    code, out, err = run_main(capsys, str(tracked), "--format", "png")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "is tracked by git" in err and f"--out {tracked} rewrites them" in err
+    assert sorted(p.name for p in tracked.iterdir()) == before and kda_plot_temporaries() == temporaries
     chosen = tmp_path / "chosen"
     assert run_main(capsys, str(tracked), "--out", str(chosen), "--format", "svg")[0] == 0
     assert (chosen / "speedup.svg").exists() and not list(chosen.glob("*.png"))
+    assert run_main(capsys, str(tracked), "--out", str(tracked), "--format", "svg")[0] == 0
+    assert (tracked / "latency.svg").exists()
 
 
 def test_an_unwritable_place_is_one_line_and_exit_2(tmp_path, capsys):
     sweep = sweep_dir(tmp_path / "run")
     code, _, err = run_main(capsys, str(sweep), "--out", "/proc/kda-plot-charts")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "cannot write charts in /proc/kda-plot-charts" in err
-    code, _, err = run_main(capsys, str(sweep), "--format", "png,bmpx")
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "bmpx is not a format" in err
+    for formats, wrong in (("png,bmpx", "bmpx"), ("jpg", "jpg")):  # jpg: matplotlib writes it, without the stamp
+        code, _, err = run_main(capsys, str(sweep), "--format", formats)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and f"{wrong} is not a format kda-plot writes" in err
+    code, out, err = run_main(capsys, str(sweep), "--batch", "999")
+    assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1, err
+    assert "--batch 999: " in err and "no ok rows at that batch (its batches: 1, 4, 16)" in err
     if os.geteuid() != 0:  # root writes into read-only modes: only an unprivileged user can see this one
         sweep.chmod(0o555)
         code, _, err = run_main(capsys, str(sweep))
@@ -174,3 +193,54 @@ def test_the_script_draws_without_path_edits(tmp_path):
                           env=os.environ | {"PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "charts" / "speedup.png").exists()
+
+
+def configurations(n: int) -> pd.DataFrame:
+    """``n`` configurations (head dims) of three batches each, one more at a single batch, and a row
+    with padding rows (which no batch chart draws)."""
+    frame = table(("bfloat16",))
+    frame = frame[frame.impl.isin(["triton", "naive"])]
+    parts = [frame.assign(K=16 * (i + 1), V=16 * (i + 1), key=frame.key + f"_{i}") for i in range(n)]
+    lone = frame[frame.B == 1].assign(K=999, V=999, key=frame.key + "_lone")
+    padded = frame[frame.B == 1].assign(pad_rows=1, key=frame.key + "_pad")
+    return pd.concat([*parts, lone, padded], ignore_index=True)
+
+
+def test_every_configuration_gets_a_panel_on_one_y_axis_and_the_title_names_what_is_left_out():
+    """Nine configurations, one at a single batch: nine panels in the latency, bandwidth and speedup
+    charts (none dropped), every panel on the same y axis (same limits), and the title counting the
+    ok rows no panel draws, with why."""
+    frame = configurations(8)
+    bad = frame.iloc[:1].assign(status="wrong", key="broken")
+    drawn = dict(plots.figures(frame, pd.concat([frame, bad]), META))
+    for name in ("latency", "bandwidth", "speedup"):
+        fig = drawn[name]
+        panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_lines()]
+        assert len(panels) == 9, name
+        assert len({ax.get_ylim() for ax in panels}) == 1, name
+        assert all(panels[0].get_shared_y_axes().joined(panels[0], ax) for ax in panels), name
+        text = fig._suptitle.get_text().replace("\n", " ")
+        assert "not drawn: 1 wrong rows, 2 ok rows with padding rows" in text, text
+        plt.close(fig)
+    plt.close("all")
+
+
+def test_a_bandwidth_above_the_copy_roofline_stays_in_view():
+    frame = table(("bfloat16",)).assign(gbps=lambda t: t.gbps * 10)  # 10x: above the 4000 GB/s copy at B = 1
+    fig = plots.bandwidth(plots.libraries(frame), frame, META)
+    (ax,) = [ax for ax in fig.axes if ax.get_lines()]
+    assert ax.get_ylim()[1] >= frame.gbps.max()
+    plt.close(fig)
+
+
+COMMITTED = sorted(p for p in (REPO / "results").rglob("*") if p.suffix in (".png", ".svg", ".pdf"))
+
+
+@pytest.mark.parametrize("chart", COMMITTED, ids=lambda p: str(p.relative_to(REPO)))
+def test_a_committed_chart_is_drawn_by_todays_chart_code(chart):
+    """Every chart under results/ carries the version of the chart code that drew it, and that is
+    today's: a change to the chart code redraws the committed charts from their data
+    (`kda-plot DIR --out DIR --format FORMAT`, results/README.md)."""
+    assert chart_style.stamped_version(chart) == chart_style.CHART_VERSION, \
+        f"{chart.relative_to(REPO)} was drawn by other chart code: kda-plot {chart.parent.relative_to(REPO)} " \
+        f"--out {chart.parent.relative_to(REPO)} --format {chart.suffix[1:]}"

@@ -33,7 +33,7 @@ from helpers import (
     sweep_process,
     write_sweep_dir,
 )
-from kda_impls import regress
+from kda_impls import regress, regress_rule
 from kda_impls.bench.config import Config
 
 regress_cpu_skip = torch.cuda.is_available()  # the shared suite run is the CPU profile's
@@ -128,18 +128,19 @@ def test_improvement_passes(tmp_path):
     assert code == 0 and statuses(report) == {name("triton", 1): "faster"}
 
 
-def test_noisy_but_equal_is_unsure_and_passes_unless_strict(tmp_path):
-    # 40% spread and few samples: the medians differ by more than the threshold by chance,
-    # and the test sees that this is chance
+def test_noisy_but_equal_is_unsure_and_fails_unless_allowed(tmp_path):
+    # 40% spread and few samples: the medians differ by more than the threshold by chance, and the
+    # test sees that this is chance. The samples cannot support a verdict: the gate fails, saying so,
+    # unless --allow-unsure accepts that
     a = asv_file(tmp_path / "a.json", {("'fla'", "16"): timings(3, n=8, cv=0.4)})
     b = asv_file(tmp_path / "b.json", {("'fla'", "16"): timings(4, n=8, cv=0.4)})
     code, report, out = gate(tmp_path, a, b)
     (row,) = report["rows"]
     assert row["ratio"] > 1.05 and row["p"] > 0.01, row
-    assert code == 0 and row["status"] == "unsure" and "not significant" in row["test"], out
-    assert report["unsure"] == [name("fla", 16)] and "pass, with 1 unsure" in out
-    code, report, out = gate(tmp_path, a, b, "--strict")
-    assert code == 1 and "1 unsure (--strict)" in out
+    assert code == 1 and row["status"] == "unsure" and "not significant" in row["test"], out
+    assert report["unsure"] == [name("fla", 16)] and out.splitlines()[-1] == f"FAIL: 1 unsure: {name('fla', 16)}"
+    code, report, out = gate(tmp_path, a, b, "--allow-unsure")
+    assert code == 0 and out.splitlines()[-1].startswith("pass, with 1 unsure (--allow-unsure): "), out
 
 
 @pytest.mark.parametrize("threshold, regressed", [(None, False), ("0.01", True)])
@@ -321,31 +322,32 @@ def test_real_asv_files(tmp_path, asv_project):
 def test_the_suites_own_cpu_file_read_with_each_benchmarks_direction(tmp_path, cpu_asv):
     """The real suite's CPU result file (the session-scoped fixture cpu_asv): every bandwidth benchmark reads
     as a rate, every time as a time; the file against itself is clean, and against a copy whose
-    one bandwidth benchmark is 10% lower (each sample, its median and interval) that benchmark is
-    slower and nothing else moves; the same benchmark skipped in the copy is broken."""
+    one bandwidth benchmark is 20x lower (each sample, its median and interval) that benchmark is
+    slower and nothing else moves; the same benchmark skipped in the copy is broken. Every benchmark
+    names the CPU timer in its version, so the gate judges it at that timer's threshold."""
     run = cpu_asv
     loaded = regress.load(run.result)
     assert any(m.rate for m in loaded.measurements.values())
     assert all(m.rate == (".track_gbps(" in n or ".track_roofline_frac(" in n) for n, m in loaded.measurements.items())
     code, report, out = gate(tmp_path, run.result, run.result)
-    assert code == 0 and report["counts"]["same"] + report["counts"]["unsure"] + report["counts"]["informational"] \
-        == len(loaded.measurements), out
+    assert all(m.timer == regress_rule.CPU_TIMER for m in loaded.measurements.values())
+    assert code == 0 and report["counts"]["same"] + report["counts"]["informational"] == len(loaded.measurements), out
     data = json.loads(run.result.read_text())
     bench = "decode.Bandwidth.track_gbps"
     row = dict(zip(data["result_columns"], data["results"][bench], strict=False))
     planted = next(i for i, value in enumerate(row["result"]) if value is not None and math.isfinite(value))
     for column in ("result", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75"):
         if row.get(column) and row[column][planted] is not None:
-            row[column][planted] /= 1.1
-    row["samples"][planted] = [x / 1.1 for x in row["samples"][planted]]
+            row[column][planted] /= 20
+    row["samples"][planted] = [x / 20 for x in row["samples"][planted]]
     data["results"][bench] = [row.get(column) for column in data["result_columns"]]
     dropped = tmp_path / "dropped.json"
     dropped.write_text(json.dumps(data))
     code, report, out = gate(tmp_path, run.result, dropped)
     moved = [r["benchmark"] for r in report["rows"] if r["status"] not in ("same", "skipped", "informational")]
     (name,) = [r["benchmark"] for r in report["rows"] if r["ratio"] is not None and r["ratio"] > 1.01]
-    assert name.startswith(bench) and moved in ([], [name]), out
-    assert statuses(report)[name] in ("slower", "unsure"), out  # two CPU placements: too few for the test
+    assert name.startswith(bench) and moved == [name], out
+    assert code == 1 and statuses(report)[name] == "slower", out  # six placements a side: Mann-Whitney decides
     row["result"][planted] = math.nan
     data["results"][bench] = [row.get(column) for column in data["result_columns"]]
     dropped.write_text(json.dumps(data))
@@ -463,7 +465,7 @@ def test_too_few_samples_are_unsure_whatever_the_ratio():
     for n in (1, 2, 4):  # 4 against 4: no ranking gives p < 0.01
         for ratio in (1.0, 1.5):
             status, p, test = regress.verdict(measurement(10.0, n=n), measurement(10.0 * ratio, n=n), 0.05, 0.01)
-            assert (status, p) == ("unsure", None) and test == f"too few samples ({n} vs {n})"
+            assert (status, p) == ("unsure", None) and test == f"too few samples ({n} vs {n}) for any p < 0.01"
     assert regress.verdict(measurement(10.0, n=0), measurement(20.0, n=0), 0.05, 0.01)[0] == "unsure"
     assert regress.verdict(measurement(10.0, n=6), measurement(20.0, n=6), 0.05, 0.01)[0] == "slower"
 
@@ -480,11 +482,21 @@ def test_overlapping_placement_spreads_make_a_significant_move_unsure():
     assert regress.verdict(measurement(10.0, spread=None), measurement(10.8, spread=0.10), 0.05, 0.01)[0] == "slower"
 
 
-def test_rows_timed_on_the_cpu_are_never_judged():
+def test_rows_timed_on_the_cpu_are_judged_by_the_same_rule_at_the_cpu_timers_threshold():
+    """A CPU timer's rows go through the one verdict, at a threshold of at least the timer's noise
+    floor (2: three times slower), in both forms: a 2.5x move is the same, a 4x one slower, and
+    --threshold cannot take the floor away. A GPU row of the same samples is slower at 2.5x."""
+    names = [TRITON.key(), name("triton", 64)]
     for timer_a, timer_b in (("perf_counter", "perf_counter"), ("cuda-graph", "perf_counter")):
-        a, b = measurement(10.0, timer=timer_a), measurement(30.0, timer=timer_b)
-        status, _, test = regress.verdict(a, b, 0.05, 0.01)
-        assert (status, test) == ("unsure", "timed on the CPU, which the harness smoke-tests, not ranks")
+        a = regress.ResultSet("a", "sweep", "cpu", {n: measurement(10.0, timer=timer_a, seed=i)
+                                                    for i, n in enumerate(names)})
+        for ratio, status in ((2.5, "same"), (4.0, "slower")):
+            b = regress.ResultSet("b", "sweep", "cpu", {n: measurement(10.0 * ratio, timer=timer_b, seed=9 + i)
+                                                        for i, n in enumerate(names)})
+            table = regress.compare(a, b, threshold=0.05)
+            assert set(table.status) == {status} and set(table.threshold) == {2.0}, table
+    a, b = measurement(10.0, seed=1), measurement(25.0, seed=2)
+    assert regress.verdict(a, b, 0.05, 0.01)[0] == "slower"
 
 
 def sweep_dir_with_placements(path: Path, rows: dict[Config, list[float]], placements: int = 3, **meta) -> Path:
@@ -508,7 +520,7 @@ def test_sweep_directories_carry_their_placement_spread(tmp_path):
     loaded = regress.load(a).measurements[TRITON.key()]
     assert loaded.spread[0] < loaded.time < loaded.spread[1] and loaded.timer == "cuda-graph"
     code, report, _ = gate(tmp_path, a, b)
-    assert code == 0 and statuses(report) == {TRITON.key(): "unsure"}  # +-10% placements, 8% move
+    assert code == 1 and statuses(report) == {TRITON.key(): "unsure"}  # +-10% placements, 8% move
     c = sweep_dir_with_placements(tmp_path / "c", {TRITON: narrow})
     d = sweep_dir_with_placements(tmp_path / "d", {TRITON: [1.08 * x for x in narrow]})
     code, report, _ = gate(tmp_path, c, d)
@@ -536,12 +548,12 @@ def test_one_outlier_placement_does_not_hide_a_move_the_placements_show(tmp_path
     d = sweep_dir_with_placements(tmp_path / "d", {TRITON: [1.08 * x for x in even]}, placements=9)
     code, report, _ = gate(tmp_path, c, d)
     (row,) = report["rows"]
-    assert code == 0 and row["status"] == "unsure" and "per-placement medians not apart" in row["test"], row
+    assert code == 1 and row["status"] == "unsure" and "per-placement medians not apart" in row["test"], row
 
     e = sweep_dir_with_placements(tmp_path / "e", {TRITON: outlier}, placements=3)
     f = sweep_dir_with_placements(tmp_path / "f", {TRITON: [1.06 * x for x in outlier]}, placements=3)
     me, mf = (regress.load(x).measurements[TRITON.key()] for x in (e, f))
-    assert regress._mann_whitney(me.placements, mf.placements, 0.01) is None
+    assert regress_rule._mann_whitney(me.placements, mf.placements, 0.01) is None
     code, report, _ = gate(tmp_path, e, f)
     assert report["rows"][0]["test"] == "mann-whitney"  # decided by the ranges, which are apart here
 
@@ -550,89 +562,103 @@ def test_refuses_sweeps_timed_from_different_l2_entry_states(tmp_path):
     a = sweep_dir_with_placements(tmp_path / "a", {TRITON: microseconds(0)}, settings={"method": {"entry": "clean"}})
     b = sweep_dir_with_placements(tmp_path / "b", {TRITON: microseconds(1)}, settings={"method": {"entry": "dirty"}})
     code, _, out = gate(tmp_path, a, b)
-    assert code == 2 and "different L2 entry states ('clean' vs 'dirty')" in out
+    assert code == 2 and "different L2 entry states (entry: 'clean' vs 'dirty')" in out
 
 
-@pytest.mark.parametrize("field, a, b", [("placement_processes", 1, 3), ("settle_s", 0.0, 1.0)])
+@pytest.mark.parametrize("field, a, b", [("placement_processes", 1, 3), ("settle_s", 0.0, 1.0),
+                                         ("placement_processes", None, 1)])
 def test_refuses_sweeps_whose_placements_were_made_differently(tmp_path, field, a, b):
-    """A directory from before the field existed reads as its default: against the default it
-    compares, against another value it is refused; two of one other value compare."""
-    clean = {"method": {"entry": "clean"}}
-    old = sweep_dir_with_placements(tmp_path / "old", {TRITON: microseconds(0)}, settings=clean)
-    new = sweep_dir_with_placements(tmp_path / "new", {TRITON: microseconds(1)},
-                                    settings={"method": {"entry": "clean", field: b}})
-    same = sweep_dir_with_placements(tmp_path / "same", {TRITON: microseconds(1)},
-                                     settings={"method": {"entry": "clean", field: a}})
-    again = sweep_dir_with_placements(tmp_path / "again", {TRITON: microseconds(1)},
+    """Two values of a setting, or one side that does not record it, are refused; one value on both
+    sides compares."""
+    one = sweep_dir_with_placements(tmp_path / "one", {TRITON: microseconds(0)},
+                                    settings={"method": {"entry": "clean"} | ({} if a is None else {field: a})})
+    other = sweep_dir_with_placements(tmp_path / "other", {TRITON: microseconds(1)},
                                       settings={"method": {"entry": "clean", field: b}})
-    code, _, out = gate(tmp_path, old, new)
-    assert code == 2 and f"placements were made differently ({field}: {a!r} vs {b!r})" in out
-    assert gate(tmp_path, old, same)[0] == 0
-    assert gate(tmp_path, new, again)[0] == 0  # the same setting on both sides, not the default
-
-
-def test_a_method_3_directory_reads_its_median_as_the_kernel_time(tmp_path):
-    """Directories of timing method 3 and earlier name their kernel time kernel_us_median: the
-    reader hands it on as kernel_us_mean, so reports and the gate read old runs as they were."""
-    out = sweep_dir_with_placements(tmp_path / "old", {TRITON: microseconds(0)})
-    table = pd.read_csv(out / "results.csv")
-    table.rename(columns={"kernel_us_mean": "kernel_us_median"}).assign(kernel_us_median=12.5).to_csv(
-        out / "results.csv", index=False)
-    assert regress.load(out).measurements[TRITON.key()].time == 12.5
+    again = sweep_dir_with_placements(tmp_path / "again", {TRITON: microseconds(2)},
+                                      settings={"method": {"entry": "clean", field: b}})
+    code, _, out = gate(tmp_path, one, other)
+    assert code == 2 and f"made their placements differently ({field}: {a!r} vs {b!r})" in out
+    assert gate(tmp_path, other, again)[0] == 0
 
 
 def test_refuses_sweeps_timed_by_different_timing_methods(tmp_path):
     """Method 4 reports the mean over placements, 3 their median: a move between them is the
-    estimator's, so the gate refuses the pair (a directory of method 3 names no version)."""
-    a = sweep_dir_with_placements(tmp_path / "a", {TRITON: microseconds(0)}, settings={"method": {"entry": "clean"}})
+    estimator's, so the gate refuses the pair."""
+    a = sweep_dir_with_placements(tmp_path / "a", {TRITON: microseconds(0)},
+                                  settings={"method": {"entry": "clean", "version": 3}})
     b = sweep_dir_with_placements(tmp_path / "b", {TRITON: microseconds(1)},
                                   settings={"method": {"entry": "clean", "version": 4}})
     code, _, out = gate(tmp_path, a, b)
-    assert code == 2 and "different timing methods (<= 3 vs 4" in out
+    assert code == 2 and "different timing methods (version: 3 vs 4); re-run the older one" in out
     c = sweep_dir_with_placements(tmp_path / "c", {TRITON: microseconds(2)},
                                   settings={"method": {"entry": "clean", "version": 4}})
     assert gate(tmp_path, b, c)[0] in (0, 1)
 
 
-BUGGY_NAIVE = """
-from kda_impls.impls.naive import NaiveTorch
-
-
-class BuggyNaive(NaiveTorch):
-    def _launcher(self, inputs, out):
-        launch = super()._launcher(inputs, out)
-        return lambda: launch().mul_(1.05)  # every output 5% too large
-"""
+# A user's implementation "mine" in three versions, each swept on helpers.CPU_SWEEP's grid
+PLANTED_MINE = {"correct": "planted.correct:Correct", "slow": "planted.slow:SeveralTimesSlower",
+                "buggy": "planted.decay:ForgetsDecay"}
 
 
 @pytest.fixture(scope="session")
 def cpu_sweeps(tmp_path_factory, cpu_sweep, cpu_shards) -> dict[str, Path]:
-    """Real CPU sweeps of tiny shapes (naive only: every CPU row is unsure by its timer, whatever
-    the kernel): ``a`` (B 1 and 2: the shared cpu_sweep), ``again`` (its shard of B = 1 only: an A/A
-    pair on the row both have) and ``buggy`` (the same grid, an implementation under naive's name
-    whose every output is 5% too large, joined through KDA_EXTRA_IMPLS as a user's own would be;
-    helpers.once)."""
+    """Real CPU sweeps of tiny shapes, through the command line: ``a`` (naive, B 1 and 2: the shared
+    cpu_sweep), ``again`` (its shard of B = 1 only: an A/A pair on the row both have), and the
+    user's implementation ``mine`` (joined through KDA_EXTRA_IMPLS as a user's own would be) as
+    ``correct``, several times ``slow`` (planted/slow.py) and ``buggy`` (every row wrong); helpers.once."""
     def make(root: Path) -> dict:
-        (root / "buggy_naive.py").write_text(BUGGY_NAIVE)
-        env = {"KDA_EXTRA_IMPLS": "naive=buggy_naive:BuggyNaive",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-        done = sweep_process(*CPU_SWEEP, "--out", str(root / "buggy"), env=env)
-        assert (root / "buggy" / "results.csv").exists(), done.stdout + done.stderr
-        return {"buggy": str(root / "buggy")}
+        path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
+        args = [*CPU_SWEEP[:CPU_SWEEP.index("--impls")], "--impls", "mine",
+                *CPU_SWEEP[CPU_SWEEP.index("--impls") + 2:]]
+        for label, target in PLANTED_MINE.items():
+            done = sweep_process(*args, "--out", str(root / label),
+                                 env={"KDA_EXTRA_IMPLS": f"mine={target}", "PYTHONPATH": path})
+            assert (root / label / "results.csv").exists(), done.stdout + done.stderr
+        return {label: str(root / label) for label in PLANTED_MINE}
 
-    return {"a": cpu_sweep, "again": cpu_shards[0], "buggy": Path(once(tmp_path_factory, "buggy-sweep", make)["buggy"])}
+    made = once(tmp_path_factory, "mine-sweeps", make)
+    return {"a": cpu_sweep, "again": cpu_shards[0], **{label: Path(out) for label, out in made.items()}}
 
 
 def test_two_cpu_sweeps_of_one_commit_pass_the_gate_on_the_rows_both_have(tmp_path, cpu_sweeps):
-    """The A/A pair on a CPU, whose times move with the machine's load: nothing may be called
-    slower. The B = 2 row the second sweep left out is missing: the gate fails, unless
-    --allow-missing says the smaller grid is meant."""
+    """The A/A pair on a CPU, whose times move with the machine's load: the row both have is the
+    same (judged at the CPU timer's threshold). The B = 2 row the second sweep left out is missing:
+    the gate fails, unless --allow-missing says the smaller grid is meant."""
     code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["again"])
     assert code == 1 and out.splitlines()[-1].startswith("FAIL: 1 missing: naive_B2_"), out
-    assert report["counts"]["unsure"] == 1 and report["counts"]["slower"] == 0
+    assert report["counts"]["same"] == 1 and report["counts"]["missing"] == 1, out
     code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["again"], "--allow-missing")
-    assert code == 0 and report["counts"]["slower"] == 0 and report["counts"]["unsure"] == 1, out
-    assert out.splitlines()[-1].startswith("pass, with 1 missing and 1 unsure"), out
+    assert code == 0 and report["counts"]["same"] == 1, out
+    assert out.splitlines()[-1].startswith("pass, with 1 missing (--allow-missing)"), out
+
+
+def sweep_as_asv(directory: Path, path: Path) -> Path:
+    """The kernel samples of a CPU sweep's rows as an asv result file of one benchmark per row (in
+    seconds, the version naming the CPU timer as benchmarks/common.py's does on a CPU)."""
+    sweep = regress.load(directory)
+    samples = {(f"'{key}'",): [us / 1e6 for us in m.samples] for key, m in sweep.measurements.items()}
+    return asv_file(path, samples, version=f"4.2+{regress_rule.CPU_TIMER}", params=[sorted(k[0] for k in samples)],
+                    machine=sweep.machine)
+
+
+def test_a_several_times_slower_kernel_fails_the_gate_on_a_cpu_in_both_forms(tmp_path, cpu_sweeps):
+    """On the CPU, in the sweep form (the command as users run it) and in the asv form of the same
+    samples: the planted slowdown (8x, planted/slow.py) against the correct version of the same
+    implementation is slower on every row, exit 1; the A/A pair of two sweeps of one commit is the
+    same on the row both have (--allow-missing for the row the second left out), exit 0. One rule:
+    each benchmark's verdict is the same in both forms."""
+    for a, b, verdict, code in (("correct", "slow", "slower", 1), ("a", "again", "same", 0)):
+        sweep_code, report, out = gate(tmp_path, cpu_sweeps[a], cpu_sweeps[b], "--allow-missing", cli=True)
+        asv_code, asv_report, asv_out = gate(tmp_path, sweep_as_asv(cpu_sweeps[a], tmp_path / f"{a}.json"),
+                                             sweep_as_asv(cpu_sweeps[b], tmp_path / f"{b}.json"), "--allow-missing")
+        sweep_verdicts = {row["benchmark"]: row["status"] for row in report["rows"] if row["status"] != "missing"}
+        asv_verdicts = {row["benchmark"][len(BENCH) + 2:-2]: row["status"] for row in asv_report["rows"]
+                        if row["status"] != "missing"}
+        assert sweep_verdicts == asv_verdicts and set(sweep_verdicts.values()) == {verdict}, (out, asv_out)
+        assert (sweep_code, asv_code) == (code, code), (out, asv_out)
+    assert all(row["ratio"] > 4 and row["threshold"] == 2.0 for row in gate(tmp_path, cpu_sweeps["correct"],
+                                                                         cpu_sweeps["slow"])[1]["rows"])
+    assert out.splitlines()[-1].startswith("pass, with 1 missing (--allow-missing)"), out
 
 
 def test_a_sweep_with_wrong_rows_is_broken_whatever_is_allowed(tmp_path, cpu_sweeps):
@@ -640,8 +666,8 @@ def test_a_sweep_with_wrong_rows_is_broken_whatever_is_allowed(tmp_path, cpu_swe
     broken with the check's reason, and the gate fails, --allow-missing or not."""
     table = pd.read_csv(cpu_sweeps["buggy"] / "results.csv")
     assert set(table.status) == {"wrong"}, table
-    for extra, cli in (((), True), (("--allow-missing",), False)):  # one process: the command as users run it
-        code, report, out = gate(tmp_path, cpu_sweeps["a"], cpu_sweeps["buggy"], *extra, cli=cli)
+    for extra, cli in (((), True), (("--allow-missing", "--allow-unsure"), False)):  # one: the command as users run it
+        code, report, out = gate(tmp_path, cpu_sweeps["correct"], cpu_sweeps["buggy"], *extra, cli=cli)
         assert code == 1 and out.splitlines()[-1].startswith("FAIL: 2 broken"), out
         assert report["broken"] == sorted(table.key)
         rows = {row["benchmark"]: row for row in report["rows"]}
@@ -660,7 +686,8 @@ def test_one_side_with_samples_or_intervals_only_is_not_tested_on_them():
     """Samples (or asv's intervals) on one side only cannot be compared: the other evidence is used,
     else the benchmark is unsure."""
     with_samples, without = measurement(10.0), measurement(20.0, n=0, spread=None)
-    assert regress.verdict(with_samples, without, 0.05, 0.01)[:3:2] == ("unsure", "too few samples (60 vs 0)")
+    assert regress.verdict(with_samples, without, 0.05, 0.01)[:3:2] == ("unsure",
+                                                                         "too few samples (60 vs 0) for any p < 0.01")
     a = regress.Measurement(10.0, ci99=(9.0, 11.0))
     b = regress.Measurement(20.0)
     assert regress.verdict(a, b, 0.05, 0.01)[0] == "unsure"
@@ -678,7 +705,7 @@ def test_one_side_with_samples_or_intervals_only_is_not_tested_on_them():
 def test_confidence_intervals_stand_in_for_missing_samples(ci_a, ci_b, significant):
     a = regress.Measurement(sum(ci_a) / 2, ci99=ci_a)
     b = regress.Measurement(sum(ci_b) / 2, ci99=ci_b)
-    assert regress._significance(a, b, 0.01) == (significant, None, "ci99-overlap")
+    assert regress_rule._significance(a, b, 0.01) == (significant, None, "ci99-overlap")
 
 
 def test_the_comparison_table_row_by_row():
@@ -811,10 +838,11 @@ def test_comparable_only_from_one_machine_and_one_entry_state():
 
     with pytest.raises(regress.InputError, match=r"^results come from different machines \('H200' vs 'H100'\); "):
         regress.check_comparable(result("H200", "clean"), result("H100", "clean"))
-    with pytest.raises(regress.InputError, match=r"different L2 entry states \('clean' vs 'dirty'\)"):
+    with pytest.raises(regress.InputError, match=r"different L2 entry states \(entry: 'clean' vs 'dirty'\)"):
         regress.check_comparable(result("H200", "clean"), result("H200", "dirty"))
-    for a, b in (("clean", None), (None, "clean"), (None, None)):  # a side that does not say: no refusal
-        regress.check_comparable(result("H200", a), result("H200", b))
+    for a, b in (("clean", None), (None, "clean")):  # a side that does not say: refused
+        with pytest.raises(regress.InputError, match=r"different L2 entry states"):
+            regress.check_comparable(result("H200", a), result("H200", b))
     regress.check_comparable(result(None, "clean"), result("H200", "clean"))
 
 
@@ -830,17 +858,18 @@ def test_unreadable_and_older_result_files(tmp_path):
     del data["params"]
     two.write_text(json.dumps(data))
     assert regress.load(two).machine is None
-    # a sweep written before the placement and timer columns, with a row missing from samples.json
+    # a sweep without the placement and timer columns: refused, naming them; a row missing from
+    # samples.json: no samples
     sweep = write_sweep_dir(tmp_path / "old", {TRITON: microseconds(0), FLA: microseconds(1)}, {"gpu": "g"})
-    table = pd.read_csv(sweep / "results.csv").drop(columns=["kernel_us_placement_min", "kernel_us_placement_max",
-                                                             "kernel_method"])
-    table.to_csv(sweep / "results.csv", index=False)
     samples = json.loads((sweep / "samples.json").read_text())
     del samples[FLA.key()]
     (sweep / "samples.json").write_text(json.dumps(samples))
-    loaded = regress.load(sweep).measurements
-    assert loaded[TRITON.key()].spread is None and loaded[TRITON.key()].timer is None
-    assert loaded[FLA.key()].samples is None
+    assert regress.load(sweep).measurements[FLA.key()].samples is None
+    pd.read_csv(sweep / "results.csv").drop(columns=["kernel_us_placement_max", "kernel_method"]).to_csv(
+        sweep / "results.csv", index=False)
+    with pytest.raises(regress.InputError, match=r"results.csv: no column kernel_method, kernel_us_placement_max "
+                                                 r"\(an older kda-sweep's results\); re-run the sweep$"):
+        regress.load(sweep)
     nan_spread = write_sweep_dir(tmp_path / "nan", {TRITON: microseconds(0)}, {"gpu": "g"})  # NaN placement columns
     assert regress.load(nan_spread).measurements[TRITON.key()].spread is None
 
@@ -913,13 +942,27 @@ def test_a_sweeps_rows_without_a_kernel_time_are_failures_with_their_status_and_
         naive.key(): ("ok", "ok but no kernel time")}
 
 
-def test_a_sweep_from_before_placements_and_reasons_were_recorded_still_loads(tmp_path):
-    """A directory without placements.json (older sweeps) gives its measurements no placements, and a
-    results.csv without a reason column gives its failed rows "no reason recorded"."""
-    sweep = write_sweep_dir(tmp_path / "s", {TRITON: microseconds(0), FLA: "unsupported"}, {"gpu": "g"})
-    (sweep / "placements.json").unlink()
-    pd.read_csv(sweep / "results.csv").drop(columns="reason").to_csv(sweep / "results.csv", index=False)
-    loaded = regress.load(sweep)
-    assert loaded.measurements[TRITON.key()].placements is None
-    assert (loaded.failures[FLA.key()].status, loaded.failures[FLA.key()].reason) == ("unsupported",
-                                                                                      "no reason recorded")
+@pytest.mark.parametrize("where", ["a directory", "in no directory", "in /proc"])
+def test_a_json_path_that_cannot_be_written_is_refused_before_anything_is_compared(tmp_path, where):
+    """--json naming a directory, or a file where nothing can be written: one line naming the path,
+    exit 2, nothing compared or printed on stdout, nothing written."""
+    a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0)})
+    b = asv_file(tmp_path / "b.json", {("'triton'", "1"): [2 * x for x in timings(1)]})
+    path = {"a directory": tmp_path, "in no directory": tmp_path / "none" / "g.json",
+            "in /proc": Path("/proc/no-such-process/g.json")}[where]
+    before = sorted(tmp_path.rglob("*"))
+    done = subprocess.run([sys.executable, "-m", "kda_impls.regress", str(a), str(b), "--json", str(path)], cwd=REPO,
+                          capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr.startswith(f"kda-regress: error: --json {path}") and done.stderr.count("\n") == 1, done.stderr
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_the_json_report_replaces_the_file_whole(tmp_path):
+    """An existing report is replaced by the new one, through a temporary file renamed over it: no
+    temporary left beside it."""
+    a = asv_file(tmp_path / "a.json", {("'triton'", "1"): timings(0)})
+    (tmp_path / "gate.json").write_text("an older report")
+    code, report, _ = gate(tmp_path, a, a)
+    assert code == 0 and report["counts"]["same"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "gate.json"]

@@ -3,13 +3,18 @@
 A library keeps one colour (and marker) in every chart of every run; in a chart of one library's
 variants each variant gets a colour of its own, fixed by its place among the library's registered
 variants. Legends sit inside the figure, below the panels, in as many columns as fit its width. Every
-log axis carries at least two labelled ticks, whatever the span of its data (:func:`log_axis`).
+log axis carries at least two labelled ticks, whatever the span of its data (:func:`log_axis`). The
+panels of a chart share their y axis, so that one height is one value in every panel. Every file
+carries :data:`CHART_VERSION`, the hash of the chart code that drew it (:func:`stamp`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 import zlib
+from pathlib import Path
 
 import matplotlib
 
@@ -30,16 +35,22 @@ from matplotlib.ticker import (  # noqa: E402
 from .. import dtypes, registry  # noqa: E402
 
 SHAPE = ["H", "HV", "K", "V"]  # the columns of a panel's shape
+# The chart code's version: a hash of its modules' source, so that any change to how a chart is drawn
+# tells a chart file drawn before it (tests/test_plots.py checks the committed ones)
+CHART_MODULES = ("chart_style.py", "plots.py", "mode_charts.py")
+CHART_SOURCE = "".join((Path(__file__).parent / m).read_text().replace("\r\n", "\n") for m in CHART_MODULES)
+CHART_VERSION = hashlib.sha256(CHART_SOURCE.encode()).hexdigest()[:12]
+STAMP = re.compile(rb"kda_impls chart version ([0-9a-f]{12})")
+FORMATS = ("png", "svg", "pdf")  # the formats whose files carry the stamp
 MIN_WIDTH = 8.0  # inches
 CHARS_PER_INCH = 12  # of 10-point text, to wrap titles and lay out legends
-# by the implementations' ``library`` (older sweeps without one: by implementation)
-LIBRARY_COLORS = {"torch": "#7f7f7f", "naive": "#7f7f7f", "kda-impls": "#d62728", "triton": "#d62728",
-                  "fla": "#1f77b4", "flashinfer": "#2ca02c"}
+# by the implementations' ``library``
+LIBRARY_COLORS = {"torch": "#7f7f7f", "kda-impls": "#d62728", "fla": "#1f77b4", "flashinfer": "#2ca02c"}
 OTHER_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#ff7f0e")
 # a library's variants side by side: tab10 without its grey (the naive reference's colour)
 VARIANT_COLORS = tuple(c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7)
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
-LIBRARY_MARKERS = {"torch": "s", "naive": "s", "kda-impls": "o", "triton": "o", "fla": "^", "flashinfer": "D"}
+LIBRARY_MARKERS = {"torch": "s", "kda-impls": "o", "fla": "^", "flashinfer": "D"}
 # log-axis tick candidates per decade, sparsest first (:func:`log_ticks`)
 TICK_MANTISSAS = ((1,), (1, 2, 5), (1, 2, 3, 4, 5, 6, 7, 8, 9))
 
@@ -65,9 +76,23 @@ def variant_style(impl: str) -> dict:
                 linestyle="-")
 
 
-def title(text: str, meta: dict, table: pd.DataFrame, chars: int) -> str:
+def stamp(fmt: str) -> dict:
+    """savefig's ``metadata`` that puts :data:`CHART_VERSION` into a file of format ``fmt``, where
+    :func:`stamped_version` reads it back."""
+    assert fmt in FORMATS, fmt
+    return {"Creator": f"kda_impls chart version {CHART_VERSION}"}
+
+
+def stamped_version(path: Path) -> str | None:
+    """The chart version a file of :func:`stamp` carries; None where it carries none."""
+    found = STAMP.search(Path(path).read_bytes())
+    return found and found.group(1).decode()
+
+
+def title(text: str, meta: dict, table: pd.DataFrame, chars: int, left_out: dict[str, int] | None = None) -> str:
     """The chart, then the device, L2 entry state and library versions (as the implementations report
-    them), then how many rows are not drawn and why; wrapped between items, never inside one."""
+    them), then how many rows are not drawn and why: the rows that are not ok by status, the ok rows
+    the chart leaves out by ``left_out`` ({why: rows}); wrapped between items, never inside one."""
     device = meta["device"]
     gpu = device["name"] + (f" (sm_{device['compute_capability'].replace('.', '')})"
                             if device.get("compute_capability") else "")
@@ -76,10 +101,16 @@ def title(text: str, meta: dict, table: pd.DataFrame, chars: int) -> str:
     entry = meta.get("settings", {}).get("method", {}).get("entry")
     about = [gpu, *([f"L2 entry: {entry}"] if entry and device.get("type") == "cuda" else []),
              *(f"{n} {versions[n]}" for n in ordered)]
-    skipped = table.status.value_counts().drop("ok", errors="ignore")
-    if not skipped.empty:
-        about.append("not drawn: " + ", ".join(f"{n} {s}" for s, n in skipped.items()) + " rows")
+    skipped = [f"{n} {s} rows" for s, n in table.status.value_counts().drop("ok", errors="ignore").items()]
+    skipped += [f"{n} ok rows {why}" for why, n in (left_out or {}).items() if n]
+    if skipped:
+        about.append("not drawn: " + ", ".join(skipped))
     return f"KDA decode · {text}\n" + "\n".join(balanced_lines(about, chars))
+
+
+def left_out(rows: pd.DataFrame, panels: list[tuple[tuple, pd.DataFrame]], why: str) -> dict[str, int]:
+    """{why: how many of ``rows`` no panel of ``panels`` draws}, for :func:`title`."""
+    return {why: len(rows) - sum(len(r) for _, r in panels)}
 
 
 def balanced_lines(items: list[str], chars: int, sep: str = " · ") -> list[str]:
@@ -101,16 +132,19 @@ def balanced_lines(items: list[str], chars: int, sep: str = " · ") -> list[str]
 
 
 def figure(n_panels: int, text: str, meta: dict, table: pd.DataFrame, *, cols: int = 3, width: float = 5.2,
-           height: float = 3.9):
-    """A figure of ``n_panels`` panels under the :func:`title` of ``text``: (figure, the panels' axes)."""
+           height: float = 3.9, left_out: dict[str, int] | None = None):
+    """A figure of ``n_panels`` panels sharing their y axis, under the :func:`title` of ``text``:
+    (figure, the panels' axes). Every panel is drawn: the figure grows a row per ``cols`` panels."""
     cols = 2 if n_panels == 4 else min(cols, n_panels)
     rows = math.ceil(n_panels / cols)
     fig_width = max(width * cols, MIN_WIDTH)  # room for the title and legend above one narrow panel
-    fig, axes = plt.subplots(rows, cols, figsize=(fig_width, height * rows + 1.3), squeeze=False,
+    fig, axes = plt.subplots(rows, cols, figsize=(fig_width, height * rows + 1.3), squeeze=False, sharey=True,
                              layout="constrained")
+    for ax in axes.flat:
+        ax.yaxis.set_tick_params(labelleft=True)  # shared, yet labelled on every panel: each is read alone too
     for ax in axes.flat[n_panels:]:
         ax.set_visible(False)
-    fig.suptitle(title(text, meta, table, int(CHARS_PER_INCH * fig_width)), fontsize=10)
+    fig.suptitle(title(text, meta, table, int(CHARS_PER_INCH * fig_width), left_out), fontsize=10)
     return fig, list(axes.flat[:n_panels])
 
 

@@ -9,22 +9,22 @@ of the library (:func:`results.best_per_library`), one colour per library:
 - speedup: kernel-time ratio to a baseline library (or one implementation) against batch;
 - heatmap: share of the copy roofline over HV x (K, V) at one batch;
 - slot_padding: kernel-time overhead of padded state slots over unpadded ones;
-- tokens_time, tokens_bandwidth: speculative verify, kernel time and bandwidth against the tokens
-  per row T (solid: the state stored after every token; dashed: after the last only; dotted: frozen verify);
-- modes_time, replay_time: frozen verify against in-place decode of the same T tokens, and cached-input
-  replay against in-place decode, kernel time per step against batch (:mod:`.mode_charts`).
+- tokens_time, tokens_bandwidth, modes_time, replay_time: the modes of a step (:mod:`.mode_charts`).
 
 The variant charts (``variants_LIBRARY``, for each library with several variants in the run) draw the
 kernel time of each of its variants against batch, a colour per variant: which call of a library to make.
 
-Only ``ok`` rows are drawn; the title counts the others. The batch charts draw one panel per shape
-and state dtype that has several batches (at the shape's least slot padding, without padding rows).
-``kda-plot DIR`` writes into DIR only when git does not track it; otherwise into a new directory, and
-says so (``--out`` chooses): charts that are committed are rewritten only when asked.
+Only ``ok`` rows are drawn; the title counts the others, and the ok rows a chart leaves out, by why.
+The batch charts draw one panel for every configuration (shape, state dtype, tokens, mode), at the
+shape's least slot padding and without padding rows; the panels of a chart share their y axis. Each
+file is written to a temporary name and renamed, and carries the chart code's version
+(:data:`.chart_style.CHART_VERSION`). ``kda-plot DIR`` writes into DIR only when git does not track it;
+a tracked directory's charts are rewritten only when ``--out`` names where.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from functools import partial
@@ -43,19 +43,15 @@ from ..cli import Parser, comma_list, fail  # noqa: E402
 from . import chart_style as cs  # noqa: E402
 from .case import CONFIG_COLUMNS  # noqa: E402
 from .chart_style import SHAPE, Lines  # noqa: E402
-from .config import with_newer_axes  # noqa: E402
-from .mode_charts import modes_time, replay_time  # noqa: E402
+from .mode_charts import modes_time, replay_time, tokens_chart  # noqa: E402
 from .results import Sweep, SweepDirError, best_per_library, kernel_time_words, load  # noqa: E402
 
 CONFIG = [c for c in CONFIG_COLUMNS if c not in ("impl", "B")]  # a panel's line: one configuration over B
-MAX_PANELS = 6
-FORMATS = ("png", "svg")
+FORMATS = ("png", "svg")  # the default of --format (chart_style.FORMATS: every format kda-plot writes)
 
 
 def libraries(ok: pd.DataFrame) -> Lines:
     """Each library at its fastest ok variant per configuration, labelled with how many it had."""
-    ok = with_newer_axes(ok)  # a table of rows from before an axis: at its default
-    ok = ok.assign(library=ok.library.fillna(ok.impl)) if "library" in ok else ok.assign(library=ok.impl)
     best = best_per_library(ok).assign(line=lambda t: t.library)
     variants = ok.groupby("library").impl.unique()
     names = sorted(variants.index)
@@ -65,61 +61,68 @@ def libraries(ok: pd.DataFrame) -> Lines:
 
 
 def variants(ok: pd.DataFrame, library: str) -> Lines:
-    ok = with_newer_axes(ok)
-    mine = ok[ok.library.fillna(ok.impl) == library] if "library" in ok else ok[ok.impl == library]
+    mine = ok[ok.library == library]
     names = sorted(mine.impl.unique())
     return Lines(mine.assign(line=mine.impl), {n: cs.variant_style(n) for n in names}, {n: n for n in names})
 
 
-def _batch_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
-    """(shape + state dtype, rows) with at least two batches, at the shape's least slot padding and
-    without padding rows; the most populated first."""
-    base = ok[ok.pad_rows == 0]
-    base = base[base.slot_pad == base.groupby(SHAPE)["slot_pad"].transform("min")]
+def _batch_panels(ok: pd.DataFrame) -> tuple[list[tuple[tuple, pd.DataFrame]], dict[str, int]]:
+    """(panels, left out): (configuration, rows) of every configuration at the shape's least slot padding
+    and without padding rows, those with the most batches first (one at one batch is a panel of points);
+    and how many of ``ok`` no panel draws, by why."""
+    padded = ok.pad_rows > 0
+    base = ok[~padded]
+    least = base.slot_pad == base.groupby(SHAPE)["slot_pad"].transform("min")
     kinds = [*SHAPE, "state_dtype", "T", "checkpoints", "mode", "ring"]
-    panels = [(key, rows) for key, rows in base.groupby(kinds) if rows.B.nunique() >= 2]
-    panels.sort(key=lambda kr: -len(kr[1]))
-    return panels[:MAX_PANELS]
+    panels = sorted(base[least].groupby(kinds, dropna=False), key=lambda kr: (-kr[1].B.nunique(), -len(kr[1])))
+    return panels, {"with padding rows": int(padded.sum()),
+                    "above their shape's least slot padding (slot_padding chart)": int((~least).sum())}
 
 
 def latency(lines: Lines, table, meta, *, what: str = "latency against batch", eager: bool = True, **_):
-    panels = _batch_panels(lines.rows)
+    panels, left_out = _batch_panels(lines.rows)
     if not panels:
         return None
-    fig, axes = cs.figure(len(panels), what, meta, table)
+    fig, axes = cs.figure(len(panels), what, meta, table, left_out=left_out)
     for ax, (key, rows) in zip(axes, panels, strict=True):
         for name, r in rows.sort_values("B").groupby("line"):
             look = lines.styles[name]
-            ax.fill_between(r.B, r.kernel_us_placement_min, r.kernel_us_placement_max, color=look["color"],
-                            alpha=0.25, lw=0)
+            if len(r) > 1:
+                ax.fill_between(r.B, r.kernel_us_placement_min, r.kernel_us_placement_max, color=look["color"],
+                                alpha=0.25, lw=0)
+            else:  # one batch: the band as a bar
+                ax.vlines(r.B, r.kernel_us_placement_min, r.kernel_us_placement_max, color=look["color"], alpha=0.4,
+                          lw=4)
             ax.plot(r.B, r.kernel_us_mean, ms=3.5, **look)
             if eager:
-                ax.plot(r.B, r.call_us_median, ":", color=look["color"], lw=1, alpha=0.8)
-        cs.log_axis(ax)
+                ax.plot(r.B, r.call_us_median, ":", color=look["color"], lw=1, alpha=0.8, marker=look["marker"],
+                        ms=3.5, mfc="none")
         cs.count_axis(ax, rows.B.unique(), "batch B")
         ax.set_ylabel("µs")
         ax.set_title(cs.shape_label(key), fontsize=9)
+    cs.log_axis(axes[0])  # shared: its limits and ticks hold every panel's data
     handles, labels = lines.legend(pd.concat([r for _, r in panels]).line.unique())
     handles.append(Line2D([], [], color="0.3", marker="o", ms=3.5))
     labels.append(f"kernel time ({kernel_time_words(meta)}; band: their min–max)")
     if eager:
-        handles.append(Line2D([], [], color="0.3", ls=":", lw=1))
-        labels.append("one eager call of the same variant (median)")
+        handles.append(Line2D([], [], color="0.3", ls=":", lw=1, marker="o", ms=3.5, mfc="none"))
+        labels.append("one eager call of the same variant (median; hollow marker)")
     cs.legend(fig, handles, labels)
     return fig
 
 
 def bandwidth(lines: Lines, table, meta, **_):
-    panels = _batch_panels(lines.rows)
+    panels, left_out = _batch_panels(lines.rows)
     if not panels:
         return None
-    fig, axes = cs.figure(len(panels), "bandwidth against batch", meta, table)
+    fig, axes = cs.figure(len(panels), "bandwidth against batch", meta, table, left_out=left_out)
     roof = meta["copy_bandwidth_Bps"] / 1e9
+    top = max(roof, *(rows.gbps.max() for _, rows in panels)) * 1.08  # a rate above the copy's stays in view
     for ax, (key, rows) in zip(axes, panels, strict=True):
         for name, r in rows.sort_values("B").groupby("line"):
             ax.plot(r.B, r.gbps, ms=3.5, **lines.styles[name])
         ax.axhline(roof, color="k", ls=":", lw=1.2)
-        ax.set_ylim(0, roof * 1.08)
+        ax.set_ylim(0, top)
         cs.count_axis(ax, rows.B.unique(), "batch B")
         ax.set_ylabel("GB/s (bytes moved / kernel time)")
         ax.set_title(cs.shape_label(key), fontsize=9)
@@ -137,20 +140,23 @@ def speedup(lines: Lines, table, meta, baseline=None, ok=None, **_):
     base = base_rows[[*CONFIG, "B", "kernel_us_mean"]]
     joined = rows[rows.line != baseline].merge(base, on=[*CONFIG, "B"], suffixes=("", "_base"))
     joined["speedup"] = joined.kernel_us_mean_base / joined.kernel_us_mean
-    panels = [(key, joined.merge(r[[*CONFIG, "B"]].drop_duplicates())) for key, r in _batch_panels(rows)]
+    batch_panels, left_out = _batch_panels(rows)
+    panels = [(key, joined.merge(r[[*CONFIG, "B"]].drop_duplicates())) for key, r in batch_panels]
+    left_out["of a configuration without the baseline"] = sum(len(r) for (_, r), (_, j) in zip(batch_panels, panels,
+                                                                                                strict=True) if j.empty)
     panels = [(key, r) for key, r in panels if not r.empty]
     if not panels:
         return None
-    fig, axes = cs.figure(len(panels), f"speedup over {baseline} (kernel time)", meta, table)
+    fig, axes = cs.figure(len(panels), f"speedup over {baseline} (kernel time)", meta, table, left_out=left_out)
     base_color = lines.styles.get(baseline, {"color": "0.3"})["color"]
     for ax, (key, r_all) in zip(axes, panels, strict=True):
         for name, r in r_all.sort_values("B").groupby("line"):
             ax.plot(r.B, r.speedup, ms=3.5, **lines.styles[name])
         ax.axhline(1, color=base_color, ls=":", lw=1.2)
-        cs.ratio_axis(ax, r_all.speedup)
         cs.count_axis(ax, r_all.B.unique(), "batch B")
         ax.set_ylabel(f"{baseline} time / time")
         ax.set_title(cs.shape_label(key), fontsize=9)
+    cs.ratio_axis(axes[0], pd.concat([r.speedup for _, r in panels]))  # shared: every panel's ratios
     handles, labels = lines.legend(joined.line.unique())
     handles.append(Line2D([], [], color=base_color, ls=":", lw=1.2))
     cs.legend(fig, handles, labels + [f"{baseline} (1×)"])
@@ -177,7 +183,9 @@ def heatmap(lines: Lines, table, meta, batch=None, **_):
     hvs = sorted(rows.HV.unique())
     dtype = dtypes.short(rows.state_dtype.iloc[0])
     fig, axes = cs.figure(len(names), f"share of the copy roofline at B={batch}, {dtype} state, H = HV", meta, table,
-                          cols=2, width=0.62 * len(kv) + 1.6, height=0.5 * len(hvs) + 1.6)
+                          cols=2, width=0.62 * len(kv) + 1.6, height=0.5 * len(hvs) + 1.6,
+                          left_out={"at other batches, state dtypes or layouts (this map: unpadded one-token "
+                                    "rows, H = HV)": len(ok) - len(rows)})
     cmap = plt.get_cmap("viridis").with_extremes(bad="0.92")
     for ax, name in zip(axes, names, strict=True):
         frac = rows[rows.line == name].set_index(["HV", "K", "V"]).roofline_frac
@@ -217,7 +225,8 @@ def slot_padding(lines: Lines, table, meta, **_):
     dtype_style = dict(zip(state_dtypes, ["-", "--", ":"], strict=False))
     H, HV, K, V = shape
     fig, axes = cs.figure(len(names), f"slot padding overhead at H={H} HV={HV} K={K} V={V} (vs slot_pad={least})",
-                          meta, table)
+                          meta, table, left_out={"of other shapes, padding rows or more tokens":
+                                                 len(lines.rows) - len(padded) - len(base)})
     for ax, name in zip(axes, names, strict=True):
         for (pad, dtype), r in padded[padded.line == name].sort_values("B").groupby(["slot_pad", "state_dtype"]):
             ax.plot(r.B, 100 * r.overhead, dtype_style[dtype], marker="o", ms=3, color=pad_color[pad])
@@ -231,59 +240,14 @@ def slot_padding(lines: Lines, table, meta, **_):
     return fig
 
 
-def _token_panels(ok: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
-    """(state dtype, B, shape) with rows at several T, unpadded; T = 1 rows join both checkpoint kinds."""
-    rows = ok[(ok.pad_rows == 0) & (ok.slot_pad == 0)]
-    panels = [(key, r) for key, r in rows.groupby(["state_dtype", "B", *SHAPE]) if r["T"].nunique() >= 2]
-    return panels[:2 * MAX_PANELS]
-
-
-def _token_lines(rows: pd.DataFrame):
-    """(line, (mode, checkpoints), rows over T) per line; T = 1 of the mode starts either checkpoint kind's."""
-    for (name, mode, kind), r in rows[rows["T"] > 1].groupby(["line", "mode", "checkpoints"]):
-        one = rows[(rows.line == name) & (rows["T"] == 1) & (rows["mode"] == mode)]
-        yield name, (mode, kind), pd.concat([one, r]).sort_values("T")
-
-
-def _tokens_chart(lines: Lines, table, meta, what: str, **_):
-    panels = _token_panels(lines.rows)
-    if not panels:
-        return None
-    title = f"speculative verify: {'kernel time' if what == 'time' else 'bandwidth'} against tokens per row"
-    fig, axes = cs.figure(len(panels), title, meta, table, cols=4, width=4.2, height=3.4)
-    roof = meta.get("copy_bandwidth_Bps", 0) / 1e9
-    for ax, ((dtype, B, *shape), rows) in zip(axes, panels, strict=True):
-        for name, kind, r in _token_lines(rows):
-            look = lines.styles[name] | {"linestyle": cs.STORES[kind][0]}
-            ax.plot(r["T"], r.kernel_us_mean if what == "time" else r.gbps, ms=3.5, **look)
-        if what == "time":
-            cs.log_axis(ax)
-            ax.set_ylabel("µs per step")
-        else:
-            ax.axhline(roof, color="k", ls=":", lw=1.2)
-            ax.set_ylim(0, roof * 1.08)
-            ax.set_ylabel("GB/s (bytes moved / kernel time)")
-        cs.count_axis(ax, rows["T"].unique(), "tokens per row T")
-        H, HV, K, V = shape
-        ax.set_title(f"B={B}, {dtypes.short(dtype)} state (H={H} HV={HV} K={K} V={V})", fontsize=9)
-    drawn = pd.concat([r for _, r in panels])
-    handles, labels = cs.store_legend(*lines.legend(drawn.line.unique()), drawn)
-    if what != "time":
-        handles.append(Line2D([], [], color="k", ls=":", lw=1.2))
-        labels.append(f"measured device copy: {roof:,.4g} GB/s")
-    cs.legend(fig, handles, labels)
-    return fig
-
-
 CHARTS = {"latency": latency, "bandwidth": bandwidth, "speedup": speedup, "heatmap": heatmap,
-          "slot_padding": slot_padding, "tokens_time": partial(_tokens_chart, what="time"),
-          "tokens_bandwidth": partial(_tokens_chart, what="bandwidth"), "modes_time": modes_time,
+          "slot_padding": slot_padding, "tokens_time": partial(tokens_chart, what="time"),
+          "tokens_bandwidth": partial(tokens_chart, what="bandwidth"), "modes_time": modes_time,
           "replay_time": replay_time}
 
 
 def figures(ok: pd.DataFrame, table: pd.DataFrame, meta: dict, *, baseline=None, batch=None):
     """(name, figure) of every chart the rows allow: the library charts, then each library's variants."""
-    ok = with_newer_axes(ok)
     best = libraries(ok)
     for name, chart in CHARTS.items():
         yield name, chart(best, table, meta, baseline=baseline, batch=batch, ok=ok)
@@ -296,27 +260,51 @@ def figures(ok: pd.DataFrame, table: pd.DataFrame, meta: dict, *, baseline=None,
 
 def check_baseline(sweep: Sweep, baseline: str | None) -> None:
     """ValueError unless ``baseline`` is None or a library or implementation of the sweep."""
-    known = set(sweep.table.impl) | set(sweep.table.get("library", pd.Series(dtype=str)).dropna())
+    known = set(sweep.table.impl) | set(sweep.table.library.dropna())
     if baseline is not None and baseline not in known:
         raise ValueError(f"--baseline {baseline} is not in {sweep.path} (its libraries and implementations: "
                          f"{', '.join(sorted(known))})")
 
 
+def check_batch(sweep: Sweep, batch: int | None) -> None:
+    """ValueError unless ``batch`` is None or a batch of the sweep's ok rows (the heatmap's)."""
+    batches = sorted(sweep.ok.B.unique())
+    if batch is not None and batch not in batches:
+        raise ValueError(f"--batch {batch}: {sweep.path} has no ok rows at that batch (its batches: "
+                         f"{', '.join(map(str, batches)) or 'none'})")
+
+
+def save(fig, path: Path, fmt: str) -> None:
+    """``fig`` as ``path``, whole or not at all: drawn into a temporary file beside it, then renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format=fmt, dpi=130, metadata=cs.stamp(fmt))
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the chart from the directory's other readers
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def plot_dir(sweep_dir: Path, *, baseline: str | None = None, batch: int | None = None,
-             out: Path | None = None, formats: tuple[str, ...] = FORMATS) -> list[Path]:
-    """Draw every chart the directory's rows allow into ``out`` (default: the sweep's own directory), in
-    ``formats``; return the files written."""
+             out: Path | None = None, formats: tuple[str, ...] = FORMATS,
+             charts: list[str] | None = None) -> list[Path]:
+    """Draw every chart the directory's rows allow (of ``charts``, where given: names of :data:`CHARTS` or
+    ``variants_LIBRARY``) into ``out`` (default: the sweep's own directory), in ``formats``; return the
+    files written."""
     sweep = load(sweep_dir)
     check_baseline(sweep, baseline)
+    check_batch(sweep, batch)
     out = Path(out) if out is not None else sweep.path
     written = []
     for name, fig in figures(sweep.ok, sweep.table, sweep.meta, baseline=baseline, batch=batch):
-        if fig is None:
+        if fig is None or charts is not None and name not in charts:
+            plt.close(fig)
             continue
         for fmt in formats:
-            path = out / f"{name}.{fmt}"
-            fig.savefig(path, dpi=130)
-            written.append(path)
+            save(fig, out / f"{name}.{fmt}", fmt)
+            written.append(out / f"{name}.{fmt}")
         plt.close(fig)
     return written
 
@@ -331,50 +319,57 @@ def tracked_by_git(directory: Path) -> bool:
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
-def chart_dir(sweep_dir: Path, out: Path | None) -> tuple[Path, str | None]:
-    """(where the charts go, a line saying why when it is not where the user would look): ``out``; else the
-    sweep's own directory when git does not track it; else a new directory."""
+def chart_dir(sweep_dir: Path, out: Path | None) -> Path:
+    """Where the charts go: ``out``; else the sweep's own directory unless git tracks it (ValueError:
+    committed charts are rewritten only when asked)."""
     if out is not None:
-        return out, None
-    if not tracked_by_git(sweep_dir):
-        return sweep_dir, None
-    new = Path(tempfile.mkdtemp(prefix=f"kda-plot-{sweep_dir.resolve().name}-"))
-    return new, f"{sweep_dir} is tracked by git, so its charts are left as they are: new charts in {new} (--out DIR)"
+        return out
+    if tracked_by_git(sweep_dir):
+        raise ValueError(f"{sweep_dir} is tracked by git, so its charts are left as they are; name where new "
+                         f"ones go with --out DIR (--out {sweep_dir} rewrites them)")
+    return sweep_dir
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(prog="kda-plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", type=Path, help="a sweep directory (results.csv, meta.json)")
-    parser.add_argument("--out", type=Path, help="where the charts go (default: DIR when git does not track it, "
-                                                 "else a new directory)")
+    parser.add_argument("--out", type=Path, help="where the charts go (default: DIR, unless git tracks it: then "
+                                                 "--out is needed, DIR itself to rewrite its charts)")
     parser.add_argument("--baseline", help="the speedup chart's denominator: a library or an implementation "
                                            "(default: flashinfer if present, else naive)")
     parser.add_argument("--batch", type=int, help="the heatmap's batch (default: the batch with the most shapes)")
+    parser.add_argument("--charts", type=comma_list(str), metavar="NAME,...",
+                        help=f"only these charts ({', '.join(CHARTS)}, variants_LIBRARY; default: every one the rows "
+                             f"allow)")
     parser.add_argument("--format", type=comma_list(str), default=FORMATS,
-                        help=f"file formats, comma-separated (default: {','.join(FORMATS)})")
+                        help=f"file formats, comma-separated: {', '.join(cs.FORMATS)} (default: {','.join(FORMATS)})")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.format) - set(plt.gcf().canvas.get_supported_filetypes()))
-    plt.close("all")
+    unknown = [name for name in args.charts or () if name not in CHARTS and not name.startswith("variants_")]
     if unknown:
-        parser.error(f"--format: {', '.join(unknown)} is not a format matplotlib writes")
-    try:
-        check_baseline(load(args.dir), args.baseline)  # a bad directory or baseline: before anything is made
+        parser.error(f"--charts: no chart {', '.join(unknown)} (the charts: {', '.join(CHARTS)}, variants_LIBRARY)")
+    unknown = sorted(set(args.format) - set(cs.FORMATS))
+    if unknown:
+        parser.error(f"--format: {', '.join(unknown)} is not a format kda-plot writes ({', '.join(cs.FORMATS)}: "
+                     f"those that carry the chart version)")
+    try:  # a bad directory, baseline, batch or place: before anything is made
+        sweep = load(args.dir)
+        check_baseline(sweep, args.baseline)
+        check_batch(sweep, args.batch)
+        out = chart_dir(args.dir, args.out)
     except (SweepDirError, ValueError) as exc:
         fail("kda-plot", str(exc))
-    out, note = chart_dir(args.dir, args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):  # a probe, so that no chart half-draws into a read-only place
             pass
     except OSError as exc:
         fail("kda-plot", f"cannot write charts in {out}: {exc.strerror}; give a writable directory with --out DIR")
-    if note:
-        print(note)
     try:
-        written = plot_dir(args.dir, baseline=args.baseline, batch=args.batch, out=out, formats=args.format)
+        written = plot_dir(args.dir, baseline=args.baseline, batch=args.batch, out=out, formats=args.format,
+                           charts=args.charts)
     except OSError as exc:
         fail("kda-plot", f"cannot write charts in {out}: {exc.strerror}")
     for path in written:
         print(path)
     if not written:
-        print(f"no chart: {args.dir} has too few ok rows to draw")
+        print(f"no chart: {args.dir} has too few ok rows to draw" + (" these charts" if args.charts else ""))
