@@ -65,14 +65,21 @@ def parser() -> argparse.ArgumentParser:
                     help="set a variable in the base side's worker only (repeatable)")
     ab.add_argument("--env-head", type=_assignment, action="append", default=[], metavar="NAME=VALUE",
                     help="set a variable in the head side's worker only (repeatable)")
-    gate = p.add_argument_group("gate (kda-regress's options)")
-    gate.add_argument("--threshold", type=float, default=regress.DEFAULT_THRESHOLD)
-    gate.add_argument("--threshold-for", metavar="REGEX=VALUE", action="append", type=regress._threshold_rule)
-    gate.add_argument("--alpha", type=float, default=regress.DEFAULT_ALPHA)
+    add_gate_options(p)
+    return p
+
+
+def add_gate_options(p: argparse.ArgumentParser) -> None:
+    """kda-regress's options (the same names and defaults), and --repro."""
+    gate = p.add_argument_group("gate (as kda-regress)")
+    gate.add_argument("--threshold", type=float, default=regress.DEFAULT_THRESHOLD,
+                      help="relative move that counts where no --threshold-for rule names the benchmark")
+    gate.add_argument("--threshold-for", metavar="REGEX=VALUE", action="append", type=regress._threshold_rule,
+                      help="threshold of benchmarks matching REGEX, or 'none' (repeatable)")
+    gate.add_argument("--alpha", type=float, default=regress.DEFAULT_ALPHA, help="significance level")
     gate.add_argument("--strict", action="store_true", help="fail on unsure benchmarks too")
     gate.add_argument("--allow-missing", action="store_true", help="pass benchmarks absent from head")
     gate.add_argument("--repro", action="store_true", help="print the command that reproduces each line")
-    return p
 
 
 def check_args(args) -> None:
