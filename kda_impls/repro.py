@@ -66,28 +66,33 @@ def ab_command(row: dict, meta_a: dict, meta_b: dict, rounds: int | None = None)
     return command_line(meta_b, words + (["--rounds", str(rounds)] if rounds else []), row)
 
 
-def sweep_rows(directory: str | Path) -> list[tuple[str, str]]:
-    """(key, command) of every row of a sweep directory."""
-    from .bench.results import load
-
-    sweep = load(directory)
-    return [(row["key"], sweep_command(row, sweep.meta)) for row in sweep.table.to_dict("records")]
+def listing(found: list[tuple[str, str]]) -> str:
+    """``name: command`` lines under a heading, as the tools print them."""
+    return "\nreproduce (one command per line):\n" + "\n".join(f"{name}: {command}" for name, command in found)
 
 
-def gate_lines(table: pd.DataFrame, a: str | Path, b: str | Path) -> list[tuple[str, str]]:
-    """(benchmark, command) per line of a gate table over two sweep directories: ``kda-ab`` of the
-    line's point where both commits are known, else the ``kda-sweep`` of B's row. Lines of asv result
-    files get none (asv times a commit's whole suite: ``asv run`` of that commit)."""
+def sweep_rows(table: pd.DataFrame, directory: str | Path) -> str:
+    """The :func:`listing` of the rows of ``table`` from the sweep directory ``directory``."""
+    from .bench.results import read_meta
+
+    meta = read_meta(directory)
+    return listing([(row["key"], sweep_command(row, meta)) for row in table.to_dict("records")])
+
+
+def gate_lines(table: pd.DataFrame, a: str | Path, b: str | Path) -> str:
+    """The :func:`listing` of a gate table over two sweep directories: per line ``kda-ab`` of its point
+    where both commits are known, else the ``kda-sweep`` of B's row. Lines of asv result files get none
+    (asv times a commit's whole suite: ``asv run`` of that commit)."""
     from .bench.results import SweepDirError, load
 
     try:
         sweeps = [load(a), load(b)]
     except SweepDirError:
-        return []
+        return listing([])
     rows = {row["key"]: row for sweep in sweeps for row in sweep.table.to_dict("records")}
     found = []
     for name in table["benchmark"]:
         if name in rows:
             command = ab_command(rows[name], sweeps[0].meta, sweeps[1].meta)
             found.append((name, command or sweep_command(rows[name], sweeps[1].meta)))
-    return found
+    return listing(found)

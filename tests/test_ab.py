@@ -97,9 +97,10 @@ def test_a_planted_slowdown_is_slower_and_its_sides_are_sweep_directories(repo, 
     assert {repo["plain"], repo["slow"]} <= trees
     assert git(repo["root"], "status", "--porcelain") == ""
     # the gate reads the two sides as sweep directories (unpaired, a CPU row is unsure there)
-    regress = subprocess.run([sys.executable, "-m", "kda_impls.regress", str(out / "base"), str(out / "head")],
-                             capture_output=True, text=True, env=os.environ | ENV, cwd=repo["root"])
+    regress = subprocess.run([sys.executable, "-m", "kda_impls.regress", str(out / "base"), str(out / "head"),
+                              "--repro"], capture_output=True, text=True, env=os.environ | ENV, cwd=repo["root"])
     assert regress.returncode == 0 and "1 unsure" in regress.stdout, regress.stdout + regress.stderr
+    assert f"kda-ab {repo['plain'][:12]} {repo['slow'][:12]} --impls slowpoke --B 2" in regress.stdout
 
 
 def test_a_planted_bug_is_broken_never_a_timing(repo, tmp_path):

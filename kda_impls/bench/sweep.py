@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .. import dtypes, registry
+from .. import dtypes, registry, repro
 from ..cli import (
     Parser,
     UsageError,
@@ -62,7 +62,8 @@ __all__ = ["main", "merge_main", "parser", "sweep"]
 PROG = "kda-sweep"
 INTERRUPTED = 130
 # options that do not change which rows are measured nor how: left out of the default directory's name
-NOT_SETTINGS = {"out", "no_charts", "dry_run", "fresh", "baseline", "row_timeout", "cooldown", "devices", "preset"}
+NOT_SETTINGS = {"out", "no_charts", "dry_run", "fresh", "baseline", "row_timeout", "cooldown", "devices", "preset",
+                "repro"}
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -162,6 +163,7 @@ def parser() -> Parser:
     run.add_argument("--dry-run", action="store_true", help="print the rows this command would measure and an "
                      "estimate of the time; measure nothing, write nothing")
     run.add_argument("--no-charts", action="store_true", help="leave the charts to kda-plot")
+    run.add_argument("--repro", action="store_true", help="print the command that reproduces each row")
     run.add_argument("--baseline", help="implementation the speedup chart divides by (default: flashinfer, else naive)")
     return p
 
@@ -309,6 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         _failed_writing(exc, out_dir, run.sweep.measured)
     ours = _report(run, table, started)
+    if args.repro:
+        print(repro.sweep_rows(ours, out_dir))
     if not args.no_charts:
         from .plots import plot_dir  # matplotlib only once the measuring is over
 

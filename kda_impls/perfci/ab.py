@@ -65,11 +65,11 @@ def parser() -> argparse.ArgumentParser:
                     help="set a variable in the base side's worker only (repeatable)")
     ab.add_argument("--env-head", type=_assignment, action="append", default=[], metavar="NAME=VALUE",
                     help="set a variable in the head side's worker only (repeatable)")
-    add_gate_options(p)
+    add_gate_options(p, repro=False)  # kda-sweep's --repro is there already
     return p
 
 
-def add_gate_options(p: argparse.ArgumentParser) -> None:
+def add_gate_options(p: argparse.ArgumentParser, repro: bool = True) -> None:
     """kda-regress's options (the same names and defaults), and --repro."""
     gate = p.add_argument_group("gate (as kda-regress)")
     gate.add_argument("--threshold", type=float, default=regress.DEFAULT_THRESHOLD,
@@ -79,7 +79,8 @@ def add_gate_options(p: argparse.ArgumentParser) -> None:
     gate.add_argument("--alpha", type=float, default=regress.DEFAULT_ALPHA, help="significance level")
     gate.add_argument("--strict", action="store_true", help="fail on unsure benchmarks too")
     gate.add_argument("--allow-missing", action="store_true", help="pass benchmarks absent from head")
-    gate.add_argument("--repro", action="store_true", help="print the command that reproduces each line")
+    if repro:
+        gate.add_argument("--repro", action="store_true", help="print the command that reproduces each line")
 
 
 def check_args(args) -> None:
@@ -205,8 +206,7 @@ def report(out: Path, args, command: str) -> int:
     if args.repro:
         from ..repro import gate_lines
 
-        print("\nreproduce:\n" + "\n".join(f"{name}: {line}" for name, line in
-                                           gate_lines(table, out / "base", out / "head")))
+        print(gate_lines(table, out / "base", out / "head"))
     status, line = paired.summary(table, args.allow_missing, args.strict)
     paired.write_report(table, out / "gate.json", command=command, threshold=args.threshold, alpha=args.alpha,
                         strict=args.strict, allow_missing=args.allow_missing, status=status, line=line)

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 
 
 def _plain(value):
@@ -86,6 +87,10 @@ def serve(device_name: str, channel) -> None:
             _send(channel, {"row": row | {"status": "crashed", "reason": f"CUDA context lost: {row['reason']}"},
                             "describe": describe})
             return
+        if device.type == "cuda":  # what the row left cached, handed back: the other side's rows get the memory
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            time.sleep(method.settle_s)
         _send(channel, {"row": row, "describe": describe})
 
 
