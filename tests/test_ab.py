@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from helpers import REPO
-from kda_impls.perfci import paired
+from kda_impls.perfci import paired, spread
 
 PLANTED = '''from kda_impls.impls.naive import NaiveTorch
 import time
@@ -101,6 +101,11 @@ def test_a_planted_slowdown_is_slower_and_its_sides_are_sweep_directories(repo, 
                               "--repro"], capture_output=True, text=True, env=os.environ | ENV, cwd=repo["root"])
     assert regress.returncode == 0 and "1 unsure" in regress.stdout, regress.stdout + regress.stderr
     assert f"kda-ab {repo['plain'][:12]} {repo['slow'][:12]} --impls slowpoke --B 2" in regress.stdout
+    # the spread table sets the paired ratio beside the two sides' unpaired one (here: the planted move in both)
+    assert spread.main([str(out), str(out / "base"), str(out / "head"), "--out", str(tmp_path / "spread")]) == 0
+    summary = json.loads((tmp_path / "spread" / "spread.json").read_text())
+    assert summary["benchmarks"] == 1
+    assert summary["paired_largest_move"] > 1 and summary["back_to_back_largest_move"] > 1
 
 
 def test_a_planted_bug_is_broken_never_a_timing(repo, tmp_path):
@@ -172,3 +177,15 @@ def test_sign_test_and_min_rounds():
     assert paired.sign_test(8, 0) == pytest.approx(2 / 256)
     assert paired.sign_test(4, 4) == 1.0
     assert paired.min_rounds(0.01) == 8 and paired.min_rounds(0.05) == 6
+
+
+def test_the_gpu_plant_keeps_the_output(monkeypatch):
+    """tests/planted/slowed.py (the GPU proof's planted slowdown) over the naive decode: verified ok."""
+    import importlib
+
+    from kda_impls.bench import Config, run_case
+
+    monkeypatch.setenv("KDA_PLANTED_BASE", "naive")
+    slowed = importlib.import_module("planted.slowed")
+    row = run_case(Config("naive", 2, 1, 2, 16, 16), "cpu", impl=importlib.reload(slowed).Slowed())
+    assert row["status"] == "ok", row["reason"]
