@@ -220,21 +220,18 @@ def run(argv: list[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
         check_args(args)
-        for label, spec in (("BASE", args.base), ("HEAD", args.head)):
-            revisions.resolve(label, spec, cwd)
+        found = [revisions.resolve(label, spec, cwd) for label, spec in (("BASE", args.base), ("HEAD", args.head))]
         configs, method, name, device_type = prepare(args)
+        out = args.out or default_out(name, device_type, [sha or path.name for _, path, sha in found])
+        if not args.dry_run:
+            check_out(out, args.fresh)
     except UsageError as exc:
         fail(PROG, str(exc))
     if args.dry_run:
-        print(f"{len(configs)} configurations x 2 sides x {args.rounds} rounds:\n" +
+        print(f"{len(configs)} configurations x 2 sides x {args.rounds} rounds into {out}:\n" +
               "\n".join(cfg.key() for cfg in configs))
         return 0
     sides = [revisions.side("base", args.base, cwd), revisions.side("head", args.head, cwd)]
-    out = args.out or default_out(name, device_type, [s.sha or Path(s.spec).name for s in sides])
-    try:
-        check_out(out, args.fresh)
-    except UsageError as exc:
-        fail(PROG, str(exc))
     device = args.devices[0]
     copy_bw = copy_bandwidth(device)  # before any worker runs: one roofline for both sides
     extra = {"base": dict(args.env_base), "head": dict(args.env_head)}

@@ -16,6 +16,7 @@ imported).
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 
@@ -95,6 +96,9 @@ def serve(device_name: str, channel) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C and a time limit's SIGTERM reach the whole process group: the driver stops this worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.path.pop(0)  # this file's directory: the side's tree alone supplies kda_impls
     protocol = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what libraries print joins stderr, off the protocol's channel

@@ -24,11 +24,12 @@ class SideDied(Exception):
 
 
 def side_environment(side: Side, extra: dict[str, str]) -> dict[str, str]:
-    """The worker's environment: the side's tree first on PYTHONPATH (the rest of PYTHONPATH kept, for
-    implementations registered from outside the tree), the side's commit for its rows, ``extra`` on top."""
-    path = os.pathsep.join(filter(None, [str(side.tree), os.environ.get("PYTHONPATH")]))
-    git = {"KDA_GIT_SHA": side.sha or "", "KDA_GIT_DIRTY": "1" if side.dirty else "0"} if side.sha else {}
-    return {**os.environ, "PYTHONPATH": path, **git, **extra}
+    """The worker's environment: the side's commit for its rows, ``extra`` on top, and the side's tree
+    first on PYTHONPATH (before the rest of it, ``extra``'s or this process's: implementations registered
+    from outside the tree)."""
+    rest = extra.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+    git = {"KDA_GIT_SHA": side.sha, "KDA_GIT_DIRTY": "1" if side.dirty else "0"} if side.sha else {}
+    return {**os.environ, **git, **extra, "PYTHONPATH": os.pathsep.join(filter(None, [str(side.tree), rest]))}
 
 
 class SideWorker:
