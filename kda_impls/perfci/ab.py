@@ -54,7 +54,10 @@ def parser() -> argparse.ArgumentParser:
     p.prog, p.description = PROG, __doc__.split("\n\n")[0].split(": ", 1)[1]
     p.epilog = ("--out: the A/B directory (default sweeps/ab-BASE-HEAD-PRESET-DEVICE); --fresh replaces one that "
                 "holds a run; --dry-run lists the rows; --devices: one device; --shard i/n: every n-th "
-                "configuration, for a CI matrix (kda-perf-ci gate merges). " + paired.__doc__.split("\n\n")[0])
+                "configuration, for a CI matrix (kda-perf-ci gate merges). Verdict: the gate's statuses and "
+                "thresholds; the ratio is the median over rounds of head/base kernel time, and slower or faster "
+                "needs a sign test p < alpha over the rounds (8 rounds at alpha 0.01). Exit status 1 when a "
+                "benchmark is broken, slower or missing, 2 on unusable input, 130 when interrupted.")
     p.add_argument("base", help="revision (or checkout directory) A")
     p.add_argument("head", help="revision (or checkout directory) B")
     ab = p.add_argument_group("A/B")
@@ -266,3 +269,7 @@ def run(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     raise SystemExit(run(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -164,7 +164,8 @@ def parser() -> Parser:
                epilog=__doc__.split("\n\n", 1)[1])
     jobs = p.add_subparsers(dest="job", required=True, parser_class=Parser)
     main_job = jobs.add_parser("main", help="asv run of this commit into the history, gated and published")
-    pr = jobs.add_parser("pr", help="the head against its merge base (kda-ab; or the history's base run)")
+    pr = jobs.add_parser("pr", help="the head against its merge base (kda-ab; or the history's base run)",
+                         epilog="Options not listed here are kda-ab's (the grid, timing, --rounds, --env-head, ...).")
     gate = jobs.add_parser("gate", help="merge the shards of `pr --shard` and gate them as one run")
     for job in (main_job, pr):
         job.add_argument("--machine", help="asv machine name (default: this GPU, registered with asv)")
