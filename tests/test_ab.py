@@ -189,3 +189,26 @@ def test_the_gpu_plant_keeps_the_output(monkeypatch):
     slowed = importlib.import_module("planted.slowed")
     row = run_case(Config("naive", 2, 1, 2, 16, 16), "cpu", impl=importlib.reload(slowed).Slowed())
     assert row["status"] == "ok", row["reason"]
+
+
+def test_a_side_whose_harness_lacks_a_setting_in_use_is_refused():
+    """An older revision's Config or Method without a field: passed over at its default, refused otherwise."""
+    from dataclasses import replace
+
+    from kda_impls.bench import Budget, Config, Method
+    from kda_impls.cli import UsageError
+    from kda_impls.perfci.ab import check_fields
+    from kda_impls.perfci.revisions import Side
+    from kda_impls.perfci.sides import SideWorker
+
+    old = SideWorker(Side("head", "old", Path("."), None, None), "cpu", {})
+    old.hello = {"config_fields": ["impl", "B", "H", "HV", "K", "V", "state_dtype", "pad_rows", "T", "checkpoints",
+                                   "mode", "slot_pad", "layout"],
+                 "method_fields": ["entry", "kernel", "call", "extra_placements", "disjoint_placements",
+                                   "placement_processes", "seed", "retime_throttled"]}
+    cfg = Config("naive", 2, 1, 2, 16, 16)
+    check_fields(old, [cfg], Method(kernel=Budget(min_samples=3)))
+    for configs, method, field in (([replace(cfg, mode="replay", ring=16)], Method(), "axis ring"),
+                                   ([cfg], Method(settle_s=0.0), "timing setting settle_s")):
+        with pytest.raises(UsageError, match=field):
+            check_fields(old, configs, method)

@@ -19,7 +19,7 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, fields, replace
+from dataclasses import MISSING, asdict, fields, is_dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from .. import regress
 from ..bench import sweep as sweep_cli
-from ..bench.case import merge_rows
+from ..bench.case import Method, merge_rows
 from ..bench.config import Config
 from ..bench.driver import settings_of
 from ..bench.results import assemble, environment, write_meta, write_row
@@ -120,15 +120,22 @@ def check_out(out: Path, fresh: bool) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def check_fields(worker: SideWorker, configs: list[Config]) -> None:
-    """Refuse a grid whose configurations use axes the side's harness does not have."""
-    known = set(worker.hello["config_fields"])
-    defaults = {f.name: f.default for f in fields(Config)}
-    for cfg in configs:
-        unknown = [k for k, v in asdict(cfg).items() if k not in known and v != defaults.get(k)]
-        if unknown:
-            raise UsageError(f"{worker.side.label} {worker.side.spec}: its harness has no axis {', '.join(unknown)} "
-                             f"({cfg.key()}); leave those axes at their defaults")
+def _default(f) -> object:
+    """A dataclass field's default as :func:`dataclasses.asdict` spells it (None where it has none)."""
+    value = f.default_factory() if f.default_factory is not MISSING else None if f.default is MISSING else f.default
+    return asdict(value) if is_dataclass(value) else value
+
+
+def check_fields(worker: SideWorker, configs: list[Config], method: Method) -> None:
+    """Refuse a grid or timing setting the side's harness does not have, unless at its default."""
+    for what, items, kind in (("axis", configs, Config), ("timing setting", [method], Method)):
+        known = set(worker.hello[f"{kind.__name__.lower()}_fields"])
+        defaults = {f.name: _default(f) for f in fields(kind)}
+        for item in items:
+            unknown = [k for k, v in asdict(item).items() if k not in known and v != defaults.get(k)]
+            if unknown:
+                raise UsageError(f"{worker.side.label} {worker.side.spec}: its harness has no {what} "
+                                 f"{', '.join(unknown)}; leave it at its default")
 
 
 def measure(workers: dict, configs: list[Config], method, copy_bw: float, rounds: int, timeout: float
@@ -245,7 +252,7 @@ def run(argv: list[str] | None = None) -> int:
         for worker in workers.values():
             try:
                 worker.start()
-                check_fields(worker, configs)
+                check_fields(worker, configs, method)
             except SideDied as exc:
                 fail(PROG, f"{worker.side.label} {worker.side.spec}: its worker did not start ({exc}); its stderr "
                            f"is above")

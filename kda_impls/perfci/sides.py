@@ -32,6 +32,12 @@ def side_environment(side: Side, extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, **git, **extra, "PYTHONPATH": os.pathsep.join(filter(None, [str(side.tree), rest]))}
 
 
+def known(values: dict, fields: list[str]) -> dict:
+    """``values`` less the fields a side's harness does not have (``ab.check_fields`` has refused any
+    of them that is not at its default)."""
+    return {k: v for k, v in values.items() if k in fields}
+
+
 class SideWorker:
     """One side's worker process on ``device``."""
 
@@ -65,8 +71,9 @@ class SideWorker:
         again at the next call)."""
         try:
             self.start()
-            self.process.stdin.write(json.dumps({"config": asdict(cfg), "method": asdict(method),
-                                                 "copy_bw": copy_bw}) + "\n")
+            config, settings = (known(asdict(x), self.hello[f"{kind}_fields"])
+                                for x, kind in ((cfg, "config"), (method, "method")))
+            self.process.stdin.write(json.dumps({"config": config, "method": settings, "copy_bw": copy_bw}) + "\n")
             self.process.stdin.flush()
             answer = self._receive(timeout)
         except (SideDied, OSError) as exc:
