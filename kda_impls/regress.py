@@ -46,6 +46,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import repro
 from .bench.results import atomic_write
 from .cli import Parser
 from .regress_load import RATES, UNSUPPORTED, Failure, InputError, Measurement, ResultSet, check_comparable, load
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="pass benchmarks absent from B (a deliberate change of the benchmark set); "
                              "broken ones fail whatever is allowed")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the comparison as JSON here")
+    parser.add_argument("--repro", action="store_true", help="print the command that reproduces each line")
     args = parser.parse_args(argv)
     if not (args.threshold >= 0 and 0 < args.alpha < 1):
         parser.error(f"need --threshold >= 0 and 0 < --alpha < 1; got {args.threshold}, {args.alpha}")
@@ -254,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
           f"and placements apart; broken: no result in B where a bug is the likely cause; unsure: the samples "
           f"cannot support a verdict (the reason in 'test')\n")
     print(format_table(table) if len(table) else "(no benchmarks)")
+    if args.repro:
+        print(repro.gate_lines(table, args.a, args.b))
     print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()))
     if args.json:
         report = dict(a=a.source, b=b.source, threshold=args.threshold, alpha=args.alpha,

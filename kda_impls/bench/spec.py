@@ -19,7 +19,8 @@ from .presets import PRESETS, Preset, adhoc_configs
 from .timing import Budget
 
 # settings that change neither which rows are measured nor how: left out of the default directory's name
-NOT_SETTINGS = {"out", "charts", "dry_run", "fresh", "baseline", "row_timeout", "cooldown", "devices", "preset"}
+NOT_SETTINGS = {"out", "charts", "dry_run", "fresh", "baseline", "row_timeout", "cooldown", "devices", "preset",
+                "repro"}
 POSITIVE_AXES = ("B", "H", "HV", "K", "V", "T", "ring")
 
 
@@ -131,6 +132,7 @@ class SweepSpec:
     fresh: bool = False
     dry_run: bool = False
     charts: bool = True
+    repro: bool = False
     baseline: str | None = None
 
     def __post_init__(self):
@@ -156,7 +158,7 @@ class SweepSpec:
         for name in ("placements", "placement_processes", "min_samples"):
             if getattr(self, name) is not None:
                 set_(name, _whole(name, getattr(self, name), 1))
-        for name in ("disjoint_placements", "retime", "fresh", "dry_run", "charts"):
+        for name in ("disjoint_placements", "retime", "fresh", "dry_run", "charts", "repro"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingError(name, f"{getattr(self, name)!r} is not True or False")
         _choice("slot_order", self.slot_order, SLOT_ORDERS)

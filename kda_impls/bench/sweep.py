@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import repro
 from ..cli import Parser, UsageError, fail, writable_dir
 from .case import Method
 from .config import CHECKPOINTS, MODES, SLOT_ORDERS, Config, PoolLayout
@@ -133,6 +134,7 @@ def parser() -> Parser:
     run.add_argument("--dry-run", action="store_true", help="print the rows this command would measure and an "
                      "estimate of the time; measure nothing, write nothing")
     run.add_argument("--no-charts", dest="charts", action="store_false", help="leave the charts to kda-plot")
+    run.add_argument("--repro", action="store_true", help="print the command that reproduces each row")
     run.add_argument("--baseline", help="implementation the speedup chart divides by (default: flashinfer, else naive)")
     return p
 
@@ -247,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         _failed_writing(exc, out_dir, run.sweep.measured)
     ours = report(run, table, started)
+    if spec.repro:
+        print(repro.sweep_rows(ours, out_dir))
     if spec.charts:
         try:
             charts = draw_charts(run)
