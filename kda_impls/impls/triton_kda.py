@@ -55,6 +55,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..contract import Capabilities, Implementation
 from ..inputs import DecodeInputs
 from ..reference import L2_EPS
+from .triton.frozen import frozen_arguments, frozen_tile
 from .triton_tuning import TABLE
 
 CONFIG_ENV = "KDA_TRITON_CONFIG"
@@ -733,6 +734,10 @@ def kernel_arguments(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig
     T > 1 the multi-token one, with num_accepted (all ones allocated here where None); frozen verify
     (any T) the multi-token one without its stores.
     """
+    if not inputs.update_state:
+        tile = frozen_tile(inputs.HV, inputs.K, inputs.V, inputs.B, inputs.T)
+        if tile is not None:
+            return frozen_arguments(inputs, out, tile)
     grid = (inputs.B * (inputs.HV // config.heads) * (inputs.V // config.BV),)  # one program per tile
     one_token = inputs.T == 1 and inputs.update_state  # the one-token kernels always store
     pool = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots)
