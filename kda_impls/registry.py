@@ -31,7 +31,7 @@ BUILTIN = {
     "flashinfer-gather": "kda_impls.impls.flashinfer_kda:FlashInferGather",
     "flashinfer-dense": "kda_impls.impls.flashinfer_kda:FlashInferDense",
     "flashinfer-recoverssm": "kda_impls.impls.flashinfer_kda:FlashInferRecoverSSM",
-    "triton": "kda_impls.impls.triton_kda:TritonKDA",
+    "triton": "kda_impls.impls.triton.kernel:TritonKDA",
 }
 
 

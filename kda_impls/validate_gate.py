@@ -50,7 +50,7 @@ import pandas as pd
 import torch
 
 from . import regress
-from .impls.triton_kda import CONFIG_ENV, TileConfig, choose_config
+from .impls.triton.tiles import CONFIG_ENV, TileConfig, choose_config
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout: its results/, benchmarks/ and asv.conf.json
 

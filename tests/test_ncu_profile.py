@@ -25,7 +25,7 @@ def test_summary_takes_the_named_metrics_with_their_units_and_leaves_absent_ones
 def test_every_case_names_a_registered_implementation_and_the_default_runs_ours_alone():
     """A case names an implementation the registry has (a misspelt one would fail only on the GPU
     box, under ncu), our kernel's forced configs parse, and the default cases need no other package."""
-    from kda_impls.impls.triton_kda import TileConfig
+    from kda_impls.impls.triton.tiles import TileConfig
     from kda_impls.registry import get
 
     for impl, _, _, D, _, _, config in ncu_profile.CASES.values():

@@ -7,7 +7,7 @@ clears TRITON_INTERPRET before the kernels are defined: they are compiled, not i
     python3 scripts/triton_registers.py --table --HV 32 --D 128       # every tabled entry of a shape
 
 Each config is fitted to the shape and compiled as the launcher would launch it
-(kda_impls.impls.triton_kda.kernel_arguments: the same kernel, constexprs and argument types, slot
+(kda_impls.impls.triton.kernel.launches: the same kernel, constexprs and argument types, slot
 stride and pointers 16-divisible), to PTX by this machine's Triton, then assembled by ``ptxas -v``
 for sm_90a (the first of Triton's bundled assemblers and CUDA's that reads that PTX), and
 disassembled by Triton's bundled ``cuobjdump``. Prints one line per config: registers per thread,
@@ -49,15 +49,16 @@ from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kda_impls import make_inputs
-from kda_impls.impls.triton_kda import TileConfig, kernel_arguments
-from kda_impls.impls.triton_tuning import TABLE
+from kda_impls.impls.triton.kernel import launches
+from kda_impls.impls.triton.tiles import TileConfig
+from kda_impls.impls.triton.tuning import TABLE
 
 CONFIGS = ("BV=8,num_warps=1", "BV=16,num_warps=1", "BV=32,num_warps=1", "BV=32,num_warps=2",
            "BV=32,num_warps=1,const_heads=1", "BV=4,num_warps=1,subtiles=16",
            "BV=8,num_warps=1,programs_per_sm=8")
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
                 torch.int64: "i64"}
-OPTIONS = ("num_warps", "maxnreg")  # launch meta that are compile options, not constexprs
+OPTIONS = ("num_warps",)  # launch meta that are compile options, not constexprs
 REGISTERS_PER_SM, PROGRAMS_PER_SM, WARPS_PER_SM = 65536, 32, 64
 
 
@@ -130,9 +131,9 @@ def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
 
 def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: int, T: int) -> dict:
     inputs = make_inputs(B, HV, HV, D, D, T=T, state_dtype=state_dtype, seed=0)
-    config = config.fitted(HV, D, T)
+    config = config.fitted(D, T)
     out = torch.empty(inputs.out_shape, dtype=inputs.v.dtype)
-    kernel, _, args, meta = kernel_arguments(inputs, out, config)
+    kernel, _, args, meta = launches(inputs, out, config)[-1]
     types, constexprs, attrs = signature(kernel, args, meta)
     compiled = triton.compile(ASTSource(kernel, types, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={k: v for k, v in meta.items() if k in OPTIONS})
