@@ -51,6 +51,7 @@ import torch
 
 from . import regress
 from .impls.triton.tiles import CONFIG_ENV, TileConfig, choose_config
+from .tools.tuning_table import kept_config
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout: its results/, benchmarks/ and asv.conf.json
 
@@ -148,7 +149,9 @@ def planted_config(tune_csvs: list[Path | str] = TUNE_CSVS) -> tuple[str, pd.Dat
     tune = tune[(tune.status == "ok") & (tune.slot_pad == 0) & (tune.B >= 64) & (tune.source != "best, padded pool")
                 & (tune.HV == PLANTED_SHAPE["HV"]) & (tune.K == PLANTED_SHAPE["K"]) & (tune.V == PLANTED_SHAPE["V"])]
     tune = tune[tune.run == tune.groupby(["state_dtype", "B"]).run.transform("max")]
-    # Configs compared as parsed: the CSV's strings name every field of the run's TileConfig.
+    # Configs compared as parsed: the CSV's strings name every field of the run's TileConfig (the kernels'
+    # forms only: kept_config leaves out a row of a dropped form).
+    tune = tune.assign(config=[kept_config(c) for c in tune.config]).dropna(subset=["config"])
     tune = tune.assign(config=[str(TileConfig.parse(c, TileConfig(BV=PLANTED_SHAPE["V"]))) for c in tune.config])
     ratios = []
     for (dtype, B), rows in tune.groupby(["state_dtype", "B"]):
