@@ -115,6 +115,43 @@ def test_triton_frozen_survives_strong_decay(per_token, state_dtype):
     assert verdict.ok, verdict
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("T", [1, 2, 5])
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
+def test_triton_frozen_closed_form_at_any_T(T, state_dtype, monkeypatch):
+    """The closed form forced where the rule would run the recurrence too (T <= 2 on few heads), on
+    repeated and -1 slots, GVA and a padded pool."""
+    from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV
+
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, "recurrence=0,BV=16")
+    x = make_inputs(4, 2, 4, 16, 32, T=T, update_state=False, state_dtype=state_dtype, slot_pad=16, seed=14)
+    x.slots = torch.tensor([3, 3, -1, 1], dtype=torch.int32)
+    verdict = verify(get("triton"), x)
+    assert verdict.ok, verdict
+
+
+def test_the_frozen_form_by_shape(monkeypatch):
+    """The closed form from three tokens, and at two or fewer above RECURRENCE_HEADS (row, head) pairs;
+    the recurrence past 16 tokens and under 16-wide heads; the environment's tile, checked."""
+    from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV, RECURRENCE_HEADS, frozen_tile
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert frozen_tile(bf16, 32, 128, 128, RECURRENCE_HEADS // 32, 2) is None
+    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, "num_warps": 4}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, "num_warps": 4}
+    assert frozen_tile(fp32, 32, 128, 128, 256, 16) == {"BV": 32, "num_warps": 4}
+    assert frozen_tile(bf16, 32, 128, 128, 256, 17) is None and frozen_tile(bf16, 2, 16, 8, 256, 4) is None
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,num_warps=8")  # the fields it names; the form stays the rule's
+    assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 128, "num_warps": 8}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 1) is None
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,recurrence=0")
+    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, "num_warps": 4}
+    for text in ("BV=8", "BV=48", "num_warps=3", "tile=2", "BV=x"):
+        monkeypatch.setenv(FROZEN_CONFIG_ENV, text)
+        with pytest.raises(ValueError, match=FROZEN_CONFIG_ENV):
+            frozen_tile(bf16, 32, 128, 128, 256, 4)
+
+
 class StoresAnyway(NaiveTorch):
     """Planted: frozen verify that writes each live row's final state back into its slot."""
 

@@ -32,11 +32,11 @@ def test_every_case_names_a_registered_implementation_and_the_default_runs_ours_
     from kda_impls.impls.triton.tiles import TileConfig
     from kda_impls.registry import get
 
-    for impl, _, _, D, _, T, config in ncu_profile.CASES.values():
+    for impl, _, HV, D, B, T, config in ncu_profile.CASES.values():
         get(impl)
         if config and config.startswith("frozen"):
             monkeypatch.setenv(FROZEN_CONFIG_ENV, config.partition(":")[2])
-            frozen_tile(torch.bfloat16, D, D, T)
+            frozen_tile(torch.bfloat16, HV, D, D, B, T)
         elif config not in (None, "copy", "replay"):
             assert impl == "triton"
             TileConfig.parse(config, TileConfig(BV=D))

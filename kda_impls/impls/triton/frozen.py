@@ -33,6 +33,7 @@ from ...reference import L2_EPS, SOFTPLUS_LINEAR_ABOVE
 SPAN_LIMIT = 160.0  # each factor within e^+-80, inside fp32's e^+-88
 TOKEN_ROWS = 16  # the dot's minimum M: T <= 16 tokens padded to it; more run the recurrence
 FROZEN_CONFIG_ENV = "KDA_TRITON_FROZEN_CONFIG"
+RECURRENCE_HEADS = 2048  # B * HV up to which a step of T <= 2 runs the recurrence (measured faster there)
 _LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
 _SPAN_LIMIT = tl.constexpr(SPAN_LIMIT)
 INTERPRETED = tl.constexpr(triton.knobs.runtime.interpret)
@@ -163,15 +164,17 @@ def _state_product_kernel(
              tl.where(slot >= 0, out, 0.0).to(out_ptr.dtype.element_ty), mask=in_tv)
 
 
-def frozen_tile(state_dtype: torch.dtype, K: int, V: int, T: int) -> dict | None:
+def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: int) -> dict | None:
     """The closed form's ``{"BV", "num_warps"}`` for a frozen step, or None where the recurrence runs it:
-    more than :data:`TOKEN_ROWS` tokens, or a head dimension under the dot's 16.
-    ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,num_warps=4"``; ``"recurrence=1"`` for the recurrence)
-    replaces the choice for every shape."""
+    more than :data:`TOKEN_ROWS` tokens, a head dimension under the dot's 16, or two tokens or fewer on
+    at most :data:`RECURRENCE_HEADS` (row, head) pairs, where the recurrence's one launch is the faster
+    (results/h100/frozen-closed-form/summary.md). ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,num_warps=4"``, ``"recurrence=1"``,
+    ``"recurrence=0"``) replaces the fields it names for every shape."""
     if T > TOKEN_ROWS or min(K, V) < 16:
         return None
-    # 16 KiB of a 16-bit tile, 16 KiB of fp32 (whose three tf32 products hold more registers)
-    tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "num_warps": 4, "recurrence": 0}
+    # 16 KiB of a 16-bit tile; 16 KiB of fp32 (its three tf32 products hold more registers)
+    tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "num_warps": 4,
+            "recurrence": int(T <= 2 and B * HV <= RECURRENCE_HEADS)}
     text = os.environ.get(FROZEN_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")

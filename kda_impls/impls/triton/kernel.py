@@ -107,7 +107,7 @@ def launches(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig) -> lis
     without its stores.
     """
     if not inputs.update_state:
-        tile = frozen_tile(inputs.state.dtype, inputs.K, inputs.V, inputs.T)
+        tile = frozen_tile(inputs.state.dtype, inputs.HV, inputs.K, inputs.V, inputs.B, inputs.T)
         if tile is not None:
             return frozen_launches(inputs, out, tile)
     grid = (inputs.B * inputs.HV * (inputs.V // config.BV),)  # one program per tile
