@@ -28,7 +28,7 @@ Triton's, and they move with its version: run it under the H200 image's (Triton 
 triton==3.6.0`` in a virtual environment), whose counts matched the box's own (the tune's ``regs``
 column) where Triton 3.9's did not: the bf16 K=V=64 ``BV=32`` tile takes 125 registers under 3.6 and
 on the H200, 96 under 3.9
-(docs/triton-kernel.md, "A regression at K = V = 64").
+(docs/triton-kernel.md, "The head counts compiled in, and where the state load sits").
 """
 
 from __future__ import annotations
