@@ -52,6 +52,8 @@ import torch.nn.functional as F
 from .inputs import DecodeInputs
 
 L2_EPS = 1e-6
+# Softplus is linear past this (torch's threshold too): exp would overflow long before it matters.
+SOFTPLUS_LINEAR_ABOVE = 20.0
 
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
@@ -65,8 +67,8 @@ def log_decay(inputs: DecodeInputs, a: torch.Tensor, compute_dtype: torch.dtype)
     dt_bias = inputs.dt_bias.to(compute_dtype).reshape(HV, inputs.K)
     A = torch.exp(inputs.A_log.to(compute_dtype))
     if a.dim() == 4:  # [B, HV, L, K]: value heads before the records
-        return -A[:, None, None] * F.softplus(a.to(compute_dtype) + dt_bias[:, None])
-    return -A[:, None] * F.softplus(a.to(compute_dtype) + dt_bias)
+        return -A[:, None, None] * F.softplus(a.to(compute_dtype) + dt_bias[:, None], threshold=SOFTPLUS_LINEAR_ABOVE)
+    return -A[:, None] * F.softplus(a.to(compute_dtype) + dt_bias, threshold=SOFTPLUS_LINEAR_ABOVE)
 
 
 def _token_math(inputs: DecodeInputs, S: torch.Tensor, compute_dtype: torch.dtype):

@@ -33,7 +33,7 @@ BUILTIN = {
     "flashinfer-gather": "kda_impls.impls.flashinfer_variants:FlashInferGather",
     "flashinfer-dense": "kda_impls.impls.flashinfer_variants:FlashInferDense",
     "flashinfer-recoverssm": "kda_impls.impls.flashinfer_variants:FlashInferRecoverSSM",
-    "triton": "kda_impls.impls.triton_kda:TritonKDA",
+    "triton": "kda_impls.impls.triton.kernel:TritonKDA",
     "sglang-cutedsl": "kda_impls.impls.sglang_kda:SGLangCuteDSL",
     "sglang-triton": "kda_impls.impls.sglang_kda:SGLangTriton",
     "sglang-replayssm": "kda_impls.impls.sglang_replay:SGLangReplaySSM",

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 def no_config_override(monkeypatch):
     """Our Triton kernel under no tile config the caller's environment forces (the Triton test
     modules use it for every test)."""
-    from kda_impls.impls.triton_kda import CONFIG_ENV
+    from kda_impls.impls.triton.tiles import CONFIG_ENV
 
     monkeypatch.delenv(CONFIG_ENV, raising=False)
 

@@ -72,7 +72,7 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
     ran = table[table.fingerprint.notna()]  # a row whose worker died records nothing of its code
     assert set(ran.impl) == {"naive", "misbehaves"} and ran.fingerprint.str.fullmatch("[0-9a-f]{12}").all()
     row = json.loads((out / "rows" / f"{ran.key.iloc[0]}.json").read_text())
-    assert {"kda_impls/contract.py", "kda_impls/impls/naive.py", "kda_impls/impls/triton_tuning.json"} <= \
+    assert {"kda_impls/contract.py", "kda_impls/impls/naive.py", "kda_impls/impls/triton/tuning.json"} <= \
         set(row["measured_by"]["files"])  # the package's modules the worker loaded, and their data files
     assert len(table) == 2 * SMOKE_CONFIGS and table.key.is_unique
     naive = table[table.impl == "naive"]
@@ -1172,7 +1172,7 @@ def test_a_rows_fingerprint_names_what_differs_now(monkeypatch):
     registry.get("naive")  # its module loaded, as in a worker that measured it
     monkeypatch.delenv("KDA_TRITON_CONFIG", raising=False)
     measured_by = fingerprint.record(target, {"torch": "2.0"})
-    assert {"kda_impls/impls/naive.py", "kda_impls/impls/triton_tuning.json"} <= set(measured_by["files"])
+    assert {"kda_impls/impls/naive.py", "kda_impls/impls/triton/tuning.json"} <= set(measured_by["files"])
     assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) is None
     monkeypatch.setenv("KDA_GIT_SHA", "0" * 40)
     assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) is None
@@ -1180,8 +1180,8 @@ def test_a_rows_fingerprint_names_what_differs_now(monkeypatch):
     assert fingerprint.changes(measured_by, "mine:Other", {"torch": "2.0"}) == ("other code", f"{target} -> mine:Other")
     gone = measured_by | {"files": measured_by["files"] | {"kda_impls/impls/gone.py": "0" * 16}}
     assert fingerprint.changes(gone, target, {"torch": "2.0"}) == ("other code", "gone.py gone")
-    edited = measured_by | {"files": measured_by["files"] | {"kda_impls/impls/triton_tuning.json": "0" * 16}}
-    assert fingerprint.changes(edited, target, {"torch": "2.0"}) == ("other code", "triton_tuning.json changed")
+    edited = measured_by | {"files": measured_by["files"] | {"kda_impls/impls/triton/tuning.json": "0" * 16}}
+    assert fingerprint.changes(edited, target, {"torch": "2.0"}) == ("other code", "tuning.json changed")
     monkeypatch.setenv("KDA_TRITON_CONFIG", "BV=32")
     assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) == ("other settings", "KDA_TRITON_CONFIG set")
     assert fingerprint.changes(None, target, {}) == ("other code", "the row records none of the files that measured it")

@@ -78,7 +78,7 @@ def test_step_costs_are_the_points_between_variants_and_our_kernel_against_the_o
 
 @pytest.mark.interpreter
 def test_every_variant_runs_and_the_sorted_one_walks_the_same_slots_in_order():
-    from kda_impls.impls.triton_kda import TritonKDA
+    from kda_impls.impls.triton.kernel import TritonKDA
     inputs = make_inputs(4, 2, 2, 16, 16, state_dtype=torch.bfloat16, n_slots=9, device=DEVICE, seed=2)
     ordered = memory_ceiling.in_slot_order(inputs)
     assert ordered.state is inputs.state and torch.equal(ordered.slots, inputs.slots.sort().values)

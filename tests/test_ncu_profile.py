@@ -22,15 +22,22 @@ def test_summary_takes_the_named_metrics_with_their_units_and_leaves_absent_ones
     assert summary["stall: long scoreboard"] == ""  # not in this page
 
 
-def test_every_case_names_a_registered_implementation_and_the_default_runs_ours_alone():
+def test_every_case_names_a_registered_implementation_and_the_default_runs_ours_alone(monkeypatch):
     """A case names an implementation the registry has (a misspelt one would fail only on the GPU
-    box, under ncu), our kernel's forced configs parse, and the default cases need no other package."""
-    from kda_impls.impls.triton_kda import TileConfig
+    box, under ncu), our kernel's forced configs and frozen tiles parse, and the default cases need no
+    other package."""
+    import torch
+
+    from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV, frozen_tile
+    from kda_impls.impls.triton.tiles import TileConfig
     from kda_impls.registry import get
 
-    for impl, _, _, D, _, _, config in ncu_profile.CASES.values():
+    for impl, _, HV, D, B, T, config in ncu_profile.CASES.values():
         get(impl)
-        if config not in (None, "copy", "replay"):
+        if config and config.startswith("frozen"):
+            monkeypatch.setenv(FROZEN_CONFIG_ENV, config.partition(":")[2])
+            frozen_tile(torch.bfloat16, HV, D, D, B, T)
+        elif config not in (None, "copy", "replay"):
             assert impl == "triton"
             TileConfig.parse(config, TileConfig(BV=D))
     default = ncu_profile.arguments().parse_args([]).cases.split(",")

@@ -19,8 +19,8 @@ import torch
 
 from helpers import assert_launch_allocates_nothing
 from kda_impls import effective_state, get, make_inputs, reference, rel_err
-from kda_impls.impls import triton_replay
 from kda_impls.impls.naive import NaiveTorch
+from kda_impls.impls.triton import replay as triton_replay
 from kda_impls.reference import l2_normalize, log_decay, replay_step
 from replay_checks import bits, fresh, in_place, poison_unused_records, run_steps, slot_rows, step_problems, tolerance
 
@@ -103,7 +103,7 @@ COMPILE_FOR_SM90 = """
 import inspect, re, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kda_impls.impls import triton_replay as r
+from kda_impls.impls.triton import replay as r
 pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accepted_ptr="*i32", u_ptr="*fp32",
                 length_ptr="*i32", vec_ptr="*fp32", coef_ptr="*fp32")
 runtime = dict(slot_stride="i32", scale="fp32")
@@ -134,7 +134,7 @@ def test_the_replay_kernel_compiles_for_sm90():
 
 @pytest.mark.interpreter
 def test_triton_replay_tile_from_the_environment(monkeypatch):
-    from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV, replay_tile
+    from kda_impls.impls.triton.replay import REPLAY_CONFIG_ENV, replay_tile
 
     assert replay_tile(128, 1) == dict(BV=16, num_warps=1, terms_warps=1)
     assert replay_tile(128, 4) == dict(BV=64, num_warps=2, terms_warps=1)

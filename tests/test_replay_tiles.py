@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV
+from kda_impls.impls.triton.replay import REPLAY_CONFIG_ENV
 from scripts.tuning import replay_tiles
 
 

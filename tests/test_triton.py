@@ -28,20 +28,10 @@ from helpers import (
     runnable,
 )
 from kda_impls import get, make_inputs, reference, rel_err, verify
-from kda_impls.impls.triton_kda import (
-    CONFIG_ENV,
-    TileConfig,
-    TritonKDA,
-    _kda_decode_persistent_kernel,
-    _kda_decode_tma_kernel,
-    choose_config,
-    heuristic_config,
-    kernel_arguments,
-    multiprocessors,
-    table_key,
-    tma_addressable,
-)
-from kda_impls.impls.triton_tuning import TABLE
+from kda_impls.impls.triton.inplace import _kda_decode_persistent_kernel
+from kda_impls.impls.triton.kernel import TritonKDA, launches, multiprocessors
+from kda_impls.impls.triton.tiles import CONFIG_ENV, TileConfig, choose_config, heuristic_config, table_key
+from kda_impls.impls.triton.tuning import TABLE
 
 gpu = pytest.mark.gpu
 pytestmark = pytest.mark.usefixtures("no_config_override")
@@ -83,16 +73,14 @@ def test_fp32_everything_is_fp32_accurate():
     assert verdict.err_out <= 1e-5 and verdict.err_state <= 1e-5, verdict
 
 
-# Every way the program mapping can cut a step: several V-tiles, head groups walked with and
-# without pipelining, a group size that only gcd() makes legal, a tile taller than V.
+# Every way the program mapping can cut a step: several V-tiles, one tile a head, a tile taller than V,
+# sub-tiles, more sub-tiles than V holds.
 FORCED = [
     TileConfig(BV=8, num_warps=1),
-    TileConfig(BV=16, heads=2, num_warps=2, num_stages=2),
-    TileConfig(BV=32, heads=4, num_warps=4, num_stages=3),
-    TileConfig(BV=64, heads=3, num_warps=2, num_stages=1),
+    TileConfig(BV=32, num_warps=4),
     TileConfig(BV=256, num_warps=8),
     TileConfig(BV=8, num_warps=1, subtiles=2),
-    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=8),
+    TileConfig(BV=4, num_warps=1, subtiles=8),
 ]
 
 
@@ -107,23 +95,20 @@ def test_forced_tile_configs(config):
 
 # Each form of the one-token step, in bf16 and fp32 state (form_runs() says on which cases): the head counts
 # compiled in (alone and with sub-tiles; every other config passes them at run time), the state loaded
-# before the small inputs (alone and with a pipelined head group; every other one-tile config loads it after
-# them), sub-tiles (two per program; more than V holds, fitted to V), the persistent grid (one program
-# walking every tile, so each look-ahead crosses rows, heads and V-tiles; three programs, a tail; more
-# programs than tiles), the stored tile widened twice (alone; with sub-tiles, a head group and a register
-# cap), the state loaded between the small inputs' loads and the gate (alone and with sub-tiles and a head
-# group), and the persistent grid with only the slots looked ahead (one program walking every tile; three
-# programs), the state read by TMA (one program per tile; three programs pipelined three deep, a tail; one
-# program walking every tile; on the odd-pad case, whose slot stride TMA cannot address, the pointer form),
-# the state's accesses without eviction hints (one program per tile, persistent, TMA), the gate in base 2
-# (one program per tile, with sub-tiles, persistent, TMA; the interpreter's log2 is tl.log2's), and the
-# small inputs loaded as tiles of copies (in base 2, the state between them and the gate, widened twice;
-# with the libdevice gate, sub-tiles and a pipelined head group; the state after the gate).
+# before the small inputs (alone and with sub-tiles; every other one-tile config loads it after them),
+# sub-tiles (two per program; more than V holds, fitted to V), the persistent grid (one program walking
+# every tile, so each look-ahead crosses rows, heads and V-tiles; three programs, a tail; more programs
+# than tiles), the stored tile widened twice (alone; with sub-tiles), the state loaded between the small
+# inputs' loads and the gate (alone and with sub-tiles), the persistent grid with only the slots looked
+# ahead (one program walking every tile; three programs), the state's accesses without eviction hints
+# (one program per tile, persistent), the gate in base 2 (one program per tile, with sub-tiles,
+# persistent; the interpreter's log2 is tl.log2's), and the small inputs loaded as tiles of copies (in
+# base 2, the state between them and the gate, widened twice; with the libdevice gate and sub-tiles;
+# the state after the gate).
 FORMS = [
     TileConfig(BV=8, num_warps=1, const_heads=1),
     TileConfig(BV=8, num_warps=1, state_first=1),
-    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, state_first=1),
-    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, const_heads=1),
+    TileConfig(BV=4, num_warps=1, subtiles=2, const_heads=1),
     TileConfig(BV=8, num_warps=1, subtiles=2),
     TileConfig(BV=16, subtiles=64),
     TileConfig(BV=8, num_warps=1, programs_per_sm=1),
@@ -131,22 +116,17 @@ FORMS = [
     TileConfig(BV=4, num_warps=1, programs_per_sm=64),
     TileConfig(BV=8, num_warps=1, rewiden=1),
     TileConfig(BV=8, num_warps=1, state_first=2),
-    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, state_first=2),
-    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, state_first=1, rewiden=1, maxnreg=96),
+    TileConfig(BV=4, num_warps=1, subtiles=2, state_first=2),
+    TileConfig(BV=4, num_warps=1, subtiles=2, state_first=1, rewiden=1),
     TileConfig(BV=8, num_warps=1, programs_per_sm=1, lookahead=0),
     TileConfig(BV=16, num_warps=2, programs_per_sm=3, lookahead=0),
-    TileConfig(BV=8, num_warps=1, tma=1),
-    TileConfig(BV=16, num_warps=2, num_stages=3, programs_per_sm=3, tma=1),
-    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, programs_per_sm=64, subtiles=2, rewiden=1, tma=1),
     TileConfig(BV=8, num_warps=1, load_evict_first=0, store_evict_first=0),
     TileConfig(BV=8, num_warps=1, programs_per_sm=3, load_evict_first=0, store_evict_first=0),
-    TileConfig(BV=8, num_warps=1, tma=1, store_evict_first=0),
     TileConfig(BV=4, num_warps=1, const_heads=1, state_first=1, fast_gate=1),
-    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, rewiden=1, fast_gate=1),
+    TileConfig(BV=4, num_warps=1, subtiles=2, rewiden=1, fast_gate=1),
     TileConfig(BV=8, num_warps=1, programs_per_sm=3, fast_gate=1),
-    TileConfig(BV=8, num_warps=1, num_stages=3, programs_per_sm=3, tma=1, fast_gate=1),
     TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, rewiden=1, fast_gate=1, tiled_inputs=1),
-    TileConfig(BV=4, heads=2, num_warps=1, num_stages=2, subtiles=2, tiled_inputs=1),
+    TileConfig(BV=4, num_warps=1, subtiles=2, tiled_inputs=1),
     TileConfig(BV=8, num_warps=1, tiled_inputs=1),
     TileConfig(BV=16, num_warps=4, const_heads=1, state_first=1, rewiden=1, fast_gate=1, tiled_inputs=1),
 ]
@@ -165,23 +145,23 @@ FORM_CASES = {
     "one-row-one-slot": SMALL_CASES["one-row-one-slot"],
     "largest-k": dict(B=2, H=1, HV=2, K=256, V=32, slot_pad=16, pad_rows=1),
 }
-# The forms whose change meets what one of the other cases has: head groups and compiled head counts in
-# a GVA group of 8; the persistent and TMA walks and the inputs as tiles on rows all -1; the TMA box and the
+# The forms whose change meets what one of the other cases has: the head counts compiled in and
+# runtime in a GVA group of 8; the persistent walks and the inputs as tiles on rows all -1; the
 # persistent grid on a pool of one slot; the small inputs as tiles, sub-tiles and the twice-widened
 # store at K = 256.
 FORM_INTERACTIONS = {
-    "tiny-heads-grouped": [FORMS[0], FORMS[2], FORMS[3], FORMS[12]],
-    "all-rows-padding": [FORMS[6], FORMS[13], FORMS[16], FORMS[27]],
-    "one-row-one-slot": [FORMS[8], FORMS[15], FORMS[17]],
-    "largest-k": [FORMS[4], FORMS[9], FORMS[25], FORMS[27]],
+    "tiny-heads-grouped": [FORMS[0], FORMS[1], FORMS[2], FORMS[11]],
+    "all-rows-padding": [FORMS[5], FORMS[12], FORMS[21]],
+    "one-row-one-slot": [FORMS[7]],
+    "largest-k": [FORMS[3], FORMS[8], FORMS[19], FORMS[21]],
 }
 
 
 # The forms that store the state by a path of their own, run over verify's default steps on the first
 # case (an error of the form that compounds from step to step): sub-tiles, the persistent grid, the
-# tile widened twice, TMA, the base-2 gate, the small inputs as tiles. Every other run takes one step
+# tile widened twice, the base-2 gate, the small inputs as tiles. Every other run takes one step
 # (the default config's steps: test_matches_reference).
-MULTI_STEP = [FORMS[4], FORMS[6], FORMS[9], FORMS[15], FORMS[23], FORMS[27]]
+MULTI_STEP = [FORMS[3], FORMS[5], FORMS[8], FORMS[18], FORMS[21]]
 
 
 def form_runs() -> list:
@@ -208,112 +188,76 @@ def test_kernel_forms_match_reference(case, state_dtype, config, steps):
 def test_forms_are_fitted_to_the_shape():
     subtiles = TileConfig(BV=8, num_warps=1, subtiles=16)
     runtime_heads = TileConfig(BV=8, num_warps=1)
-    persistent = TileConfig(BV=8, heads=2, num_warps=1, num_stages=2, programs_per_sm=4)
-    assert subtiles.fitted(4, 32).subtiles == 4 and runtime_heads.fitted(4, 32) == runtime_heads  # V = 32: four tiles
+    persistent = TileConfig(BV=8, num_warps=1, programs_per_sm=4)
+    assert subtiles.fitted(32).subtiles == 4 and runtime_heads.fitted(32) == runtime_heads  # V = 32: four tiles
     # one-token forms: a multi-token step drops them, and its kernel compiles the head counts in
-    assert subtiles.fitted(4, 32, T=2) == replace(subtiles, subtiles=1, const_heads=1, state_first=1)
-    assert runtime_heads.fitted(4, 32, T=2) == replace(runtime_heads, const_heads=1, state_first=1)
-    assert persistent.fitted(4, 32, T=4) == replace(persistent, programs_per_sm=0, const_heads=1, state_first=1)
-    # the persistent form walks whole tiles of single heads, its head counts compiled in
-    assert persistent.fitted(4, 32) == TileConfig(BV=8, num_warps=1, programs_per_sm=4, const_heads=1, state_first=1)
-    assert replace(subtiles, programs_per_sm=2).fitted(4, 32) == TileConfig(BV=8, num_warps=1, programs_per_sm=2,
-                                                                           const_heads=1, state_first=1)
-    assert replace(runtime_heads, const_heads=1).fitted(4, 32).const_heads == 1
+    assert subtiles.fitted(32, T=2) == replace(subtiles, subtiles=1, const_heads=1, state_first=1)
+    assert runtime_heads.fitted(32, T=2) == replace(runtime_heads, const_heads=1, state_first=1)
+    assert persistent.fitted(32, T=4) == replace(persistent, programs_per_sm=0, const_heads=1, state_first=1)
+    # the persistent form walks whole tiles, its head counts compiled in
+    assert persistent.fitted(32) == TileConfig(BV=8, num_warps=1, programs_per_sm=4, const_heads=1, state_first=1)
+    assert replace(subtiles, programs_per_sm=2).fitted(32) == TileConfig(BV=8, num_warps=1, programs_per_sm=2,
+                                                                        const_heads=1, state_first=1)
+    assert replace(runtime_heads, const_heads=1).fitted(32).const_heads == 1
     # the state load's place is a one-tile, one-token choice: sub-tiles, the persistent form and
     # the multi-token kernel load the state first
     state_first = replace(runtime_heads, state_first=1)
-    assert runtime_heads.state_first == 0 and state_first.fitted(4, 32) == state_first
-    assert runtime_heads.fitted(4, 32, T=2).state_first == 1
-    assert replace(runtime_heads, subtiles=2).fitted(4, 32).state_first == 1
-    assert replace(runtime_heads, subtiles=2, state_first=2).fitted(4, 32).state_first == 2  # before the gate too
-    assert replace(runtime_heads, programs_per_sm=2).fitted(4, 32).state_first == 1
-    # the TMA form walks single heads' whole tiles through its pipelined loop; T > 1 drops it
-    tma = TileConfig(BV=8, heads=2, num_warps=1, num_stages=3, programs_per_sm=4, subtiles=2, rewiden=1, tma=1)
-    assert tma.fitted(4, 32) == TileConfig(BV=8, num_warps=1, num_stages=3, programs_per_sm=4, const_heads=1,
-                                           state_first=1, tma=1)
-    assert tma.fitted(4, 32, T=2).tma == 0
-    # lookahead is the persistent pointer form's alone: the default anywhere else
+    assert runtime_heads.state_first == 0 and state_first.fitted(32) == state_first
+    assert runtime_heads.fitted(32, T=2).state_first == 1
+    assert replace(runtime_heads, subtiles=2).fitted(32).state_first == 1
+    assert replace(runtime_heads, subtiles=2, state_first=2).fitted(32).state_first == 2  # before the gate too
+    assert replace(runtime_heads, programs_per_sm=2).fitted(32).state_first == 1
+    # lookahead is the persistent form's alone: the default anywhere else
     slots_ahead = replace(runtime_heads, programs_per_sm=4, lookahead=0)
-    assert slots_ahead.fitted(4, 32).lookahead == 0
-    assert replace(slots_ahead, programs_per_sm=0).fitted(4, 32) == runtime_heads
-    assert replace(slots_ahead, tma=1).fitted(4, 32).lookahead == 1 and slots_ahead.fitted(4, 32, T=2).lookahead == 1
-    # the eviction hints hold in every form but the TMA form's loads, which take none
+    assert slots_ahead.fitted(32).lookahead == 0
+    assert replace(slots_ahead, programs_per_sm=0).fitted(32) == runtime_heads
+    assert slots_ahead.fitted(32, T=2).lookahead == 1
+    # the eviction hints hold in every form
     unhinted = replace(runtime_heads, load_evict_first=0, store_evict_first=0)
     for form in (unhinted, replace(unhinted, programs_per_sm=4), replace(unhinted, subtiles=2)):
-        assert (form.fitted(4, 32).load_evict_first, form.fitted(4, 32).store_evict_first) == (0, 0)
-        assert (form.fitted(4, 32, T=2).load_evict_first, form.fitted(4, 32, T=2).store_evict_first) == (0, 0)
-    tma_unhinted = replace(unhinted, tma=1).fitted(4, 32)
-    assert (tma_unhinted.load_evict_first, tma_unhinted.store_evict_first) == (1, 0)
+        assert (form.fitted(32).load_evict_first, form.fitted(32).store_evict_first) == (0, 0)
+        assert (form.fitted(32, T=2).load_evict_first, form.fitted(32, T=2).store_evict_first) == (0, 0)
     # the small inputs as tiles are the one-program-per-tile one-token kernel's alone
     tiled = replace(runtime_heads, tiled_inputs=1)
-    assert tiled.fitted(4, 32) == tiled and replace(tiled, subtiles=2).fitted(4, 32).tiled_inputs == 1
-    for form in (replace(tiled, programs_per_sm=4), replace(tiled, tma=1)):
-        assert form.fitted(4, 32).tiled_inputs == 0
-    assert tiled.fitted(4, 32, T=2).tiled_inputs == 0
+    assert tiled.fitted(32) == tiled and replace(tiled, subtiles=2).fitted(32).tiled_inputs == 1
+    assert replace(tiled, programs_per_sm=4).fitted(32).tiled_inputs == 0
+    assert tiled.fitted(32, T=2).tiled_inputs == 0
+
+
+def the_launch(inputs, out, config):
+    """The one launch of an in-place step: ``(kernel, grid, args, meta)``."""
+    (launch,) = launches(inputs, out, config)
+    return launch
 
 
 def test_forms_shape_the_grid():
     inputs = make_inputs(3, 2, 4, 32, 32, state_dtype=torch.bfloat16, seed=1)
     out = torch.empty(3, 4, 32, dtype=inputs.v.dtype)
-    _, grid, args, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, subtiles=4))
+    _, grid, args, meta = the_launch(inputs, out, TileConfig(BV=8, num_warps=1, subtiles=4))
     assert grid == (3 * 4,) and meta["SUBTILES"] == 4  # a program per (row, head)
     assert args[-2:] == (4, 2) and (meta["HV_CONST"], meta["GROUP_CONST"]) == (0, 0)  # head counts at run time
-    _, _, args, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, const_heads=1))
+    _, _, args, meta = the_launch(inputs, out, TileConfig(BV=8, num_warps=1, const_heads=1))
     assert args[-2:] == (4, 2) and (meta["HV_CONST"], meta["GROUP_CONST"]) == (4, 2)  # compiled in
     assert meta["STATE_FIRST"] == 0
-    assert kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, state_first=1))[3]["STATE_FIRST"] == 1
-    kernel, grid, args, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5))
+    assert the_launch(inputs, out, TileConfig(BV=8, num_warps=1, state_first=1))[3]["STATE_FIRST"] == 1
+    kernel, grid, args, _ = the_launch(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5))
     assert kernel is _kda_decode_persistent_kernel and grid == (5 * multiprocessors(inputs.device),)
     assert args[-1] == 3 * 4 * 32 // 8  # n_tiles
-    assert kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5))[3]["LOOKAHEAD"] == 1
+    assert the_launch(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5))[3]["LOOKAHEAD"] == 1
     slots_ahead = TileConfig(BV=8, num_warps=1, programs_per_sm=5, lookahead=0)
-    assert kernel_arguments(inputs, out, slots_ahead)[3]["LOOKAHEAD"] == 0
-    _, grid, _, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=64))
+    assert the_launch(inputs, out, slots_ahead)[3]["LOOKAHEAD"] == 0
+    _, grid, _, _ = the_launch(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=64))
     assert grid == (3 * 4 * 32 // 8,)  # never more programs than tiles
-    # the TMA form: one program per tile, or programs_per_sm of them; the pool as [N, HV * V, K] boxes
-    kernel, grid, args, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, num_stages=3, tma=1))
-    assert kernel is _kda_decode_tma_kernel and grid == (3 * 4 * 32 // 8,) and meta["NUM_STAGES"] == 3
-    boxes = args[8]
-    assert boxes.base is inputs.state and boxes.shape == [inputs.N, 4 * 32, 32] and boxes.block_shape == [1, 8, 32]
-    assert boxes.strides == [inputs.slot_stride, 32, 1]
-    _, grid, _, _ = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, programs_per_sm=5, tma=1))
-    assert grid == (5 * multiprocessors(inputs.device),)
-    # the eviction hints, per form: the TMA kernel takes only the stores'
+    # the eviction hints, per form
     for form, hints in ((TileConfig(BV=8, num_warps=1), ("evict_first", "evict_first")),
                         (TileConfig(BV=8, num_warps=1, load_evict_first=0), ("", "evict_first")),
-                        (TileConfig(BV=8, num_warps=1, programs_per_sm=5, store_evict_first=0), ("evict_first", "")),
-                        (TileConfig(BV=8, num_warps=1, tma=1, store_evict_first=0), (None, ""))):
-        meta = kernel_arguments(inputs, out, form)[3]
-        assert (meta.get("LOAD_HINT"), meta["STORE_HINT"]) == hints, form
+                        (TileConfig(BV=8, num_warps=1, programs_per_sm=5, store_evict_first=0), ("evict_first", ""))):
+        meta = the_launch(inputs, out, form)[3]
+        assert (meta["LOAD_HINT"], meta["STORE_HINT"]) == hints, form
     multitoken = make_inputs(3, 2, 4, 32, 32, T=2, state_dtype=torch.bfloat16, seed=1)
-    meta = kernel_arguments(multitoken, torch.empty(multitoken.out_shape, dtype=multitoken.v.dtype),
-                            TileConfig(BV=8, num_warps=1, store_evict_first=0).fitted(4, 32, T=2))[3]
+    meta = the_launch(multitoken, torch.empty(multitoken.out_shape, dtype=multitoken.v.dtype),
+                      TileConfig(BV=8, num_warps=1, store_evict_first=0).fitted(32, T=2))[3]
     assert (meta["LOAD_HINT"], meta["STORE_HINT"]) == ("evict_first", "")
-
-
-@pytest.mark.parametrize("state_dtype, slot_pad, addressable", [
-    (torch.bfloat16, 8, True), (torch.bfloat16, 7, False), (torch.float32, 4, True), (torch.float32, 2, False)])
-def test_tma_runs_only_where_tma_can_address_the_pool(state_dtype, slot_pad, addressable):
-    """TMA needs the slot stride in bytes a multiple of 16: a pool whose stride is not runs the same
-    tile through pointers (the pointer form's one program per tile), never the TMA kernel."""
-    inputs = make_inputs(2, 2, 4, 32, 32, state_dtype=state_dtype, slot_pad=slot_pad, seed=1)
-    forced = TileConfig(BV=8, num_warps=1, num_stages=3, programs_per_sm=2, tma=1)
-    config = TritonKDA(forced).config_for(inputs)
-    assert tma_addressable(inputs) is addressable
-    assert config == (forced.fitted(4, 32) if addressable else TileConfig(BV=8, num_warps=1))
-    out = torch.empty(inputs.out_shape, dtype=inputs.v.dtype)
-    assert (kernel_arguments(inputs, out, config)[0] is _kda_decode_tma_kernel) is addressable
-
-
-def test_tma_runs_only_on_a_pool_whose_base_tma_can_address():
-    """A pool whose base is 8 bytes off a 16-byte boundary (its slot stride fine) runs through pointers."""
-    inputs = make_inputs(2, 2, 4, 32, 32, state_dtype=torch.bfloat16, slot_pad=8, seed=1)
-    storage = torch.zeros(inputs.state.numel() + inputs.slot_stride + 4, dtype=inputs.state.dtype)
-    shifted = storage[4:].as_strided(inputs.state.shape, inputs.state.stride())
-    shifted.copy_(inputs.state)
-    moved = replace(inputs, state=shifted)
-    assert tma_addressable(inputs) and not tma_addressable(moved)
-    assert TritonKDA(TileConfig(BV=8, num_warps=1, tma=1)).config_for(moved).tma == 0
 
 
 @pytest.mark.interpreter
@@ -363,16 +307,16 @@ def test_versions_name_torch_and_triton():
 def test_table_entries_parse_and_fit_their_shapes():
     for (dtype, HV, K, V, B, T), text in TABLE.items():
         config = TileConfig.parse(text, TileConfig(BV=V), source="TABLE")
-        assert config.fitted(HV, V, T) == config, (dtype, HV, K, V, B, T, text)
+        assert config.fitted(V, T) == config, (dtype, HV, K, V, B, T, text)
 
 
 def test_table_lookup_takes_the_nearest_tabled_batch(monkeypatch):
     """Nearest in log2 of B; a tie (B=4 between 1 and 16, B=128 between 64 and 256) goes to the larger."""
-    from kda_impls.impls import triton_kda
+    from kda_impls.impls.triton import tiles
 
     tile_of_batch = {1: 8, 16: 16, 64: 32, 256: 64}
-    monkeypatch.setattr(triton_kda, "TABLE", {("bfloat16", 32, 128, 128, b, 1): f"BV={bv}"
-                                              for b, bv in tile_of_batch.items()})
+    monkeypatch.setattr(tiles, "TABLE", {("bfloat16", 32, 128, 128, b, 1): f"BV={bv}"
+                                         for b, bv in tile_of_batch.items()})
     for B, tabled in [(1, 1), (3, 1), (4, 16), (5, 16), (40, 64), (128, 256), (100, 64), (1000, 256)]:
         assert choose_config(torch.bfloat16, 32, 128, 128, B).BV == tile_of_batch[tabled], B
     # A multi-token step of a shape with only one-token entries takes those.
@@ -380,12 +324,12 @@ def test_table_lookup_takes_the_nearest_tabled_batch(monkeypatch):
 
 
 def test_table_lookup_takes_the_nearest_tabled_tokens_then_batch(monkeypatch):
-    from kda_impls.impls import triton_kda
+    from kda_impls.impls.triton import tiles
 
-    monkeypatch.setattr(triton_kda, "TABLE", {("bfloat16", 32, 128, 128, 64, 1): "BV=64",
-                                              ("bfloat16", 32, 128, 128, 8, 2): "BV=2",
-                                              ("bfloat16", 32, 128, 128, 128, 2): "BV=4",
-                                              ("bfloat16", 32, 128, 128, 8, 8): "BV=8"})
+    monkeypatch.setattr(tiles, "TABLE", {("bfloat16", 32, 128, 128, 64, 1): "BV=64",
+                                         ("bfloat16", 32, 128, 128, 8, 2): "BV=2",
+                                         ("bfloat16", 32, 128, 128, 128, 2): "BV=4",
+                                         ("bfloat16", 32, 128, 128, 8, 8): "BV=8"})
     for T, B, BV in [(1, 8, 64), (2, 8, 2), (2, 100, 4), (3, 1000, 4), (4, 1, 8), (16, 128, 8)]:
         assert choose_config(torch.bfloat16, 32, 128, 128, B, T).BV == BV, (T, B)
 
@@ -395,15 +339,15 @@ def test_fp16_state_uses_the_bf16_rows():
 
 
 def test_heuristic_configs_are_legal():
-    for K, V, esize, B, HV in itertools.product((16, 64, 256), (16, 128, 256), (2, 4), (1, 64), (1, 6, 48)):
-        config = heuristic_config(K, V, esize, B, HV)
+    for K, V, esize, B in itertools.product((16, 64, 256), (16, 128, 256), (2, 4), (1, 64)):
+        config = heuristic_config(K, V, esize, B)
         config.validate()
-        assert config.fitted(HV, V) == config
+        assert config.fitted(V) == config
 
 
 def test_untabled_shapes_use_the_heuristic():
     assert not any(key[1:4] == (48, 256, 64) for key in TABLE)
-    assert choose_config(torch.float32, 48, 256, 64, 8) == heuristic_config(256, 64, 4, 8, 48)
+    assert choose_config(torch.float32, 48, 256, 64, 8) == heuristic_config(256, 64, 4, 8)
 
 
 def test_config_override_from_the_environment(monkeypatch):
@@ -412,27 +356,23 @@ def test_config_override_from_the_environment(monkeypatch):
     config = TritonKDA().config_for(inputs)
     tabled = choose_config(torch.bfloat16, 32, 128, 128, 1)
     assert config == replace(tabled, BV=16, num_warps=2)  # the fields it names, on the table's entry
-    monkeypatch.setenv(CONFIG_ENV, "BV=256,heads=5")  # fitted to the shape: BV <= V, heads | HV
-    assert TritonKDA().config_for(inputs).BV == 128 and TritonKDA().config_for(inputs).heads == 1
+    monkeypatch.setenv(CONFIG_ENV, "BV=256,subtiles=4")  # fitted to the shape: BV <= V, the sub-tiles V holds
+    assert TritonKDA().config_for(inputs).BV == 128 and TritonKDA().config_for(inputs).subtiles == 1
 
 
 @pytest.mark.parametrize("text, complaint", [
     ("BV=24", "BV must be a power of two"),
     ("num_warps=3", "num_warps must be a power of two"),
-    ("num_stages=0", "num_stages must be in 1..8"),
     ("subtiles=3", "subtiles must be a power of two"),
     ("const_heads=2", "const_heads must be 0 or 1"),
     ("state_first=-1", "state_first must be 0, 1 or 2"),
     ("state_first=3", "state_first must be 0, 1 or 2"),
     ("rewiden=2", "rewiden must be 0 or 1"),
-    ("tma=2", "tma must be 0 or 1"),
     ("lookahead=2", "lookahead must be 0 or 1"),
     ("load_evict_first=2", "load_evict_first must be 0 or 1"),
     ("store_evict_first=-1", "store_evict_first must be 0 or 1"),
     ("fast_gate=2", "fast_gate must be 0 or 1"),
     ("tiled_inputs=2", "tiled_inputs must be 0 or 1"),
-    ("maxnreg=20", "maxnreg must be 0"),
-    ("maxnreg=100", "maxnreg must be 0"),
     ("programs_per_sm=65", "programs_per_sm must be in 0..64"),
     ("BV=thirty", "BV must be an integer"),
     ("tile=32", "is not NAME=VALUE"),
@@ -461,17 +401,14 @@ SM90_CONFIGS = {
                   "BV=8,num_warps=1,programs_per_sm=8,load_evict_first=0,store_evict_first=0",
                   "BV=16,num_warps=1,state_first=1", "BV=16,num_warps=1,state_first=1,load_evict_first=0",
                   "BV=16,num_warps=1,state_first=1,store_evict_first=0", "BV=16,num_warps=4",
-                  "BV=16,num_warps=4,tma=1", "BV=16,num_warps=4,tma=1,fast_gate=1",
-                  "BV=16,num_warps=4,tma=1,programs_per_sm=4,num_stages=3",
                   "BV=32,num_warps=1", "BV=32,num_warps=1,state_first=1", "BV=32,num_warps=1,state_first=2",
-                  "BV=32,num_warps=1,maxnreg=64", "BV=32,num_warps=1,rewiden=1",
+                  "BV=32,num_warps=1,rewiden=1",
                   "BV=4,num_warps=1,const_heads=1,state_first=2,rewiden=1,fast_gate=1",
                   "BV=4,num_warps=1,const_heads=1,state_first=2,rewiden=1,fast_gate=1,tiled_inputs=1"],
     (64, 64, 4): ["BV=8,num_warps=1", "BV=8,num_warps=1,fast_gate=1",
                   "BV=8,num_warps=1,load_evict_first=0,store_evict_first=0"],
     (32, 128, 1): ["BV=8,num_warps=1", "BV=4,num_warps=1,state_first=1,const_heads=1,fast_gate=1",
-                   "BV=8,num_warps=1,state_first=1,const_heads=1,fast_gate=1",
-                   "BV=8,num_warps=1,state_first=1,const_heads=1,fast_gate=1,maxnreg=96"],
+                   "BV=8,num_warps=1,state_first=1,const_heads=1,fast_gate=1"],
 }
 
 
@@ -520,18 +457,17 @@ def offline_sm90(tmp_path_factory):
     return functools.partial(_offline_sm90, shared / "offline-sm90")
 
 
-@pytest.mark.parametrize("config, T", [("BV=8,num_warps=1,programs_per_sm=8", 1), ("BV=16,num_warps=4,tma=1", 1),
+@pytest.mark.parametrize("config, T", [("BV=8,num_warps=1,programs_per_sm=8", 1), ("BV=16,num_warps=4", 1),
                                        ("BV=8,num_warps=1", 4)])
 def test_the_offline_compile_is_the_same_at_any_batch(config, T):
     """What triton.compile is given (the kernel, its signature, constexprs and options) at COMPILE_B is what
     it is given at B = 256, the batch the tuning table is read at: the compiles above stand for B = 256."""
-    from kda_impls.impls.triton_kda import kernel_arguments
     from scripts.tuning.triton_registers import signature
 
     def compiled_from(B: int):
         inputs = make_inputs(B, 64, 64, 64, 64, T=T, seed=0)
-        tile = TileConfig.parse(config, TileConfig(BV=64), source="test").fitted(64, 64, T)
-        kernel, _, args, meta = kernel_arguments(inputs, torch.empty(inputs.out_shape, dtype=inputs.v.dtype), tile)
+        tile = TileConfig.parse(config, TileConfig(BV=64), source="test").fitted(64, T)
+        kernel, _, args, meta = the_launch(inputs, torch.empty(inputs.out_shape, dtype=inputs.v.dtype), tile)
         return kernel.fn.__name__, signature(kernel, args, meta), meta
 
     assert compiled_from(COMPILE_B) == compiled_from(256)
@@ -551,19 +487,6 @@ def test_state_first_issues_the_state_load_ahead_of_the_small_inputs(offline_sm9
     assert between_digest not in (first_digest, after_digest), rows  # state_first=2: a third order
 
 
-def test_tma_form_moves_the_state_by_tma_and_pipelines_its_loop(offline_sm90):
-    """tma=1 compiles to TMA loads of the state and none of the state's 16-byte global loads (those
-    masked on the row's slot: the state does not pass through the pointer path), and its persistent
-    loop pipelined three deep issues one more TMA load, ahead of the loop, than the unpipelined one:
-    fails if the field is ignored or the loop loses its pipelining."""
-    pointers, tma, pipelined = offline_sm90("BV=16,num_warps=4;BV=16,num_warps=4,tma=1;"
-                                            "BV=16,num_warps=4,tma=1,programs_per_sm=4,num_stages=3", 64, 64)
-    if pointers[-1] == "None":
-        pytest.skip("no cuobjdump beside this Triton")
-    assert (pointers[-3], tma[-3], pipelined[-3]) == ("0", "1", "2"), (pointers, tma, pipelined)
-    assert pointers[9] != "None" and tma[9] == pipelined[9] == "None"  # the state load spread: no such load
-
-
 def test_persistent_form_without_the_tile_look_ahead_compiles_to_its_own_code(offline_sm90):
     """lookahead=0 keeps no next tile in registers: the persistent 8-row bf16 tile compiles to other
     code, on no more registers than with the look-ahead (72 and 59 at K=V=64 under Triton 3.9; fails if
@@ -578,19 +501,17 @@ def test_persistent_form_without_the_tile_look_ahead_compiles_to_its_own_code(of
 def test_eviction_hints_mark_only_the_state_accesses_they_name(offline_sm90):
     """load_evict_first and store_evict_first reach the SASS: by default every state load and store
     is marked evict-first (.EF) and nothing else is; each field at 0 clears its own accesses' marks
-    alone, in the one-program-per-tile, the persistent and the multi-token kernels; the TMA form marks
-    only its stores (fails if a field is ignored, crossed or applied to the other form's accesses)."""
+    alone, in the one-program-per-tile, the persistent and the multi-token kernels (fails if a field is
+    ignored, crossed or applied to the other form's accesses)."""
     rows = offline_sm90("BV=16,num_warps=1,state_first=1;BV=16,num_warps=1,state_first=1,load_evict_first=0;"
                         "BV=16,num_warps=1,state_first=1,store_evict_first=0;BV=8,num_warps=1,programs_per_sm=8;"
-                        "BV=8,num_warps=1,programs_per_sm=8,load_evict_first=0,store_evict_first=0;"
-                        "BV=16,num_warps=4,tma=1", 64, 64)
+                        "BV=8,num_warps=1,programs_per_sm=8,load_evict_first=0,store_evict_first=0", 64, 64)
     if rows[0][-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
-    (plain, no_loads, no_stores, persistent, persistent_unhinted, tma) = ((int(r[-5]), int(r[-4])) for r in rows)
+    (plain, no_loads, no_stores, persistent, persistent_unhinted) = ((int(r[-5]), int(r[-4])) for r in rows)
     # 16 rows of 64 bf16 in 16-byte accesses on one warp: 4 loads and 4 stores per thread
     assert plain == (4, 4) and no_loads == (0, 4) and no_stores == (4, 0), rows
     assert persistent[0] > 0 and persistent[1] > 0 and persistent_unhinted == (0, 0), rows
-    assert tma[0] == 0 and tma[1] > 0, rows
     multitoken = offline_sm90("BV=8,num_warps=1;BV=8,num_warps=1,load_evict_first=0,store_evict_first=0", 64, 64, T=4)
     (hinted, unhinted) = ((int(r[-5]), int(r[-4])) for r in multitoken)
     assert hinted[0] > 0 and hinted[1] > 0 and unhinted == (0, 0), multitoken
@@ -598,11 +519,11 @@ def test_eviction_hints_mark_only_the_state_accesses_they_name(offline_sm90):
 
 def test_fast_gate_takes_its_log2_from_mufu_in_every_form(offline_sm90):
     """fast_gate=1 computes the gate's log2 with MUFU.LG2 (lg2.approx) in the one-program-per-tile,
-    persistent, TMA and multi-token kernels, where fast_gate=0 has none (libdevice's logf is a
+    persistent and multi-token kernels, where fast_gate=0 has none (libdevice's logf is a
     polynomial): fails if the field is ignored or a form calls tl.log2 on the GPU. Fewer instructions
     in all (640 against 824 in the bf16 8-row tile B = 1 ran under Triton 3.6 at K=V=128; 400 against
     480 here at K=V=64 under 3.9)."""
-    forms = ("BV=8,num_warps=1,state_first=1", "BV=8,num_warps=1,programs_per_sm=8", "BV=16,num_warps=4,tma=1")
+    forms = ("BV=8,num_warps=1,state_first=1", "BV=8,num_warps=1,programs_per_sm=8")
     rows = offline_sm90(";".join(f"{form}{gate}" for form in forms for gate in ("", ",fast_gate=1")), 64, 64)
     if rows[0][-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
@@ -614,18 +535,15 @@ def test_fast_gate_takes_its_log2_from_mufu_in_every_form(offline_sm90):
 
 def test_state_load_spread_counts_from_the_first_state_load_to_the_last(offline_sm90):
     """triton_registers.py's state load spread: at K=V=128 the 4-row base-2 tile's two 16-byte state
-    loads a thread go out together, the TMA form has no such load (None), and the 8-row base-2 tile's
-    four spread through the gate unless a register cap keeps them together (262 against 11 under Triton
-    3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt; the tune run triton-tune-b1-eight-rows in
-    results/h200/tuning-table/rows.csv times the
-    capped tile level with the table): fails if the column counts other loads or the wrong span."""
+    loads a thread go out together, and the 8-row base-2 tile's four spread through the gate (11 against
+    262 under Triton 3.6: results/offline-sm90/triton36/fast_gate_hv32_d128.txt): fails if the column
+    counts other loads or the wrong span."""
     fast = "num_warps=1,state_first=1,const_heads=1,fast_gate=1"
-    rows = offline_sm90(f"BV=4,{fast};BV=8,{fast};BV=8,{fast},maxnreg=96", 32, 128)
+    rows = offline_sm90(f"BV=4,{fast};BV=8,{fast}", 32, 128)
     if rows[0][-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
-    four_rows, eight_rows, eight_capped = (r[9] for r in rows)
-    tma = offline_sm90("BV=16,num_warps=4,tma=1", 64, 64)[0][9]
-    assert tma == "None" and 0 < int(four_rows) < int(eight_capped) < int(eight_rows), (rows, tma)
+    four_rows, eight_rows = (r[9] for r in rows)
+    assert 0 < int(four_rows) < int(eight_rows), rows
 
 
 def test_tiled_inputs_issue_every_load_before_the_first_warp_wide_instruction(offline_sm90):
@@ -656,15 +574,12 @@ def test_shuffle_column_counts_the_reductions_steps(offline_sm90):
     assert int(narrow[11]) < 32 <= int(wide[11]) < int(wide[7]) // 4, (wide, narrow)
 
 
-def test_register_cap_and_rewiden_reach_ptxas(offline_sm90):
-    """maxnreg reaches the compile (ptxas keeps to the cap, where the same tile uncapped takes more:
-    99 registers under Triton 3.9, 125 under 3.6), and rewiden=1 compiles to other code than the tile
-    widened once."""
-    plain, capped, rewidened = offline_sm90("BV=32,num_warps=1;BV=32,num_warps=1,maxnreg=64;"
-                                            "BV=32,num_warps=1,rewiden=1", 64, 64)
-    assert int(capped[3]) <= 64 < int(plain[3]), (plain, capped)
-    if plain[-1] != "None":  # a SASS digest, where cuobjdump is beside this Triton
-        assert rewidened[-1] != plain[-1], (plain, rewidened)
+def test_rewiden_compiles_to_its_own_code(offline_sm90):
+    """rewiden=1 compiles to other code than the tile widened once (fails if the field is ignored)."""
+    plain, rewidened = offline_sm90("BV=32,num_warps=1;BV=32,num_warps=1,rewiden=1", 64, 64)
+    if plain[-1] == "None":
+        pytest.skip("no cuobjdump beside this Triton")
+    assert rewidened[-1] != plain[-1], (plain, rewidened)
 
 
 # ---- on the GPU ---------------------------------------------------------------------------------------
@@ -696,7 +611,6 @@ def test_gva_on_gpu(HV):
 @pytest.mark.parametrize("config", [TileConfig(BV=4, num_warps=1, const_heads=1, state_first=1, fast_gate=1),
                                     TileConfig(BV=8, num_warps=1, subtiles=4, rewiden=1, fast_gate=1),
                                     TileConfig(BV=8, num_warps=1, programs_per_sm=4, fast_gate=1),
-                                    TileConfig(BV=16, num_warps=2, num_stages=3, programs_per_sm=2, tma=1, fast_gate=1),
                                     TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, rewiden=1, fast_gate=1,
                                                tiled_inputs=1)],
                          ids=str)
@@ -728,16 +642,17 @@ def test_launcher_allocates_nothing():
 
 @gpu
 def test_config_override_reaches_the_compiled_kernel(monkeypatch):
-    from kda_impls.impls.triton_kda import compile_kernel
+    from kda_impls.impls.triton.kernel import compile_launches
 
     inputs = make_inputs(16, 32, 32, 128, 128, slot_pad=64, pad_rows=2, n_slots=20, device="cuda", seed=8)
-    monkeypatch.setenv(CONFIG_ENV, "BV=16,heads=2,num_warps=2,num_stages=2")
+    monkeypatch.setenv(CONFIG_ENV, "BV=16,num_warps=2")
     config = TritonKDA().config_for(inputs)
     # the fields named replace the table's entry's; the others (its state order) stay
     tabled = choose_config(inputs.state.dtype, 32, 128, 128, 16)
-    assert config == replace(tabled, BV=16, heads=2, num_warps=2, num_stages=2).fitted(32, 128)
+    assert config == replace(tabled, BV=16, num_warps=2).fitted(128)
     out = torch.empty(16, 32, 128, dtype=inputs.v.dtype, device="cuda")
-    assert compile_kernel(inputs, out, config).metadata.num_warps == 2
+    (compiled,) = compile_launches(inputs, launches(inputs, out, config))
+    assert compiled.metadata.num_warps == 2
     verdict = verify(TritonKDA(), inputs)
     assert verdict.ok, verdict
 
@@ -778,15 +693,13 @@ def test_register_script_compiles_for_sm90_without_a_gpu():
         assert int(rows[1][6]) <= 40 and int(rows[1][6]) < int(rows[2][6]), done.stdout
 
 
-def test_rewiden_and_register_cap_reach_the_launch():
+def test_rewiden_reaches_the_launch():
     inputs = make_inputs(3, 2, 4, 32, 32, state_dtype=torch.bfloat16, seed=1)
     out = torch.empty(3, 4, 32, dtype=inputs.v.dtype)
-    _, _, _, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1))
-    assert meta["REWIDEN"] == 0 and "maxnreg" not in meta  # no cap: ptxas chooses
-    _, _, _, meta = kernel_arguments(inputs, out, TileConfig(BV=8, num_warps=1, rewiden=1, maxnreg=96))
-    assert meta["REWIDEN"] == 1 and meta["maxnreg"] == 96
+    assert the_launch(inputs, out, TileConfig(BV=8, num_warps=1))[3]["REWIDEN"] == 0
+    assert the_launch(inputs, out, TileConfig(BV=8, num_warps=1, rewiden=1))[3]["REWIDEN"] == 1
     # the persistent form and the multi-token kernel have no re-widened form
-    assert TileConfig(BV=8, rewiden=1, programs_per_sm=2).fitted(4, 32).rewiden == 0
-    assert TileConfig(BV=8, rewiden=1).fitted(4, 32, T=2).rewiden == 0
+    assert TileConfig(BV=8, rewiden=1, programs_per_sm=2).fitted(32).rewiden == 0
+    assert TileConfig(BV=8, rewiden=1).fitted(32, T=2).rewiden == 0
 
 

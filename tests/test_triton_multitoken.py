@@ -13,7 +13,8 @@ import torch
 
 from helpers import DEVICE, assert_graph_replay_takes_eager_step, assert_launch_allocates_nothing, runnable, with_gaps
 from kda_impls import get, make_inputs, reference, rel_err, verify
-from kda_impls.impls.triton_kda import TileConfig, TritonKDA, kernel_arguments
+from kda_impls.impls.triton.kernel import TritonKDA, launches
+from kda_impls.impls.triton.tiles import TileConfig
 
 gpu = pytest.mark.gpu
 pytestmark = pytest.mark.usefixtures("no_config_override")
@@ -68,12 +69,10 @@ def test_activation_dtypes(dtype):
         assert verdict.err_out <= 1e-5 and verdict.err_state <= 1e-5, verdict
 
 
-# Several V-tiles (BV=8 of V=16), head groups (walked with and without a pipelined loop), a tile taller
-# than V, the gate in base 2.
+# Several V-tiles (BV=8 of V=16), a tile taller than V, the gate in base 2.
 FORCED = [
     TileConfig(BV=8, num_warps=1),
-    TileConfig(BV=16, heads=2, num_warps=2, num_stages=2),
-    TileConfig(BV=64, heads=3, num_warps=2),
+    TileConfig(BV=64, num_warps=2),
     TileConfig(BV=8, num_warps=1, fast_gate=1),
 ]
 
@@ -107,15 +106,16 @@ def test_writes_the_given_out_buffer_and_returns_it():
 
 
 def test_t1_in_either_spelling_launches_the_one_token_kernel():
-    from kda_impls.impls.triton_kda import _kda_decode_kernel, _kda_multitoken_kernel
+    from kda_impls.impls.triton.inplace import _kda_decode_kernel
+    from kda_impls.impls.triton.multitoken import _kda_multitoken_kernel
 
     one = make_inputs(2, 1, 2, 16, 16, seed=1)
     config = TileConfig(BV=16)
     for x in (one, one.per_token_spelling()):
-        kernel, *_ = kernel_arguments(x, torch.empty(x.out_shape, dtype=x.v.dtype), config)
+        ((kernel, *_),) = launches(x, torch.empty(x.out_shape, dtype=x.v.dtype), config)
         assert kernel is _kda_decode_kernel
     x = make_inputs(2, 1, 2, 16, 16, T=2, seed=1)
-    kernel, _, args, _ = kernel_arguments(x, torch.empty(x.out_shape, dtype=x.v.dtype), config)
+    ((kernel, _, args, _),) = launches(x, torch.empty(x.out_shape, dtype=x.v.dtype), config)
     assert kernel is _kda_multitoken_kernel and args[-1] == 2 and torch.equal(args[9], x.num_accepted)
 
 

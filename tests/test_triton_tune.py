@@ -1,5 +1,5 @@
-"""The tuner (scripts.tuning.triton_tune: scripts.tuning.triton_tune, tuning_table) and the tuning table it
-writes (kda_impls/impls/triton_tuning.json): the table the kernel reads is the committed JSON, the JSON is
+"""The tuner (scripts.tuning.triton_tune and scripts.tuning.tuning_table) and the tuning table it
+writes (kda_impls/impls/triton/tuning.json): the table the kernel reads is the committed JSON, the JSON is
 what its recorded command writes from the committed tune runs, and the tuner's rules for choosing
 an entry (best per shape, the state order from two sweeps, over-table runs past a margin)."""
 
@@ -12,16 +12,17 @@ import torch
 
 from helpers import REPO, write_sweep_dir
 from kda_impls.bench.config import Config
-from kda_impls.impls import triton_kda, triton_tuning
-from kda_impls.impls.triton_kda import TileConfig, choose_config
-from kda_impls.impls.triton_tuning import TABLE
+from kda_impls.impls.triton import tiles
+from kda_impls.impls.triton import tuning as triton_tuning
+from kda_impls.impls.triton.tiles import TileConfig, choose_config
+from kda_impls.impls.triton.tuning import TABLE
 from scripts.tuning import triton_tune, tuning_table
 
 
 def test_the_kernel_reads_the_committed_json():
     """The kernel's table is the JSON shipped in the package, every entry a full config of its shape."""
     provenance, table = triton_tuning.parse(tuning_table.TABLE_PATH.read_text())
-    assert triton_kda.TABLE is TABLE and TABLE == table and len(table) > 0
+    assert tiles.TABLE is TABLE and TABLE == table and len(table) > 0
     assert triton_tuning.PROVENANCE == "; ".join(provenance)
     key = next(iter(table))
     assert choose_config(getattr(torch, key[0]), *key[1:]) == TileConfig.parse(table[key], TileConfig(BV=key[3]))
@@ -39,7 +40,8 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
                  us=us, pct_copy=90.0, best=str(best))
             for B, config, us, best in [(64, "BV=32,heads=1,num_warps=4,num_stages=1", 30.0, True),
                                         (64, "BV=16,heads=1,num_warps=2,num_stages=1", 33.0, False),
-                                        (1, "BV=16,heads=2,num_warps=2,num_stages=2", 2.0, True)]]
+                                        (1, "BV=16,heads=1,num_warps=2,num_stages=1", 2.0, True),
+                                        (1, "BV=16,heads=2,num_warps=2,num_stages=2", 1.0, True)]]
     csv_path, table_path = tmp_path / "triton_tune.csv", tmp_path / "triton_tuning.json"
     pd.DataFrame(rows[1:2]).to_csv(csv_path, index=False)
     assert tuning_table.write_table([csv_path], table_path) == 1 and not table_path.exists()  # no best row
@@ -51,15 +53,14 @@ def test_tune_script_regenerates_a_loadable_table(tmp_path):
     provenance, table = triton_tuning.parse(table_path.read_text())
     # every field named, as the kernel runs the entry: a run from before const_heads measured the head
     # counts at run time (the default), and the multi-token kernel compiles them in
+    # (the fields of dropped forms, heads and num_stages here, are read at the value the kernels run; a row
+    # naming another value timed a dropped form, and is left out: B = 1 takes its other best row)
     tail = "programs_per_sm=0,subtiles=1"
-    end = "rewiden=0,maxnreg=0,tma=0,lookahead=1,load_evict_first=1,store_evict_first=1,fast_gate=0,tiled_inputs=0"
+    end = "rewiden=0,lookahead=1,load_evict_first=1,store_evict_first=1,fast_gate=0,tiled_inputs=0"
     assert table == {
-        ("bfloat16", 32, 128, 128, 64, 1):
-            f"BV=32,heads=1,num_warps=4,num_stages=1,{tail},const_heads=0,state_first=0,{end}",
-        ("bfloat16", 32, 128, 128, 1, 1):
-            f"BV=16,heads=2,num_warps=2,num_stages=2,{tail},const_heads=0,state_first=0,{end}",
-        ("bfloat16", 32, 128, 128, 64, 4):
-            f"BV=8,heads=1,num_warps=1,num_stages=1,{tail},const_heads=1,state_first=1,{end}"}
+        ("bfloat16", 32, 128, 128, 64, 1): f"BV=32,num_warps=4,{tail},const_heads=0,state_first=0,{end}",
+        ("bfloat16", 32, 128, 128, 1, 1): f"BV=16,num_warps=2,{tail},const_heads=0,state_first=0,{end}",
+        ("bfloat16", 32, 128, 128, 64, 4): f"BV=8,num_warps=1,{tail},const_heads=1,state_first=1,{end}"}
     assert all("measured" in line for line in provenance)
     # a run on a kernel that loaded the state first, before the field existed: its path says so
     assert tuning_table.write_table([f"{csv_path}:state_first=1", multi_path], table_path) == 0
@@ -110,13 +111,13 @@ def test_tune_script_takes_each_entrys_state_order_from_two_sweeps(tmp_path, cap
 
 
 def test_tune_over_table_times_the_tabled_config_and_its_variants():
-    tabled = choose_config(torch.bfloat16, 32, 128, 128, 64).fitted(32, 128)
+    tabled = choose_config(torch.bfloat16, 32, 128, 128, 64).fitted(128)
     configs = triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 1, ("rewiden=1", "rewiden=1,BV=256"))
     assert configs == {replace(tabled, rewiden=1): "candidate", replace(tabled, BV=128, rewiden=1): "candidate",
                        tabled: "table"}
     full = triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 1)
     assert any(c.rewiden for c in full) and tabled in full  # the full set has the form too
-    assert any(c.tma and c.programs_per_sm for c in full) and any(c.tma and not c.programs_per_sm for c in full)
+    assert any(c.programs_per_sm for c in full) and any(c.subtiles > 1 for c in full)
     # multi-token steps have no re-widened form
     assert not any(c.rewiden for c in triton_tune.shape_configs(torch.bfloat16, 32, 128, 128, 64, 4, ("rewiden=1",)))
 
@@ -131,7 +132,8 @@ def test_over_table_report_sets_each_shapes_fastest_variant_against_the_tabled_c
         return dict(state_dtype="bfloat16", HV=32, K=128, V=128, B=B, T=1, slot_pad=0, config=config, source=source,
                     status=status, us=us, pct_copy=80.0)
 
-    rows = [row(64, tabled, "table", 10.0), row(64, tabled + ",tma=1", "candidate", 9.7),
+    rows = [row(64, tabled, "table", 10.0), row(64, tabled + ",fast_gate=1", "candidate", 9.7),
+            row(64, tabled + ",tma=1", "candidate", 9.0),  # a dropped form: not the kernels', left out
             row(64, tabled + ",lookahead=0,programs_per_sm=8", "candidate", 11.0),
             row(64, tabled, tuning_table.PADDED_SOURCE, 1.0), row(64, tabled + ",BV=8", "candidate", "", "error: x"),
             row(256, tabled, "table+candidate", 40.0), row(256, tabled + ",rewiden=1", "candidate", 39.4)]
@@ -139,7 +141,7 @@ def test_over_table_report_sets_each_shapes_fastest_variant_against_the_tabled_c
     pd.DataFrame(rows).to_csv(path, index=False)
     text = " ".join(tuning_table.write_over_table_report(path).read_text().split())
     assert "| bfloat16 | 128 | 128 | 2 | 0.970 | 0.985 | 2 |" in text, text  # the range; past 2%, and 1% at B = 256
-    assert "| 64 | 1 | 10.000 | 9.700 | 0.970 | 80.000 | tma=1 |" in text, text  # not the padded row's 1.0
+    assert "| 64 | 1 | 10.000 | 9.700 | 0.970 | 80.000 | fast_gate=1 |" in text, text  # not the padded row's 1.0
     assert "| 256 | 1 | 40.000 | 39.400 | 0.985 | 80.000 | rewiden=1 |" in text, text
 
 

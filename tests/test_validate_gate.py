@@ -115,7 +115,7 @@ def test_planted_slowdown_reads_each_point_from_its_last_tune_run(tmp_path):
     was 7% slower in the first run and 30% in the second is not planted; the last run decides."""
     import torch
 
-    from kda_impls.impls.triton_kda import choose_config
+    from kda_impls.impls.triton.tiles import choose_config
 
     shape = validate_gate.PLANTED_SHAPE
     chosen = {B: str(choose_config(torch.bfloat16, B=B, **shape)) for B in (64, 256)}

@@ -24,7 +24,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from ..inputs import DecodeInputs
-from .triton_kda import SOFTPLUS_LINEAR_ABOVE
+from ..reference import SOFTPLUS_LINEAR_ABOVE
 
 # Elements of the [rows, K] gate one program handles: small rows are grouped so that a program
 # moves a few KiB (a program per row would spend more on scheduling than on the row).

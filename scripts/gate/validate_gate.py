@@ -48,7 +48,8 @@ import pandas as pd
 import torch
 
 from kda_impls import regress
-from kda_impls.impls.triton_kda import CONFIG_ENV, TileConfig, choose_config
+from kda_impls.impls.triton.tiles import CONFIG_ENV, TileConfig, choose_config
+from scripts.tuning.tuning_table import kept_config
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: its benchmarks/ and asv.conf.json
 
@@ -143,7 +144,9 @@ def planted_config(tune_rows: Path = TUNE_ROWS, tune_csvs: list[Path | str] = TU
     tune = tune[(tune.status == "ok") & (tune.slot_pad == 0) & (tune.B >= 64) & (tune.source != "best, padded pool")
                 & (tune.HV == PLANTED_SHAPE["HV"]) & (tune.K == PLANTED_SHAPE["K"]) & (tune.V == PLANTED_SHAPE["V"])]
     tune = tune[tune.run == tune.groupby(["state_dtype", "B"]).run.transform("max")]
-    # Configs compared as parsed: the CSV's strings name every field of the run's TileConfig.
+    # Configs compared as parsed: the CSV's strings name every field of the run's TileConfig (the kernels'
+    # forms only: kept_config leaves out a row of a dropped form).
+    tune = tune.assign(config=[kept_config(c) for c in tune.config]).dropna(subset=["config"])
     tune = tune.assign(config=[str(TileConfig.parse(c, TileConfig(BV=PLANTED_SHAPE["V"]))) for c in tune.config])
     ratios = []
     for (dtype, B), rows in tune.groupby(["state_dtype", "B"]):

@@ -72,7 +72,8 @@ from kda_impls.bench.l2 import rotation_inputs
 from kda_impls.bench.results import environment
 from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth, median_copy_seconds
 from kda_impls.bench.timing import timed_runs
-from kda_impls.impls.triton_kda import TritonKDA, _program_tile
+from kda_impls.impls.triton.gate import _program_tile
+from kda_impls.impls.triton.kernel import TritonKDA
 
 WARMUP = 3
 # What each step of the traffic costs, in points of the copy: (the variant without the step, with it)
@@ -95,7 +96,9 @@ def _tile_roundtrip_kernel(state_ptr, slots_ptr, slot_stride, flip, HV: tl.const
     then the row. The pool is seen as integers of the state's width, so any state dtype
     round-trips bit for bit."""
     CHUNK: tl.constexpr = BV * SUBTILES
-    row, hv, chunk = _program_tile(HV, 1, V // CHUNK)  # the KDA kernel's own mapping
+    row_hv, chunk = _program_tile(V // CHUNK)  # the KDA kernel's own mapping
+    row = row_hv // HV
+    hv = row_hv % HV
     if THROUGH_SLOTS:
         slot = tl.load(slots_ptr + row).to(tl.int64)
     else:

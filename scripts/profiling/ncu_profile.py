@@ -35,12 +35,15 @@ import torch
 
 from kda_impls.bench.config import Config
 from kda_impls.bench.results import environment
-from kda_impls.impls.triton_kda import TileConfig, TritonKDA
+from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV
+from kda_impls.impls.triton.kernel import TritonKDA
+from kda_impls.impls.triton.tiles import TileConfig
 from kda_impls.registry import get
 
 # name: (implementation, state dtype, HV, K=V, B, T, forced tile config of our kernel, or None for the
 # table's choice (another implementation: its own call), "copy", or "replay": a one-token replay step on a
-# ring of REPLAY_RING with random lengths, so that about one row in REPLAY_RING flushes at the profiled launch)
+# ring of REPLAY_RING with random lengths, so that about one row in REPLAY_RING flushes at the profiled launch,
+# "frozen[:TILE]": a frozen verify step, TILE the KDA_TRITON_FROZEN_CONFIG it runs under)
 CASES = {
     "bf16-B256-table": ("triton", "bfloat16", 32, 128, 256, 1, None),
     "bf16-B256-BV8": ("triton", "bfloat16", 32, 128, 256, 1, "BV=8,num_warps=1"),
@@ -50,6 +53,8 @@ CASES = {
     "bf16-B1-table": ("triton", "bfloat16", 32, 128, 1, 1, None),
     "bf16-B128-T8-table": ("triton", "bfloat16", 32, 128, 128, 8, None),
     "bf16-B256-copy": ("triton", "bfloat16", 32, 128, 256, 1, "copy"),
+    "bf16-B256-T4-frozen": ("triton", "bfloat16", 32, 128, 256, 4, "frozen"),
+    "bf16-B256-T4-frozen-recurrence": ("triton", "bfloat16", 32, 128, 256, 4, "frozen:recurrence=1"),
     "bf16-B256-replay": ("triton", "bfloat16", 32, 128, 256, 1, "replay"),
     "fp32-B256-replay": ("triton", "float32", 32, 128, 256, 1, "replay"),
     "bf16-B1-flashinfer": ("flashinfer", "bfloat16", 32, 128, 1, 1, None),
@@ -91,6 +96,9 @@ def workload(name: str) -> None:
     """Three warm-up launches and one more, in the NVTX range ncu profiles."""
     impl, state_dtype, HV, D, B, T, config = CASES[name]
     replay = dict(mode="replay", ring=REPLAY_RING) if config == "replay" else {}
+    if config and config.startswith("frozen"):
+        os.environ[FROZEN_CONFIG_ENV] = config.partition(":")[2]
+        replay, config = dict(mode="frozen"), None
     inputs = Config(impl, B, HV, HV, D, D, state_dtype=state_dtype, T=T, **replay).make_inputs(torch.device("cuda"))
     if config == "copy":  # the state's bytes read and written once, as the kernel moves them
         # An elementwise kernel, not copy_: a contiguous copy_ is a memcpy, which ncu does not profile.

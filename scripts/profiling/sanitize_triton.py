@@ -18,29 +18,25 @@ import sys
 import torch
 
 from kda_impls import make_inputs, verify
-from kda_impls.impls.triton_kda import TileConfig, TritonKDA
+from kda_impls.impls.triton.kernel import TritonKDA
+from kda_impls.impls.triton.tiles import TileConfig
 
-# The table's choice, several V-tiles, a pipelined head group (cp.async into shared memory: the
-# case racecheck is for), the persistent form (48 tiles over min(48, SMs) programs: the last
-# programs' look-ahead runs past the last tile, where nothing may be read), sub-tiles (two
+# The table's choice, several V-tiles, the persistent form (48 tiles over min(48, SMs) programs: the
+# last programs' look-ahead runs past the last tile, where nothing may be read), sub-tiles (two
 # programs per head, each walking four 16-row tiles), the head counts compiled in (the other
 # configs pass them at run time), the state loaded before the small inputs or between their loads
 # and the gate (the other one-tile configs load it after the gate), the stored tile widened
-# twice (alone, and with sub-tiles under a register cap), and the state read by TMA (one program per
-# tile; pipelined three deep over min(48, SMs) persistent programs: the -1 rows' boxes lie outside
-# the pool, where TMA must read zeros and touch no memory), the persistent form looking ahead
-# only at the slots, the state's accesses without eviction hints, the gate in base 2 (the
-# tabled B = 1 tiles: one program per tile with the head counts compiled in; the persistent form),
-# and the small inputs loaded as tiles (a B = 1 tile; two 16-row sub-tiles a program; the tabled bf16
-# B = 1 tile of four warps, 4 rows each).
-CONFIGS = [None, TileConfig(BV=16, num_warps=2), TileConfig(BV=64, heads=2, num_warps=4, num_stages=2),
+# twice (alone, and with sub-tiles), the persistent form looking ahead only at the slots, the
+# state's accesses without eviction hints, the gate in base 2 (the tabled B = 1 tiles: one program
+# per tile with the head counts compiled in; the persistent form), and the small inputs loaded as
+# tiles (a B = 1 tile; two 16-row sub-tiles a program; the tabled bf16 B = 1 tile of four warps,
+# 4 rows each).
+CONFIGS = [None, TileConfig(BV=16, num_warps=2),
            TileConfig(BV=16, num_warps=1, programs_per_sm=1), TileConfig(BV=16, num_warps=1, subtiles=4),
            TileConfig(BV=16, num_warps=2, const_heads=1), TileConfig(BV=16, num_warps=2, state_first=1),
            TileConfig(BV=16, num_warps=2, state_first=2),
            TileConfig(BV=16, num_warps=1, rewiden=1),
-           TileConfig(BV=16, num_warps=1, subtiles=4, rewiden=1, maxnreg=72),
-           TileConfig(BV=16, num_warps=4, tma=1),
-           TileConfig(BV=16, num_warps=4, num_stages=3, programs_per_sm=1, tma=1),
+           TileConfig(BV=16, num_warps=1, subtiles=4, rewiden=1),
            TileConfig(BV=16, num_warps=1, programs_per_sm=1, lookahead=0),
            TileConfig(BV=16, num_warps=2, load_evict_first=0, store_evict_first=0),
            TileConfig(BV=4, num_warps=1, const_heads=1, state_first=2, fast_gate=1),

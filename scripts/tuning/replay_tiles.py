@@ -26,7 +26,7 @@ import pandas as pd
 from kda_impls.bench.config import CONFIG_COLUMNS
 from kda_impls.bench.results import load, write_meta
 from kda_impls.cli import fail
-from kda_impls.impls.triton_replay import REPLAY_CONFIG_ENV
+from kda_impls.impls.triton.replay import REPLAY_CONFIG_ENV
 
 PROG = "replay_tiles.py"
 POINT = [c for c in CONFIG_COLUMNS if c not in ("impl", "placements")]  # what one row measures, the tile aside

@@ -7,7 +7,7 @@ before the kernels are defined (their module is imported there): they are compil
     python3 -m scripts.tuning.triton_registers --table --HV 32 --D 128   # every tabled entry of a shape
 
 Each config is fitted to the shape and compiled as the launcher would launch it
-(kda_impls.impls.triton_kda.kernel_arguments: the same kernel, constexprs and argument types, slot
+(kda_impls.impls.triton.kernel.launches: the same kernel, constexprs and argument types, slot
 stride and pointers 16-divisible), to PTX by this machine's Triton, then assembled by ``ptxas -v``
 for sm_90a (the first of Triton's bundled assemblers and CUDA's that reads that PTX), and
 disassembled by Triton's bundled ``cuobjdump``. Prints one line per config: registers per thread,
@@ -28,7 +28,7 @@ Triton's, and they move with its version: run it under the H200 image's (Triton 
 triton==3.6.0`` in a virtual environment), whose counts matched the box's own (the tune's ``regs``
 column) where Triton 3.9's did not: the bf16 K=V=64 ``BV=32`` tile takes 125 registers under 3.6 and
 on the H200, 96 under 3.9
-(docs/triton-kernel.md, "A regression at K = V = 64").
+(docs/triton-kernel.md, "The head counts compiled in, and where the state load sits").
 """
 
 from __future__ import annotations
@@ -50,17 +50,17 @@ from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kda_impls import make_inputs
-from kda_impls.impls.triton_tuning import TABLE
+from kda_impls.impls.triton.tuning import TABLE
 
 if TYPE_CHECKING:
-    from kda_impls.impls.triton_kda import TileConfig
+    from kda_impls.impls.triton.tiles import TileConfig
 
 CONFIGS = ("BV=8,num_warps=1", "BV=16,num_warps=1", "BV=32,num_warps=1", "BV=32,num_warps=2",
            "BV=32,num_warps=1,const_heads=1", "BV=4,num_warps=1,subtiles=16",
            "BV=8,num_warps=1,programs_per_sm=8")
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
                 torch.int64: "i64"}
-OPTIONS = ("num_warps", "maxnreg")  # launch meta that are compile options, not constexprs
+OPTIONS = ("num_warps",)  # launch meta that are compile options, not constexprs
 REGISTERS_PER_SM, PROGRAMS_PER_SM, WARPS_PER_SM = 65536, 32, 64
 
 
@@ -132,12 +132,12 @@ def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
 
 
 def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: int, T: int) -> dict:
-    from kda_impls.impls.triton_kda import kernel_arguments
+    from kda_impls.impls.triton.kernel import launches
 
     inputs = make_inputs(B, HV, HV, D, D, T=T, state_dtype=state_dtype, seed=0)
-    config = config.fitted(HV, D, T)
+    config = config.fitted(D, T)
     out = torch.empty(inputs.out_shape, dtype=inputs.v.dtype)
-    kernel, _, args, meta = kernel_arguments(inputs, out, config)
+    kernel, _, args, meta = launches(inputs, out, config)[-1]
     types, constexprs, attrs = signature(kernel, args, meta)
     compiled = triton.compile(ASTSource(kernel, types, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options={k: v for k, v in meta.items() if k in OPTIONS})
@@ -175,7 +175,7 @@ def counts(r: dict) -> str:
 
 
 def print_table_entries(HV: int, D: int) -> int:
-    from kda_impls.impls.triton_kda import TileConfig
+    from kda_impls.impls.triton.tiles import TileConfig
 
     print(f"triton {triton.__version__}, sm_90a, the tuning table's entries for HV={HV} K=V={D}")
     print(f"{'state':9} {'B':>4} {'T':>2} {'config':78} {COUNTS_HEADING}")
@@ -200,7 +200,7 @@ def main() -> int:
                         help="instead of --configs: every entry of the tuning table for HV and K = V = D")
     args = parser.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)  # before the kernels are defined: compile, not interpret
-    from kda_impls.impls.triton_kda import TileConfig
+    from kda_impls.impls.triton.tiles import TileConfig
 
     if args.table:
         return print_table_entries(args.HV, args.D)

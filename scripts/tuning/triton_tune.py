@@ -14,15 +14,15 @@ figures the sweeps report. The best config per shape is also timed on a pool wit
 Bandwidth counts the state read and written once plus every input and the output
 (DecodeInputs.nbytes), against an in-run 1 GiB device-to-device copy (bytes read + written).
 
-``--over-table "rewiden=1;rewiden=1,maxnreg=128"`` times, per shape, only the tabled config and the
+``--over-table "rewiden=1;rewiden=1,fast_gate=1"`` times, per shape, only the tabled config and the
 tabled config with each of those fields replaced: a new form against the table in minutes. Such a
 run also writes ``over_table.md`` beside its CSV (per shape, the fastest variant against the tabled
 config; ``--over-table-report CSV ...`` writes it again from committed runs).
 
 Writes the CSV (every candidate), a JSON of the environment and the copy bandwidth beside it
-(``.json``), the table those rows make (``triton_tuning.json``) beside it, and prints the best per shape.
+(``.json``), the table those rows make (``tuning.json``) beside it, and prints the best per shape.
 
-Write the tuning table (kda_impls/impls/triton_tuning.json) from measurements (no GPU needed;
+Write the tuning table (kda_impls/impls/triton/tuning.json) from measurements (no GPU needed;
 several CSVs, e.g. a one-token and a multi-token run, make one table):
 
     python3 -m scripts.tuning.triton_tune --write-table RUN/triton_tune.csv [more.csv ...]
@@ -63,7 +63,8 @@ from kda_impls.bench.results import environment
 from kda_impls.bench.roofline import GPU_COPY_BYTES, copy_bandwidth
 from kda_impls.bench.timing import Budget
 from kda_impls.dtypes import dtype_name
-from kda_impls.impls.triton_kda import TileConfig, TritonKDA, choose_config, compile_kernel, tile_shape
+from kda_impls.impls.triton.kernel import TritonKDA, compile_launches, launches
+from kda_impls.impls.triton.tiles import TileConfig, choose_config, tile_shape
 from scripts.tuning.tuning_table import (
     PADDED_SOURCE,
     STATE_ORDER_MARGIN,
@@ -92,16 +93,14 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
     """A small set that brackets the design point: tiles of 1-16 KiB of state, 32 to 256 bytes of
     state per thread (32 only for small batches, which need many programs to fill the SMs; the
     first H200 run showed large batches gaining from more bytes per thread: more of the state in
-    flight per register), and one head group whose loads are pipelined (``heads`` = 2). One-token
+    flight per register). One-token
     steps also try the persistent form on 1-4 KiB tiles at 64 bytes per thread (the next tile's
     loads in flight: twice the state in registers, so small tiles only) with 4 to 16 programs per
     SM, and sub-tiles (1-4 KiB tiles, 2 to 16 of them per program: the gate and norms once per
     program, the next tile's load in flight); the plain tiles of one-token steps also with the head counts
     compiled in (``const_heads``), and with the state loaded before the small inputs
     (``state_first=1``, the order sub-tiles brought), and each of those one-tile configs with the
-    stored tile widened twice (``rewiden=1``: fewer registers, more instructions), and the state read
-    by TMA (``tma=1``, 1-4 KiB tiles: one program per tile, or 8 programs per SM pipelined four deep;
-    slower on the H200 at every bf16 point, level at fp32 B = 256: docs/triton-kernel.md). Multi-token steps
+    stored tile widened twice (``rewiden=1``: fewer registers, more instructions). Multi-token steps
     carry the tile through T tokens, so their set leans to small tiles."""
     per_thread = (32, 64, 128) if B <= 16 or T > 1 else (64, 128, 256)
     tiles = (1024, 2048, 4096, 8192) if T > 1 else (2048, 4096, 8192, 16384)
@@ -110,26 +109,19 @@ def candidate_configs(K: int, V: int, element_size: int, B: int, T: int = 1) -> 
         for bytes_per_thread in per_thread:
             BV, num_warps = tile_shape(K, V, element_size, tile, bytes_per_thread)
             configs.append(TileConfig(BV=BV, num_warps=num_warps))
-    BV, num_warps = tile_shape(K, V, element_size, 8192)
-    configs.append(TileConfig(BV=BV, heads=2, num_warps=num_warps, num_stages=2))
     if T == 1:
         # the same tiles with the head counts compiled in: a shorter path to the first load, more
         # registers on some tiles (bf16 K=V=64, 32 rows: 96 -> 125)
         configs += [replace(config, const_heads=1) for config in configs]
         # the state loaded first: faster for the 16-row bf16 tiles at K=V=128, slower for the 32-row
         # ones at K=V=64 (7-11%, the same registers; docs/triton-kernel.md)
-        configs += [replace(config, state_first=1) for config in configs
-                    if config.heads == 1 and not config.const_heads]
+        configs += [replace(config, state_first=1) for config in configs if not config.const_heads]
         # the reductions and the update each widening the stored tile: fewer registers for some
         # tiles (bf16 K=V=128, 16 rows: 128 -> 96; fp32, 32 rows: 206 -> 139), more instructions
-        configs += [replace(config, rewiden=1) for config in configs if config.heads == 1 and not config.const_heads]
+        configs += [replace(config, rewiden=1) for config in configs if not config.const_heads]
         for tile in (1024, 2048, 4096):
             BV, num_warps = tile_shape(K, V, element_size, tile)
             configs += [TileConfig(BV=BV, num_warps=num_warps, programs_per_sm=n) for n in (4, 8, 16)]
-        for tile in (1024, 2048, 4096):  # the state read by TMA into shared memory
-            BV, num_warps = tile_shape(K, V, element_size, tile)
-            configs += [TileConfig(BV=BV, num_warps=num_warps, tma=1),
-                        TileConfig(BV=BV, num_warps=num_warps, programs_per_sm=8, num_stages=4, tma=1)]
         for tile in (1024, 2048, 4096):  # sub-tiles: 1-4 KiB tiles, the gate once per 2-16 of them
             BV, num_warps = tile_shape(K, V, element_size, tile)
             configs += [TileConfig(BV=BV, num_warps=num_warps, subtiles=n) for n in (2, 4, 8, 16)]
@@ -202,8 +194,8 @@ def shape_configs(state_dtype, HV, K, V, B, T, over_table: tuple[str, ...] = ())
     tabled = choose_config(state_dtype, HV, K, V, B, T)
     candidates = ([TileConfig.parse(text, tabled, source="--over-table") for text in over_table] if over_table
                   else candidate_configs(K, V, state_dtype.itemsize, B, T))
-    configs = {c.fitted(HV, V, T): "candidate" for c in candidates}
-    tabled = tabled.fitted(HV, V, T)
+    configs = {c.fitted(V, T): "candidate" for c in candidates}
+    tabled = tabled.fitted(V, T)
     configs[tabled] = "table+candidate" if tabled in configs else "table"
     return configs
 
@@ -236,7 +228,8 @@ def case_columns(base: dict, config: TileConfig, device, copy_gbps: float) -> di
     row = run_case(cfg, device, METHOD, impl=TritonKDA(config), copy_bw=copy_gbps * 1e9)
     columns = {"status": row["status"] if row["status"] != "wrong" else f"wrong: {row['reason']}"[:300]}
     if row["status"] == "ok":
-        compiled = compile_kernel(*_compile_args(cfg, device), config)
+        inputs, out = _compile_args(cfg, device)
+        compiled = compile_launches(inputs, launches(inputs, out, config))[0]
         columns |= {"us": row["kernel_us_mean"], "us_placement_min": row["kernel_us_placement_min"],
                     "us_placement_max": row["kernel_us_placement_max"], "bytes": row["bytes"],
                     "GBps": row["gbps"], "pct_copy": 100 * row["roofline_frac"], "floor_us": row["floor_us"],
@@ -298,7 +291,7 @@ def arguments() -> argparse.ArgumentParser:
                         help="instead of the candidate set: the tabled config of each shape and the tabled config "
                              "with each of these fields replaced (';' between them: \"rewiden=1;rewiden=1,BV=32\")")
     parser.add_argument("--write-table", nargs="+", metavar="CSV[:FIELD=VALUE,...]",
-                        help="write kda_impls/impls/triton_tuning.json from measured CSVs (FIELD=VALUE: what the "
+                        help="write kda_impls/impls/triton/tuning.json from measured CSVs (FIELD=VALUE: what the "
                              "run's kernel did where its rows name no such field), or from one tune-data folder "
                              "(--save-tune-data), and exit")
     parser.add_argument("--over-table-runs", nargs="+", default=[], metavar="CSV",
@@ -313,7 +306,7 @@ def arguments() -> argparse.ArgumentParser:
                         help="with --write-table CSV...: also save the rows, run records and state-order times the "
                              "table is written from into FOLDER, which --write-table FOLDER reads in their place")
     parser.add_argument("--rewrite-table", action="store_true",
-                        help="write kda_impls/impls/triton_tuning.json again with the arguments it records and exit")
+                        help="write kda_impls/impls/triton/tuning.json again with the arguments it records and exit")
     parser.add_argument("--over-table-report", nargs="+", type=Path, metavar="CSV",
                         help="write over_table.md beside each CSV of an --over-table run and exit (no GPU needed)")
     return parser

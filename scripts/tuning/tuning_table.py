@@ -1,7 +1,7 @@
 """The tuning table written from tune runs (scripts.tuning.triton_tune --write-table): the best config
 per shape from each run's CSV, each entry's state order from two sweeps, and runs over the table
 (``--over-table``) taken in only past a margin; the report of such a run (``over_table.md``). The
-table's file format is kda_impls.impls.triton_tuning's."""
+table's file format is kda_impls.impls.triton.tuning's."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 
 from kda_impls.bench.results import git_state
 from kda_impls.bench.results import load as load_sweep
-from kda_impls.impls import triton_tuning
-from kda_impls.impls.triton_kda import TileConfig, table_key
+from kda_impls.impls.triton import tuning as triton_tuning
+from kda_impls.impls.triton.tiles import TileConfig, table_key
 
 # Two sweeps' times of an entry closer than this leave its state order as the tune CSVs say: the
 # run-to-run spread of our kernel's rows is within 1% (results/h200/published/run_to_run.md).
@@ -51,9 +51,9 @@ def provenance_of(meta: dict | None) -> str:
 def fitted_config(row: dict, measured_with: str = "") -> TileConfig:
     """The config of a CSV row as the kernel runs it on the row's shape; ``measured_with``: the
     fields (``"state_first=1"``) of the kernel the run measured that its rows do not name."""
-    HV, V, T = int(row["HV"]), int(row["V"]), int(row.get("T") or 1)  # rows from before the T column: T = 1
+    V, T = int(row["V"]), int(row.get("T") or 1)  # rows from before the T column: T = 1
     base = TileConfig.parse(measured_with, TileConfig(BV=V), source="--write-table")
-    return TileConfig.parse(row["config"], base).fitted(HV, V, T)
+    return TileConfig.parse(row["config"], base).fitted(V, T)
 
 
 def render_table(rows: list[dict], meta: dict | list | None, state_order: dict | None = None,
@@ -118,9 +118,31 @@ def keep_tabled_unless_faster(rows: list[dict]) -> list[dict]:
     return rows
 
 
+# Fields of forms the kernels no longer have (the TMA read, head groups, a register cap), with the value
+# the kernels run: a tune row naming another value timed a dropped form and is left out.
+DROPPED_FIELDS = {"heads": "1", "num_stages": "1", "maxnreg": "0", "tma": "0"}
+
+
+def kept_config(config: str) -> str | None:
+    """A tune row's config without the dropped forms' fields; None where it timed a dropped form."""
+    kept = []
+    for item in filter(None, (part.strip() for part in config.split(","))):
+        name, _, value = item.partition("=")
+        if name not in DROPPED_FIELDS:
+            kept.append(item)
+        elif value != DROPPED_FIELDS[name]:
+            return None
+    return ",".join(kept)
+
+
 def read_rows(csv_path: Path | str) -> list[dict]:
+    """A tune CSV's rows of the kernels' forms (:func:`kept_config`)."""
     with open(csv_path, newline="") as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        if "config" in row:
+            row["config"] = kept_config(row["config"])
+    return [row for row in rows if row.get("config", "") is not None]
 
 
 def over_table_report(rows: list[dict], source: str) -> str:

@@ -43,9 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..inputs import DecodeInputs
-from ..reference import L2_EPS
-from .triton_kda import SOFTPLUS_LINEAR_ABOVE
+from ...inputs import DecodeInputs
+from ...reference import L2_EPS, SOFTPLUS_LINEAR_ABOVE
 
 _LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
 REPLAY_CONFIG_ENV = "KDA_TRITON_REPLAY_CONFIG"

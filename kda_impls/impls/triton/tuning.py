@@ -1,5 +1,5 @@
 """Tile configs of the Triton KDA decode kernel by (state dtype, HV, K, V, B, T), read from
-``triton_tuning.json`` beside this file; see kda_impls.impls.triton_kda.choose_config (nearest tabled
+``tuning.json`` beside this file; see kda_impls.impls.triton.tiles.choose_config (nearest tabled
 T, then B; fp16 state uses the bfloat16 rows).
 
 The JSON is data written by the tuner (``python3 -m scripts.tuning.triton_tune --write-table ...``; its
@@ -13,7 +13,7 @@ import json
 from importlib import resources
 
 KEY = ("state_dtype", "HV", "K", "V", "B", "T")
-FILE = "triton_tuning.json"
+FILE = "tuning.json"
 
 
 def parse(text: str) -> tuple[list[str], dict[tuple, str]]:

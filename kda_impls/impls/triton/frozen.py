@@ -1,0 +1,207 @@
+"""Frozen verify in closed form: T tokens' outputs from one read of the start state, on the tensor cores.
+
+With ``G_t`` the cumulative log decay through token t (a ``[K]`` vector), ``khat_t = k_t e^{G_t}``,
+``qhat_t = q_t e^{G_t}``, ``ktil_j = k_j e^{-G_j}``, ``M = strict_lower(khat ktil^T)`` and
+``P = tril(qhat ktil^T)``, the chained delta rule's T outputs are
+
+    Tm = (I + diag(beta) M)^{-1} diag(beta),   QT = P Tm,   O = (qhat - QT khat) S0^T + QT V
+
+Two launches. The *token terms* (one program per row and value head, no state) form
+``W = qhat - QT khat`` and ``QT`` into a scratch the launcher allocates: ``W`` in the pool's dtype as a
+high part and its remainder (fp32 for an fp32 pool), the T x T solve a forward substitution in
+registers. The *state product* (one program per row, value head and ``BV`` rows of V) reads its
+``[BV, K]`` start tile once in the pool's dtype and forms ``O = W S0^T + QT V`` by ``tl.dot`` with fp32
+accumulation, the tokens padded to the dot's 16 rows: its cost is the tile's read, whatever T.
+
+``M`` and ``P`` need ``e^{G_t - G_j}`` (t >= j, never above 1), formed as ``e^{G_t - R} e^{R - G_j}``
+with ``R`` the window's mid decay per channel: each factor stays within ``e^{+-span/2}``, ``span``
+the window's log decay from its first token to its last. Where a channel's span passes
+:data:`SPAN_LIMIT` a factor would leave fp32's range, and that program takes the exact differences
+instead (T passes of ``[T, K]`` exponentials).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ...reference import L2_EPS, SOFTPLUS_LINEAR_ABOVE
+
+SPAN_LIMIT = 160.0  # each factor within e^+-80, inside fp32's e^+-88
+TOKEN_ROWS = 16  # the dot's minimum M: T <= 16 tokens padded to it; more run the recurrence
+FROZEN_CONFIG_ENV = "KDA_TRITON_FROZEN_CONFIG"
+RECURRENCE_HEADS = 2048  # B * HV up to which a step of T <= 2 runs the recurrence (measured faster there)
+_LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
+_SPAN_LIMIT = tl.constexpr(SPAN_LIMIT)
+INTERPRETED = tl.constexpr(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _row(x, offs_t, t):
+    """Row ``t`` of a ``[TS, N]`` tile as an ``[N]`` vector."""
+    return tl.sum(tl.where(offs_t[:, None] == t, x, 0.0), axis=0)
+
+
+@triton.jit
+def _times_t(a, b):
+    """``a [M, N] @ b [P, N]^T``: three tf32 products on the tensor cores from the dot's 16 rows, else on
+    the CUDA cores (fp32)."""
+    if a.shape[0] >= 16 and b.shape[0] >= 16:
+        return tl.dot(a, tl.trans(b), input_precision="tf32x3")
+    else:
+        return tl.sum(a[:, None, :] * b[None, :, :], axis=2)
+
+
+@triton.jit
+def _token_terms_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_ptr, qt_ptr, scale, T,
+    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, TS: tl.constexpr, TP: tl.constexpr,
+    L2_EPS: tl.constexpr,
+):
+    """Per row and value head (one warp for every four tokens): ``W`` (``[TP, K]``, rows past T untouched)
+    as two parts in ``w_ptr``'s dtype (high part, then remainder; one fp32 part for an fp32 pool) and
+    ``QT`` (``[TP, TP]`` fp32); ``TS``: T padded to a power of two."""
+    head = tl.program_id(0).to(tl.int64)  # row * HV + hv
+    row = head // HV
+    hv = head % HV
+    offs_k = tl.arange(0, K)
+    offs_t = tl.arange(0, TS)
+    token = row * T + offs_t
+    in_t = offs_t < T
+    in_tk = in_t[:, None] & (offs_k[None, :] < K)
+    qk_rows = (token * (HV // GROUP) + hv // GROUP)[:, None] * K + offs_k[None, :]
+    q = tl.load(q_ptr + qk_rows, mask=in_tk, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + qk_rows, mask=in_tk, other=0.0).to(tl.float32)
+    x = tl.load(a_ptr + (token * HV + hv)[:, None] * K + offs_k[None, :], mask=in_tk, other=0.0).to(tl.float32)
+    beta = tl.where(in_t, tl.sigmoid(tl.load(b_ptr + token * HV + hv, mask=in_t, other=0.0).to(tl.float32)), 0.0)
+    x += tl.load(dt_bias_ptr + hv * K + offs_k)[None, :]
+    g = -tl.exp(tl.load(A_log_ptr + hv)) * tl.where(x > _LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
+    G = tl.cumsum(tl.where(in_tk, g, 0.0), axis=0)  # padding tokens decay nothing: G stays G_{T-1}
+    q = q * (scale / tl.sqrt(tl.sum(q * q, axis=1) + L2_EPS))[:, None]
+    k = k / tl.sqrt(tl.sum(k * k, axis=1) + L2_EPS)[:, None]
+
+    first = _row(G, offs_t, 0)
+    last = _row(G, offs_t, T - 1)
+    if tl.max(first - last, axis=0) <= _SPAN_LIMIT:
+        mid = 0.5 * (first + last)
+        ktil = k * tl.exp(mid[None, :] - G)
+        ahead = tl.exp(G - mid[None, :])
+        M = _times_t(k * ahead, ktil)
+        P = _times_t(q * ahead, ktil)
+    else:
+        M = tl.zeros([TS, TS], dtype=tl.float32)
+        P = tl.zeros([TS, TS], dtype=tl.float32)
+        for j in range(T):  # column j from the exact decays e^{G_t - G_j} (t >= j: never above 1)
+            decayed = _row(k, offs_t, j)[None, :] * tl.exp(tl.minimum(G - _row(G, offs_t, j)[None, :], 0.0))
+            M = tl.where(offs_t[None, :] == j, tl.sum(k * decayed, axis=1)[:, None], M)
+            P = tl.where(offs_t[None, :] == j, tl.sum(q * decayed, axis=1)[:, None], P)
+    M = tl.where(offs_t[:, None] > offs_t[None, :], M, 0.0)
+    P = tl.where(offs_t[:, None] >= offs_t[None, :], P, 0.0)
+
+    # (I + diag(beta) M)^{-1} diag(beta) by forward substitution: row t needs only the rows above it
+    A = beta[:, None] * M
+    X = tl.zeros([TS, TS], dtype=tl.float32)
+    for t in range(T):
+        beta_t = tl.sum(tl.where(offs_t == t, beta, 0.0), axis=0)
+        x_t = tl.where(offs_t == t, beta_t, 0.0) - tl.sum(_row(A, offs_t, t)[:, None] * X, axis=0)
+        X = tl.where(offs_t[:, None] == t, x_t[None, :], X)
+    QT = _times_t(P, tl.trans(X))
+    decay = tl.exp(G)
+    W = q * decay - _times_t(QT, tl.trans(k * decay))
+
+    rows = head * TP + offs_t
+    tl.store(qt_ptr + rows[:, None] * TP + offs_t[None, :], QT, mask=in_t[:, None] & in_t[None, :])
+    part = w_ptr + rows[:, None] * K + offs_k[None, :]
+    high = W.to(w_ptr.dtype.element_ty)
+    tl.store(part, high, mask=in_tk)
+    if w_ptr.dtype.element_ty != tl.float32:
+        tl.store(part + tl.num_programs(0).to(tl.int64) * TP * K, (W - high.to(tl.float32)).to(high.dtype),
+                 mask=in_tk)
+
+
+@triton.jit
+def _state_product_kernel(
+    v_ptr, state_ptr, slots_ptr, w_ptr, qt_ptr, out_ptr, slot_stride, T, heads,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr,
+):
+    """Per row, value head and ``BV`` rows of V: ``O = W S0^T + QT V`` from one read of the start tile."""
+    V_TILES: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    head = (pid // V_TILES).to(tl.int64)  # row * HV + hv; int64: row * HV * V overflows int32
+    row = head // HV
+    hv = head % HV
+    offs_k = tl.arange(0, K)
+    offs_t = tl.arange(0, TP)
+    offs_v = pid % V_TILES * BV + tl.arange(0, BV)
+    slot = tl.load(slots_ptr + row)
+    live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0  # a [BV, K] splat: 16-byte accesses stay
+    S0 = tl.load(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
+                 + offs_v[:, None] * K + offs_k[None, :], mask=live, other=0.0)  # the one large read
+    in_t = offs_t < T
+    rows = head * TP + offs_t
+    part = w_ptr + rows[:, None] * K + offs_k[None, :]
+    in_tk = in_t[:, None] & (offs_k[None, :] < K)
+    token_hv = (row * T + offs_t) * HV + hv
+    in_tv = in_t[:, None] & (offs_v[None, :] < V)
+    vals = tl.load(v_ptr + token_hv[:, None] * V + offs_v[None, :], mask=in_tv, other=0.0).to(tl.float32)
+    QT = tl.load(qt_ptr + rows[:, None] * TP + offs_t[None, :], mask=in_t[:, None] & in_t[None, :], other=0.0)
+    St = tl.trans(S0)
+    high = tl.load(part, mask=in_tk, other=0.0)
+    if INTERPRETED:  # the interpreter's 16-bit dot multiplies the bits: the same products in fp32
+        St = St.to(tl.float32)
+    if S0.dtype == tl.float32:
+        out = tl.dot(high, St, input_precision="tf32x3")
+    else:
+        low = tl.load(part + heads * TP * K, mask=in_tk, other=0.0)
+        if INTERPRETED:
+            high, low = high.to(tl.float32), low.to(tl.float32)
+        out = tl.dot(low, St, tl.dot(high, St))
+    out += tl.dot(QT, vals, input_precision="tf32x3")
+    tl.store(out_ptr + token_hv[:, None] * V + offs_v[None, :],
+             tl.where(slot >= 0, out, 0.0).to(out_ptr.dtype.element_ty), mask=in_tv)
+
+
+def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: int) -> dict | None:
+    """The closed form's ``{"BV", "num_warps"}`` for a frozen step, or None where the recurrence runs it:
+    more than :data:`TOKEN_ROWS` tokens, a head dimension under the dot's 16, or two tokens or fewer on
+    at most :data:`RECURRENCE_HEADS` (row, head) pairs, where the recurrence's one launch is the faster
+    (results/h100/frozen-closed-form/summary.md). ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,num_warps=4"``,
+    ``"recurrence=1"``, ``"recurrence=0"``) replaces the fields it names for every shape."""
+    if T > TOKEN_ROWS or min(K, V) < 16:
+        return None
+    # 16 KiB of a 16-bit tile; 16 KiB of fp32 (its three tf32 products hold more registers)
+    tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "num_warps": 4,
+            "recurrence": int(T <= 2 and B * HV <= RECURRENCE_HEADS)}
+    text = os.environ.get(FROZEN_CONFIG_ENV, "")
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in tile or not value.isdigit():
+            raise ValueError(f"{FROZEN_CONFIG_ENV} items must be BV=, num_warps= or recurrence=<int>; got {item!r}")
+        tile[name] = int(value)
+    BV = tile["BV"]
+    if BV < 16 or BV & (BV - 1) or V % BV or tile["num_warps"] not in (1, 2, 4, 8, 16):
+        raise ValueError(f"{FROZEN_CONFIG_ENV}: BV must be a power of two >= 16 dividing V={V} and num_warps one of "
+                         f"1/2/4/8/16; got {text!r}")
+    return None if tile.pop("recurrence") else tile
+
+
+def frozen_launches(inputs, out, tile: dict) -> list:
+    """The two launches of a closed-form frozen step, each ``(kernel, grid, args, meta)``; the scratch
+    they share is allocated here (bind time)."""
+    heads = inputs.B * inputs.HV
+    parts = 1 if inputs.state.dtype == torch.float32 else 2
+    w = torch.empty(parts * heads * TOKEN_ROWS * inputs.K, dtype=inputs.state.dtype, device=inputs.device)
+    qt = torch.empty(heads * TOKEN_ROWS * TOKEN_ROWS, dtype=torch.float32, device=inputs.device)
+    group = inputs.HV // inputs.H
+    terms = (_token_terms_kernel, (heads,),
+             (inputs.q, inputs.k, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, w, qt, inputs.effective_scale,
+              inputs.T),
+             dict(HV=inputs.HV, GROUP=group, K=inputs.K, TS=triton.next_power_of_2(inputs.T), TP=TOKEN_ROWS,
+                  L2_EPS=L2_EPS, num_warps=max(1, triton.next_power_of_2(inputs.T) // 4)))
+    product = (_state_product_kernel, (heads * (inputs.V // tile["BV"]),),
+               (inputs.v, inputs.state, inputs.slots, w, qt, out, inputs.slot_stride, inputs.T, heads),
+               dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=tile["BV"], TP=TOKEN_ROWS, num_warps=tile["num_warps"]))
+    return [terms, product]
