@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from . import dtypes
+from .errors import ContractError
 
 
 def shape_violation(B: int, H: int, HV: int, pad_rows: int = 0) -> tuple[str, str] | None:
@@ -20,8 +21,6 @@ def shape_violation(B: int, H: int, HV: int, pad_rows: int = 0) -> tuple[str, st
 
 
 def refuse(rule: str, message: str):
-    from .contract import ContractError  # here: the contract's module imports this one
-
     raise ContractError("make_inputs:", rule, message)
 
 
