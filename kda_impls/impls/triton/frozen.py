@@ -168,7 +168,7 @@ def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: in
     """The closed form's ``{"BV", "num_warps"}`` for a frozen step, or None where the recurrence runs it:
     more than :data:`TOKEN_ROWS` tokens, a head dimension under the dot's 16, or two tokens or fewer on
     at most :data:`RECURRENCE_HEADS` (row, head) pairs, where the recurrence's one launch is the faster
-    (results/h100/frozen-closed-form/summary.md). ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,num_warps=4"``,
+    (results/h100-80gb-hbm3/frozen-closed-form/summary.md). ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,num_warps=4"``,
     ``"recurrence=1"``, ``"recurrence=0"``) replaces the fields it names for every shape."""
     if T > TOKEN_ROWS or min(K, V) < 16:
         return None
