@@ -1,7 +1,6 @@
 """scripts.reports.targets: the kernel issue's targets judged on a results table (each library at its best
-variant), and README's generated block; scripts.reports.mode_targets: the decode modes' targets."""
+variant); scripts.reports.mode_targets: the decode modes' targets."""
 
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -50,19 +49,6 @@ def test_latency_table_takes_each_library_at_its_best_variant():
     engines = targets.engine_table(table())
     assert list(engines.columns) == ["flashinfer bf16"] and engines.loc[(32, 128, 128, 64)].iloc[0] == "40.00 us (80%)"
     assert targets.engine_legend(table()) == "- `flashinfer`: SGLang"
-
-
-def test_readme_block_is_replaced(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{targets.README_BEGIN}\nstale\n{targets.README_END}\noutro\n")
-    meta = {"settings": {"method": {"entry": "clean", "version": 4}}}
-    targets.write_readme_table(readme, table(), Path("results/x"), meta)
-    text = readme.read_text()
-    assert text.startswith("intro\n") and text.endswith("outro\n") and "stale" not in text
-    assert "triton bf16" in text and "2.60 us (20%)" in text
-    assert "(mean over placements, L2 entry state `clean`)" in text
-    targets.write_readme_table(readme, table(), Path("results/x"), {"settings": {"method": {"entry": "clean"}}})
-    assert "(median over placements, L2 entry state `clean`)" in readme.read_text()  # method 3 and earlier
 
 
 def test_misses_across_runs_count_each_point_in_every_run():

@@ -1,12 +1,14 @@
 """The engines' question, per point: which library's in-place decode is fastest, and whose replay step.
 
-    python3 -m scripts.reports.engines INPLACE_DIR [REPLAY_DIR] [--out FILE]
+    python3 -m scripts.reports.engines INPLACE_DIR [REPLAY_DIR] [--out FILE] [--readme README.md]
 
 INPLACE_DIR is a sweep of one-token in-place steps (the `published` preset); every library enters at
 its fastest verified variant (kda_impls.bench.results.best_per_library), named. REPLAY_DIR is a
 `replay` sweep: each replay implementation's step (over whole ring cycles, flush included) beside our
 in-place step of the same point. Each cell gives the time, the bytes one step moves and their rate;
-the fastest per point is marked. Writes FILE (default INPLACE_DIR/engines.md) and prints it.
+the fastest per point is marked. Writes FILE (default INPLACE_DIR/engines.md) and prints it; with
+``--readme``, also the README's results block (time and share of the copy bandwidth, the fastest in bold),
+between its markers: the README's figures are generated, never typed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kda_impls.bench.results import SweepDirError, best_per_library, kernel_time
 from kda_impls.cli import fail
 
 POINT = ["state_dtype", "HV", "K", "V", "B"]
+README_BEGIN, README_END = "<!-- results-table:begin -->", "<!-- results-table:end -->"
 
 
 def cell(row, fastest: float) -> str:
@@ -30,7 +33,12 @@ def cell(row, fastest: float) -> str:
     return f"{row.kernel_us_mean:.2f} us, {row.bytes / 1e6:.1f} MB at {row.gbps:.0f} GB/s{variant}{mark}"
 
 
-def table(rows: pd.DataFrame, column: str) -> str:
+def short_cell(row, fastest: float) -> str:
+    text = f"{row.kernel_us_mean:.1f} us ({row.roofline_frac:.0%})"
+    return f"**{text}**" if row.kernel_us_mean == fastest else text
+
+
+def table(rows: pd.DataFrame, column: str, cell=cell) -> str:
     """Rows (one per point and ``column`` value) as a Markdown table of cells, the fastest marked."""
     fastest = rows.groupby(POINT).kernel_us_mean.transform("min")
     rows = rows.assign(cell=[cell(r, f) for r, f in zip(rows.itertuples(), fastest, strict=True)],
@@ -45,22 +53,56 @@ def one_token(ok: pd.DataFrame) -> pd.DataFrame:
     return ok[(ok.slot_pad == 0) & (ok.pad_rows == 0) & (ok["T"] == 1)]
 
 
-def inplace_section(directory: Path) -> str:
+def inplace_rows(directory: Path) -> tuple[pd.DataFrame, dict]:
+    """Each library's fastest verified variant per one-token in-place point, and the run's meta."""
     sweep = load(directory)
-    meta, ok = sweep.meta, one_token(sweep.ok)
-    ok = ok[ok["mode"] == "inplace"]
-    return (f"## In-place decode: each library at its fastest variant\n\nFrom `{directory}` ({meta.get('gpu', '?')}, "
-            f"kernel time: {kernel_time_words(meta)}).\n\n" + table(best_per_library(ok), "library") + "\n")
+    ok = one_token(sweep.ok)
+    best = best_per_library(ok[ok["mode"] == "inplace"])
+    return best[best.library != "torch"], sweep.meta  # naive torch is the correctness baseline, not a contender
+
+
+def replay_rows(directory: Path) -> tuple[pd.DataFrame, dict]:
+    """Each replay implementation's step beside our in-place step, per point, and the run's meta."""
+    sweep = load(directory)
+    ok = one_token(sweep.ok)
+    steps = ok[(ok["mode"] == "replay") | ((ok["mode"] == "inplace") & (ok.impl == "triton"))]
+    return steps.assign(step=[f"{r.impl} {r.mode}" + (f" L={r.ring}" if r.mode == "replay" else "")
+                              for r in steps.itertuples()]), sweep.meta
+
+
+def source(directory: Path, meta: dict) -> str:
+    entry = meta.get("settings", {}).get("method", {}).get("entry", "?")
+    return (f"`{directory}` ({meta.get('gpu', '?')}, commit {str(meta.get('git', {}).get('sha'))[:7]}; kernel time: "
+            f"{kernel_time_words(meta)}, L2 entry state `{entry}`)")
+
+
+def inplace_section(directory: Path) -> str:
+    rows, meta = inplace_rows(directory)
+    return (f"## In-place decode: each library at its fastest variant\n\nFrom {source(directory, meta)}.\n\n"
+            + table(rows, "library") + "\n")
 
 
 def replay_section(directory: Path) -> str:
-    sweep = load(directory)
-    meta, ok = sweep.meta, one_token(sweep.ok)
-    steps = ok[(ok["mode"] == "replay") | ((ok["mode"] == "inplace") & (ok.impl == "triton"))]
-    steps = steps.assign(step=[f"{r.impl} {r.mode}" + (f" L={r.ring}" if r.mode == "replay" else "")
-                               for r in steps.itertuples()])
-    return (f"## Replay step beside our in-place step\n\nFrom `{directory}` ({meta.get('gpu', '?')}; a replay "
-            f"step is the mean over whole ring cycles, flush included).\n\n" + table(steps, "step") + "\n")
+    steps, meta = replay_rows(directory)
+    return (f"## Replay step beside our in-place step\n\nFrom {source(directory, meta)}; a replay step is the "
+            f"mean over whole ring cycles, flush included.\n\n" + table(steps, "step") + "\n")
+
+
+def write_readme(readme: Path, inplace: Path, replay: Path | None) -> None:
+    """Replace the README's block between its markers with the short tables of both runs."""
+    rows, meta = inplace_rows(inplace)
+    command = " ".join(["python3 -m scripts.reports.engines", str(inplace), *([str(replay)] if replay else []),
+                        "--readme", readme.name])
+    block = (f"{README_BEGIN}\n<!-- generated by: {command} -->\nIn-place decode, each library at its fastest "
+             f"verified variant, from {source(inplace, meta)}: kernel time and share of the measured copy "
+             f"bandwidth, the fastest in bold; H = HV, unpadded pool.\n\n" + table(rows, "library", short_cell))
+    if replay:
+        steps, meta = replay_rows(replay)
+        block += (f"\n\nA step of cached-input replay (ring of 16, mean over whole ring cycles, flush included) "
+                  f"beside our in-place step, from {source(replay, meta)}:\n\n" + table(steps, "step", short_cell))
+    text = readme.read_text()
+    start, end = text.index(README_BEGIN), text.index(README_END) + len(README_END)
+    readme.write_text(text[:start] + block + "\n" + README_END + text[end:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("inplace", type=Path, help="a sweep directory of in-place steps (the published preset)")
     p.add_argument("replay", type=Path, nargs="?", help="a replay sweep directory")
     p.add_argument("--out", type=Path, help="the report (default INPLACE/engines.md)")
+    p.add_argument("--readme", type=Path, help="also rewrite this README's results block")
     args = p.parse_args(argv)
     try:
         text = "# Fastest KDA decode per point\n\n" + inplace_section(args.inplace)
@@ -78,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.inplace / "engines.md"
     out.write_text(text)
     print(text)
+    if args.readme:
+        write_readme(args.readme, args.inplace, args.replay)
     return 0
 
 
