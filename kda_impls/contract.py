@@ -21,17 +21,10 @@ import torch
 from .capabilities import Capabilities, capability_violations, package_version
 from .contract_memory import ACTIVATION_DTYPES, check_dtypes_devices, check_out, check_pool_layout, check_slots
 from .contract_shapes import check_shapes
+from .input_rules import ContractError
 from .inputs import DecodeInputs
 
 __all__ = ["ACTIVATION_DTYPES", "Capabilities", "ContractError", "Implementation", "Unsupported", "package_version"]
-
-class ContractError(ValueError):
-    """Inputs that break an implementation's contract. Raised before any kernel runs."""
-
-    def __init__(self, impl: str, rule: str, message: str):
-        super().__init__(f"{impl} {message}")
-        self.impl = impl
-        self.rule = rule
 
 
 class Unsupported(RuntimeError):

@@ -1,6 +1,7 @@
 """The contract's rules on :func:`kda_impls.make_inputs`'s arguments that need no tensor: dtypes (given
 as torch dtypes or names), a device that exists here, head counts. Each broken one is a
-:class:`~kda_impls.ContractError` before anything is drawn."""
+:class:`ContractError` (the contract's error, defined here so that the inputs' module needs nothing of
+the contract's) before anything is drawn."""
 
 from __future__ import annotations
 
@@ -19,9 +20,16 @@ def shape_violation(B: int, H: int, HV: int, pad_rows: int = 0) -> tuple[str, st
     return None
 
 
-def refuse(rule: str, message: str):
-    from .contract import ContractError  # here: the contract's module imports this one
+class ContractError(ValueError):
+    """Inputs that break an implementation's contract. Raised before any kernel runs."""
 
+    def __init__(self, impl: str, rule: str, message: str):
+        super().__init__(f"{impl} {message}")
+        self.impl = impl
+        self.rule = rule
+
+
+def refuse(rule: str, message: str):
     raise ContractError("make_inputs:", rule, message)
 
 
