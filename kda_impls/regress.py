@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -55,20 +53,20 @@ from .regress_rule import (
     DEFAULT_ALPHA,
     DEFAULT_THRESHOLD,
     DEFAULT_THRESHOLDS,
+    FAILING,
+    STATUSES,
     TIMER_THRESHOLDS,
     noise_floor,
+    outcome,
     slowdown,
     spread_overlap,
     threshold_for,
+    threshold_rule,
     verdict,
 )
 
-__all__ = ["Failure", "InputError", "Measurement", "ResultSet", "check_comparable", "compare", "load", "main",
-           "spread_overlap", "threshold_for", "verdict"]
-
-# Order of the table: what needs attention first. broken, slower, missing and unsure fail the gate.
-STATUSES = ("broken", "slower", "missing", "unsure", "faster", "incomparable", "new", "skipped", "informational",
-            "same")
+__all__ = ["STATUSES", "Failure", "InputError", "Measurement", "ResultSet", "check_comparable", "compare", "load",
+           "main", "spread_overlap", "threshold_for", "threshold_rule", "verdict"]
 
 
 # ---- comparing -----------------------------------------------------------------------------------
@@ -146,26 +144,6 @@ def format_table(table: pd.DataFrame) -> str:
     return shown.to_string(index=False)
 
 
-def _threshold_rule(text: str) -> tuple[str, float | None]:
-    """``REGEX=VALUE`` (VALUE a number >= 0 or ``none``) from --threshold-for."""
-    pattern, sep, value = text.rpartition("=")
-    if not sep or not pattern:
-        raise argparse.ArgumentTypeError(f"{text!r} is not REGEX=VALUE (e.g. 'CallTime=none' or 'fla=0.1')")
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise argparse.ArgumentTypeError(f"{pattern!r} is not a valid regular expression ({exc})") from None
-    if value.lower() == "none":
-        return pattern, None
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if not (math.isfinite(number) and number >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: the threshold must be a number >= 0 or 'none'")
-    return pattern, number
-
-
 HELP = f"""\
 Verdict per benchmark (B against A; t = its threshold; ratio = how many times slower B is:
 time B/A, bandwidth A/B):
@@ -220,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help="relative move of the time that counts, for benchmarks no --threshold-for "
                              "rule names (default %(default)s)")
-    parser.add_argument("--threshold-for", metavar="REGEX=VALUE", action="append", type=_threshold_rule,
+    parser.add_argument("--threshold-for", metavar="REGEX=VALUE", action="append", type=threshold_rule,
                         help="threshold of benchmarks whose name matches REGEX, or 'none' to report them "
                              f"without gating (repeatable; replaces the default {DEFAULT_THRESHOLDS})")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
@@ -249,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     table = compare(a, b, args.threshold, args.alpha, thresholds)
     counts = table["status"].value_counts().reindex(STATUSES, fill_value=0)
     listed = {status: table.loc[table["status"] == status, "benchmark"].tolist()
-              for status in ("broken", "slower", "missing", "unsure")}
+              for status in FAILING}
 
     print(f"A: {a.source}\nB: {b.source}\nslower: time B/A (bandwidth A/B) > 1 + threshold (default "
           f"{args.threshold}, per benchmark in the threshold column), p < {args.alpha} (two-sided Mann-Whitney U) "
@@ -266,18 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                       counts={s: int(n) for s, n in counts.items()}, **listed,
                       rows=json.loads(table.astype({"status": str}).to_json(orient="records")))
         atomic_write(args.json, json.dumps(report, indent=1) + "\n")
-    allowed = {"missing": args.allow_missing, "unsure": args.allow_unsure}
-    failing = [s for s in ("broken", "slower", "missing", "unsure") if not allowed.get(s)]
-    failed = [name for status in failing for name in listed[status]]
-    if failed:
-        counted = [f"{len(listed[s])} {s}" for s in failing if listed[s]]
-        print(f"FAIL: {', '.join(counted)}: {', '.join(failed)}")
-        return 1
-    passed = [s for s in allowed if listed[s]]
-    if passed:
-        print(f"pass, with {' and '.join(f'{len(listed[s])} {s}' for s in passed)} "
-              f"({', '.join(f'--allow-{s}' for s in passed)}): " + ", ".join(n for s in passed for n in listed[s]))
-    return 0
+    status, line = outcome(listed, args.allow_missing, args.allow_unsure)
+    print(line)
+    return status
 
 
 if __name__ == "__main__":

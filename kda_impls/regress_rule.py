@@ -12,6 +12,8 @@ CPU row is judged at 2 (three times slower), where a GPU's kernel time is judged
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
 
 from scipy.special import comb
@@ -21,6 +23,11 @@ from .regress_load import CPU_TIMER, Measurement
 
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_ALPHA = 0.01
+# Every status a benchmark can get, in the order of the table: what needs attention first.
+STATUSES = ("broken", "slower", "missing", "unsure", "faster", "incomparable", "new", "skipped", "informational",
+            "same")
+# The statuses that fail the gate; --allow-missing and --allow-unsure pass the last two, never the others.
+FAILING = ("broken", "slower", "missing", "unsure")
 # regex (searched in the benchmark name) -> threshold, None: reported, never gated. Two A/A
 # validations on the H200 (results/h200/gate-validation/asv) kept every kernel time within 1% while call
 # times moved by a factor of up to 1.6 in the first and up to 1.9 in the second.
@@ -43,6 +50,57 @@ TIMER_THRESHOLDS = {CPU_TIMER: 2.0}
 def threshold_for(name: str, threshold: float, thresholds: dict[str, float | None]) -> float | None:
     """The first of ``thresholds`` whose regex occurs in ``name``, else ``threshold``; None: not gated."""
     return next((value for pattern, value in thresholds.items() if re.search(pattern, name)), threshold)
+
+
+def threshold_rule(text: str) -> tuple[str, float | None]:
+    """``REGEX=VALUE`` (VALUE a number >= 0 or ``none``) from --threshold-for."""
+    pattern, sep, value = text.rpartition("=")
+    if not sep or not pattern:
+        raise argparse.ArgumentTypeError(f"{text!r} is not REGEX=VALUE (e.g. 'CallTime=none' or 'fla=0.1')")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{pattern!r} is not a valid regular expression ({exc})") from None
+    if value.lower() == "none":
+        return pattern, None
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not (math.isfinite(number) and number >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: the threshold must be a number >= 0 or 'none'")
+    return pattern, number
+
+
+def failing(allow_missing: bool, allow_unsure: bool) -> list[str]:
+    """The statuses that fail the gate: broken and slower always, missing and unsure unless allowed."""
+    allowed = {"missing": allow_missing, "unsure": allow_unsure}
+    return [status for status in FAILING if not allowed.get(status)]
+
+
+def outcome(listed: dict[str, list[str]], allow_missing: bool, allow_unsure: bool) -> tuple[int, str]:
+    """(exit status, last line) of a gate whose benchmarks of each status are ``listed`` (status ->
+    names): 1 and ``FAIL: ...`` where a failing status is present, else 0 and ``pass``, naming the
+    benchmarks an --allow-* option passed."""
+    fails = [status for status in failing(allow_missing, allow_unsure) if listed.get(status)]
+    if fails:
+        counted = ", ".join(f"{len(listed[s])} {s}" for s in fails)
+        return 1, f"FAIL: {counted}: {', '.join(name for s in fails for name in listed[s])}"
+    passed = [s for s in ("missing", "unsure") if listed.get(s)]
+    if not passed:
+        return 0, "pass"
+    return 0, (f"pass, with {' and '.join(f'{len(listed[s])} {s}' for s in passed)} "
+               f"({', '.join(f'--allow-{s}' for s in passed)}): " + ", ".join(n for s in passed for n in listed[s]))
+
+
+def within(ratio: float, threshold: float) -> bool:
+    """Whether ``ratio`` is within ``[1/(1+threshold), 1+threshold]``: no move the gate counts."""
+    return 1 / (1 + threshold) <= ratio <= 1 + threshold
+
+
+def moved(ratio: float) -> str:
+    """The status of a significant move beyond the threshold: slower or faster."""
+    return "slower" if ratio > 1 else "faster"
 
 
 def noise_floor(a: Measurement, b: Measurement) -> float:
@@ -99,7 +157,7 @@ def verdict(a: Measurement, b: Measurement, threshold: float, alpha: float) -> t
     significant, p, test = _significance(a, b, alpha)
     if significant is None:
         return "unsure", p, test
-    if 1 / (1 + threshold) <= ratio <= 1 + threshold:
+    if within(ratio, threshold):
         return "same", p, test
     if not significant:
         return "unsure", p, f"{test}: not significant"
@@ -110,8 +168,8 @@ def verdict(a: Measurement, b: Measurement, threshold: float, alpha: float) -> t
     if p_placed is not None:
         if p_placed >= alpha:
             return "unsure", p, f"{test}; per-placement medians not apart (p = {p_placed:.2g})"
-        return ("slower" if ratio > 1 else "faster"), p, test
+        return moved(ratio), p, test
     overlap = spread_overlap(a, b)
     if overlap > threshold:
         return "unsure", p, f"{test}; placement spreads overlap by {overlap:.1%}"
-    return ("slower" if ratio > 1 else "faster"), p, test
+    return moved(ratio), p, test

@@ -1055,17 +1055,11 @@ def test_fla_preload_imports_its_kernel_module():
 REPLAY = Config("naive", B=3, H=1, HV=2, K=16, V=16, mode="replay", ring=4, layout=PoolLayout(placements=1))
 
 
-def test_a_replay_row_round_trips_and_older_rows_read_without_a_ring():
-    from kda_impls.bench.config import with_newer_axes
-
+def test_a_replay_row_round_trips():
     big = Config("triton", B=64, H=32, HV=32, K=128, V=128, mode="replay", ring=16)
     assert big.key() == "triton_B64_H32_HV32_K128_V128_T1ring16_bfloat16_padrows0_slotpad0_spr1_random_pl3"
     assert replace(big, mode="inplace", ring=0).key() == big.key().replace("T1ring16", "T1")  # the keys resumed
     assert big.columns()["ring"] == 16 and Config.from_columns(big.columns() | {"status": "ok"}) == big
-    old = {k: v for k, v in replace(big, mode="inplace", ring=0).columns().items() if k != "ring"}
-    mixed = with_newer_axes(pd.DataFrame([old, big.columns()]))  # the older row's ring: empty, read as 0
-    assert mixed.ring.tolist() == [0, 16] and [Config.from_columns(r).key() for r in mixed.to_dict("records")] == [
-        replace(big, mode="inplace", ring=0).key(), big.key()]
     x, checked = REPLAY.make_inputs("cpu"), REPLAY.make_inputs("cpu", timed=False)
     assert x.replay and x.update_state and x.cache.L == 4 and (x.N, checked.N) == (3, 6)
     inplace = replace(REPLAY, mode="inplace", ring=0).make_inputs("cpu")

@@ -77,7 +77,8 @@ def test_state_shape_must_agree():
 
 
 def test_hv_multiple_of_h():
-    x = make_inputs(2, 2, 3, 16, 16, seed=1)
+    x = make_inputs(2, 1, 3, 16, 16, seed=1)  # make_inputs refuses HV % H itself: two q/k heads put in after
+    x.q, x.k = (torch.cat([t, t], dim=-2) for t in (x.q, x.k))
     expect_refusal(get("naive"), x, "gva", r"HV must be a multiple of H; got HV=3, H=2")
 
 

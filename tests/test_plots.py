@@ -185,9 +185,9 @@ def test_an_unwritable_place_is_one_line_and_exit_2(tmp_path, capsys):
     assert not list(sweep.glob("*.png"))
 
 
-def test_the_script_draws_without_path_edits(tmp_path):
+def test_kda_plot_draws_from_a_checkout(tmp_path):
     sweep = sweep_dir(tmp_path / "run")
-    command = [sys.executable, str(REPO / "scripts" / "plot.py"), str(sweep), "--out", str(tmp_path / "charts"),
+    command = [sys.executable, "-m", "kda_impls.bench.plots", str(sweep), "--out", str(tmp_path / "charts"),
                "--baseline", "fla", "--format", "png"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path,
                           env=os.environ | {"PYTHONPATH": str(REPO)})

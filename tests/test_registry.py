@@ -12,7 +12,8 @@ import pytest
 from helpers import CPU_SWEEP, REPO
 from kda_impls import registry
 
-ENTRY_POINTS = {"kda-sweep": ["scripts/sweep.py", *CPU_SWEEP], "kda-survey": ["-m", "kda_impls", "--device", "cpu"]}
+ENTRY_POINTS = {"kda-sweep": ["-m", "kda_impls.bench.sweep", *CPU_SWEEP],
+                "kda-survey": ["-m", "kda_impls", "--device", "cpu"]}
 
 
 @pytest.mark.parametrize("builtin", ["naive", "triton"])

@@ -815,7 +815,7 @@ def test_placement_spreads_overlapping_by_exactly_the_threshold_do_not_make_it_u
                                           ("CallTime=none", ("CallTime", None)), ("x=NONE", ("x", None)),
                                           ("x=0", ("x", 0.0))])
 def test_threshold_rules_parse(text, parsed):
-    assert regress._threshold_rule(text) == parsed
+    assert regress.threshold_rule(text) == parsed
 
 
 @pytest.mark.parametrize("text, message", [
@@ -828,7 +828,7 @@ def test_threshold_rules_parse(text, parsed):
 ])
 def test_threshold_rules_refused_with_what_is_wrong(text, message):
     with pytest.raises(argparse.ArgumentTypeError) as err:
-        regress._threshold_rule(text)
+        regress.threshold_rule(text)
     assert str(err.value) == message
 
 

@@ -28,7 +28,6 @@ def test_a_rows_command_is_that_rows_grid(cfg):
     line = repro.sweep_command(cfg.columns() | {"device": "cpu"}, meta)
     words = shlex.split(line)
     assert words[0] == "KDA_EXTRA_IMPLS=x=m:C,y=m:D" and words[1] == "kda-sweep"
-    args = sweep.parser().parse_args(words[2:])
-    name, configs = sweep.configs_from_args(args, "cpu")
-    assert [c.key() for c in configs] == [cfg.key()]
-    assert (args.l2_entry, args.placement_processes, args.devices) == ("clean", 3, ["cpu"])
+    spec = sweep.spec_from_argv(words[2:])
+    assert [c.key() for c in spec.configs()] == [cfg.key()]
+    assert (spec.l2_entry, spec.placement_processes, spec.devices) == ("clean", 3, ("cpu",))

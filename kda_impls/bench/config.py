@@ -134,11 +134,3 @@ def _plain(value):
 AXES = tuple(f.name for f in fields(Config) if f.name not in ("impl", "layout"))
 CONFIG_COLUMNS = ["impl", *AXES, *(f.name for f in fields(PoolLayout))]
 SORT_COLUMNS = [c for c in CONFIG_COLUMNS if c != "B"] + ["B"]
-NEWER_AXES = {f.name: f.default for f in fields(Config) if f.name in ("mode", "ring")}  # absent from older results
-
-
-def with_newer_axes(table):
-    """``table`` (result rows) with the axes added since it was measured, at their defaults."""
-    # in its own type: a column that older rows leave empty reads as floats (16.0 for a ring of 16)
-    return table.assign(**{axis: table[axis].astype(object).fillna(default).astype(type(default)) if axis in table
-                           else default for axis, default in NEWER_AXES.items()})

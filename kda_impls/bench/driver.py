@@ -321,9 +321,8 @@ class Sweep:
                     lane.join(timeout=0.2)  # a join without timeout would not see Ctrl-C
         except KeyboardInterrupt:
             self.stopping.set()
-            # `timeout` sends its SIGTERM to the driver and then to the driver's process group: a
-            # second interrupt must not cut the cleanup below short (on the H200 one did: no
-            # results.csv, no run in meta.json), so the first one is the last heard until it is done
+            # `timeout` signals the driver and then its process group: the first interrupt is the last
+            # heard until the cleanup below is done, so that results.csv and meta.json are written
             if threading.current_thread() is threading.main_thread():
                 held = {interrupt: signal.signal(interrupt, signal.SIG_IGN)
                         for interrupt in (signal.SIGINT, signal.SIGTERM)}

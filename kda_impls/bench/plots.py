@@ -373,3 +373,7 @@ def main(argv: list[str] | None = None) -> None:
         print(path)
     if not written:
         print(f"no chart: {args.dir} has too few ok rows to draw" + (" these charts" if args.charts else ""))
+
+
+if __name__ == "__main__":  # python3 -m kda_impls.bench.plots: kda-plot from a checkout
+    main()

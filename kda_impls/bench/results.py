@@ -17,20 +17,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
 from . import clocks
 from .case import COLUMNS
-from .config import CONFIG_COLUMNS, SORT_COLUMNS, with_newer_axes
+from .config import CONFIG_COLUMNS, SORT_COLUMNS
 
 SAMPLE_FILES = {"samples.json": "kernel_samples_us", "call_samples.json": "call_samples_us",
                 "placements.json": "kernel_placement_us"}
-# What a row's kernel time can be made of from its placements' medians (docs/timing.md, "The mean over
-# placements"): timing method 4 reports the mean; the
-# minimum is each kernel at its best placement, which a serving engine's pool does not get to choose.
-PLACEMENT_STATISTICS = {"median": np.median, "mean": np.mean, "min": np.min}
 # Sample files keep microseconds to this many decimals (0.1 ns, far below what CUDA events resolve):
 # full float digits made a two-GPU `targets` run's samples.json 2.4 MB, past what a repo should carry.
 SAMPLE_DECIMALS = 4
@@ -92,12 +87,11 @@ def assemble(out_dir: Path) -> pd.DataFrame:
     :data:`PROVENANCE`) from rows/,
     and the raw samples in microseconds keyed by the row's key: samples.json (kernel time, what the
     regression gate tests), call_samples.json (one eager call) and placements.json (the kernel time's
-    per-placement medians, what the gate's placement test reads; absent from rows of older runs)."""
+    per-placement medians, what the gate's placement test reads)."""
     rows = read_rows(out_dir)
     for name, column in SAMPLE_FILES.items():
         atomic_write(out_dir / name, json.dumps(rounded_samples({row["key"]: row.get(column) or [] for row in rows})))
-    table = with_newer_axes(pd.DataFrame(rows, columns=[*COLUMNS, *PROVENANCE])).sort_values(SORT_COLUMNS,
-                                                                                           ignore_index=True)
+    table = pd.DataFrame(rows, columns=[*COLUMNS, *PROVENANCE]).sort_values(SORT_COLUMNS, ignore_index=True)
     atomic_write(out_dir / "results.csv", table.to_csv(index=False))
     return table
 
@@ -211,18 +205,12 @@ def _read_json(path: Path, default):
 
 def kernel_time_words(meta: dict) -> str:
     """What a sweep directory's kernel time is, in words for a report: the mean over placements
-    (timing method 4 on), or the median over them (method 3 and earlier, whose meta.json names no
-    version)."""
-    version = meta.get("settings", {}).get("method", {}).get("version")
-    return "mean over placements" if version is not None and version >= 4 else "median over placements"
+    (timing method 4 on), or their median (the methods before it)."""
+    return "mean over placements" if meta["settings"]["method"]["version"] >= 4 else "median over placements"
 
 
 def load(path: str | Path) -> Sweep:
-    """Read the sweep directory ``path`` (results.csv, meta.json, samples.json, placements.json).
-    A directory of timing method 3 or earlier names its kernel time ``kernel_us_median`` (the median
-    over placements, which method 4 replaced by their mean); it is read as ``kernel_us_mean``, the
-    kernel time, so that the runs of both can be set side by side (``settings.method`` in meta.json
-    says which each is)."""
+    """Read the sweep directory ``path`` (results.csv, meta.json, samples.json, placements.json)."""
     path = Path(path)
     if not path.is_dir():
         raise SweepDirError(f"{path}: no such directory (a sweep directory holds results.csv and meta.json)")
@@ -235,10 +223,8 @@ def load(path: str | Path) -> Sweep:
     except (pd.errors.EmptyDataError, pd.errors.ParserError) as exc:
         raise SweepDirError(f"{csv}: empty or cut short ({exc}); run the sweep again to rebuild it from rows/"
                             ) from None
-    if "kernel_us_median" in table.columns:  # timing method <= 3: the median over placements
-        table = table.rename(columns={"kernel_us_median": "kernel_us_mean"})
     missing = [c for c in ("impl", "key", "status", "kernel_us_mean") if c not in table.columns]
     if missing:
         raise SweepDirError(f"{csv}: not a sweep's results (no column {', '.join(missing)})")
-    return Sweep(path, with_newer_axes(table), _read_json(path / "meta.json", {}),
+    return Sweep(path, table, _read_json(path / "meta.json", {}),
                  _read_json(path / "samples.json", {}), _read_json(path / "placements.json", {}))

@@ -12,13 +12,10 @@ from .config import Config
 def compile_groups(configs: list[Config]) -> list[list[Config]]:
     """``configs`` in groups a lane measures together, in order of first appearance: one
     implementation's rows of one shape, state dtype, tokens per row and mode (frozen verify is a
-    kernel of its own), which differ in batch size,
-    padding and pool layout. A kernel specialised on the shape is compiled once per worker, and a
-    compiler without a cache on disk compiles it again in every process. (Groups alone did not
-    remove the two-lane excess: FlashInfer's first calls took 113 s in all on two lanes against 69 s
-    on one with rows dealt out one by one, and 102 s against 58 s in groups dealt out to whichever
-    lane was free: a two-GPU `targets` run against one GPU's, in the archive of results/README.md).
-    Most of a variant's first-call cost is per process, not per shape, hence :class:`GroupScheduler`.)"""
+    kernel of its own), which differ in batch size, padding and pool layout. A kernel specialised on
+    the shape is compiled once per worker, and a compiler without a cache on disk compiles it again
+    in every process; most of a library's first-call cost is per process, not per shape, so the
+    groups go to lanes by implementation (:class:`GroupScheduler`)."""
     groups: dict[tuple, list[Config]] = {}
     for cfg in configs:
         groups.setdefault(group_key(cfg), []).append(cfg)
@@ -36,8 +33,8 @@ class GroupScheduler:
     (the longest first, so that the last ones even the lanes out); else the last group of the
     implementation with the most rows left on another lane. A library's first call in a process
     costs seconds whatever the shape (FlashInfer's CuTe DSL variants: 8.1-14.3 s each on one H200
-    lane), so a lane takes another
-    lane's implementation only when nothing else is left. Thread-safe: lanes call :meth:`next` from their threads."""
+    lane), so a lane takes another lane's implementation only when nothing else is left. Thread-safe:
+    lanes call :meth:`next` from their threads."""
 
     def __init__(self, groups: list[list[Config]]):
         self._left: dict[str, deque[list[Config]]] = {}

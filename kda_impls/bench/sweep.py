@@ -20,7 +20,7 @@ import signal
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pandas as pd
@@ -48,7 +48,7 @@ from .report import (
 from .spec import EmptyShard, SettingError, SweepSpec, extra_impls
 from .timing import PLACEMENT_SPREAD_LIMIT
 
-__all__ = ["main", "merge_main", "parser", "spec_from_argv"]
+__all__ = ["main", "merge_main", "parser", "spec_from_args", "spec_from_argv"]
 PROG = "kda-sweep"
 INTERRUPTED = 130
 
@@ -142,8 +142,15 @@ def parser() -> Parser:
 def spec_from_argv(argv: list[str] | None) -> SweepSpec:
     """The :class:`SweepSpec` that kda-sweep's arguments ask for; :class:`UsageError` naming the option."""
     extra_impls()  # a malformed $KDA_EXTRA_IMPLS before the parser lists the registered names
+    return spec_from_args(parser().parse_args(argv))
+
+
+def spec_from_args(args: argparse.Namespace) -> SweepSpec:
+    """The :class:`SweepSpec` of the kda-sweep options in ``args`` (a parser built on :func:`parser`
+    may add its own, which are left out); :class:`UsageError` naming the option."""
+    given = {f.name: getattr(args, f.name) for f in fields(SweepSpec) if hasattr(args, f.name)}
     try:
-        return SweepSpec(**vars(parser().parse_args(argv)))
+        return SweepSpec(**given)
     except SettingError as exc:
         flag = {"retime": "no-retime", "charts": "no-charts"}.get(exc.field, exc.field.replace("_", "-"))
         raise UsageError(f"argument --{flag}: {exc.message}") from None

@@ -5,13 +5,12 @@ measured for both sides in each of ``--rounds`` rounds, in the order A B, then B
 in each round's ratio. Both sides are written as ordinary sweep directories (``OUT/base``, ``OUT/head``,
 which kda-regress and kda-plot read), each round's kernel times to ``OUT/rounds.json``, and the verdict
 (:mod:`.paired`: the gate's statuses, thresholds and exit statuses, judged round by round) to
-``OUT/gate.json``. Exit 1 where a benchmark is broken, slower or missing, 2 on unusable input (checked
-before anything is measured), 130 when interrupted."""
+``OUT/gate.json``. Exit 1 where a benchmark is broken, slower, missing or unsure (as kda-regress), 2 on
+unusable input (checked before anything is measured), 130 when interrupted."""
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import shlex
@@ -25,13 +24,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .. import regress
+from .. import regress, regress_rule
 from ..bench import sweep as sweep_cli
 from ..bench.case import Method, merge_rows
 from ..bench.config import Config
 from ..bench.driver import settings_of
 from ..bench.results import assemble, environment, write_meta, write_row
 from ..bench.roofline import copy_bandwidth
+from ..bench.spec import SweepSpec
 from ..cli import UsageError, fail, positive_int
 from . import paired, revisions
 from .sides import SideDied, SideWorker, side_environment
@@ -48,8 +48,8 @@ def _assignment(text: str) -> tuple[str, str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    """kda-sweep's parser (its grid, timing and run options mean the same here) with the sides, the
-    rounds and the gate's options added."""
+    """kda-sweep's parser (its grid, timing and run options mean the same here: :func:`checked_spec`
+    makes them a :class:`SweepSpec`) with the sides, the rounds and the gate's options added."""
     p = sweep_cli.parser()
     p.prog, p.description = PROG, __doc__.split("\n\n")[0].split(": ", 1)[1]
     p.epilog = ("--out: the A/B directory (default sweeps/ab-BASE-HEAD-PRESET-DEVICE); --fresh replaces one that "
@@ -57,11 +57,12 @@ def parser() -> argparse.ArgumentParser:
                 "configuration, for a CI matrix (kda-perf-ci gate merges). Verdict: the gate's statuses and "
                 "thresholds; the ratio is the median over rounds of head/base kernel time, and slower or faster "
                 "needs a sign test p < alpha over the rounds (8 rounds at alpha 0.01). Exit status 1 when a "
-                "benchmark is broken, slower or missing, 2 on unusable input, 130 when interrupted.")
+                "benchmark is broken, slower, missing or unsure (--allow-missing and --allow-unsure pass those "
+                "two), 2 on unusable input, 130 when interrupted.")
     p.add_argument("base", help="revision (or checkout directory) A")
     p.add_argument("head", help="revision (or checkout directory) B")
     ab = p.add_argument_group("A/B")
-    ab.add_argument("--rounds", type=positive_int, default=paired.min_rounds(regress.DEFAULT_ALPHA),
+    ab.add_argument("--rounds", type=positive_int, default=paired.min_rounds(regress_rule.DEFAULT_ALPHA),
                     help="rounds of both sides per configuration (default %(default)s: the fewest whose sign test "
                          "can reach p < alpha)")
     ab.add_argument("--env-base", type=_assignment, action="append", default=[], metavar="NAME=VALUE",
@@ -75,32 +76,37 @@ def parser() -> argparse.ArgumentParser:
 def add_gate_options(p: argparse.ArgumentParser, repro: bool = True) -> None:
     """kda-regress's options (the same names and defaults), and --repro."""
     gate = p.add_argument_group("gate (as kda-regress)")
-    gate.add_argument("--threshold", type=float, default=regress.DEFAULT_THRESHOLD,
+    gate.add_argument("--threshold", type=float, default=regress_rule.DEFAULT_THRESHOLD,
                       help="relative move that counts where no --threshold-for rule names the benchmark")
-    gate.add_argument("--threshold-for", metavar="REGEX=VALUE", action="append", type=regress._threshold_rule,
-                      help="threshold of benchmarks matching REGEX, or 'none' (repeatable)")
-    gate.add_argument("--alpha", type=float, default=regress.DEFAULT_ALPHA, help="significance level")
-    gate.add_argument("--strict", action="store_true", help="fail on unsure benchmarks too")
-    gate.add_argument("--allow-missing", action="store_true", help="pass benchmarks absent from head")
+    gate.add_argument("--threshold-for", metavar="REGEX=VALUE", action="append", type=regress_rule.threshold_rule,
+                      default=None, help="threshold of benchmarks matching REGEX, or 'none' (repeatable)")
+    gate.add_argument("--alpha", type=float, default=regress_rule.DEFAULT_ALPHA, help="significance level")
+    gate.add_argument("--allow-unsure", action="store_true", default=False,
+                      help="pass benchmarks whose rounds cannot support a verdict (listed with the reason)")
+    gate.add_argument("--allow-missing", action="store_true", default=False,
+                      help="pass benchmarks absent from head")
     if repro:
-        gate.add_argument("--repro", action="store_true", help="print the command that reproduces each line")
+        gate.add_argument("--repro", action="store_true", default=False,
+                          help="print the command that reproduces each line")
 
 
-def check_args(args) -> None:
-    if len(args.devices) != 1:
-        raise UsageError(f"--devices {','.join(args.devices)}: both sides are measured on one device; name one")
-    if args.placement_processes not in (None, 1):
+def checked_spec(args: argparse.Namespace) -> SweepSpec:
+    """The :class:`SweepSpec` of kda-ab's sweep options in ``args``, checked with its own; :class:`UsageError`
+    for anything refused."""
+    spec = sweep_cli.spec_from_args(args)
+    if len(spec.devices) != 1:
+        raise UsageError(f"--devices {','.join(spec.devices)}: both sides are measured on one device; name one")
+    if spec.placement_processes not in (None, 1):
         raise UsageError("--placement-processes: kda-ab measures each side in one warm process; --rounds repeats")
     if not (args.threshold >= 0 and 0 < args.alpha < 1):
         raise UsageError(f"need --threshold >= 0 and 0 < --alpha < 1; got {args.threshold}, {args.alpha}")
+    return spec
 
 
-def prepare(args):
-    """(configs, method, preset name, device type) of the grid the sweep options name; nothing written."""
-    probe = copy.copy(args)
-    probe.dry_run, probe.out = True, Path("/nonexistent-kda-ab")  # prepare writes nothing on a dry run
-    run = sweep_cli.prepare(probe, "kda-ab")
-    return run.sweep.configs, replace(run.sweep.method, placement_processes=1), run.name, run.device_type
+def prepare(spec: SweepSpec) -> tuple[list[Config], Method]:
+    """The configurations and the method of the grid ``spec`` names; nothing written."""
+    run = sweep_cli.prepare(replace(spec, dry_run=True, out=Path("/nonexistent-kda-ab")), PROG)
+    return run.sweep.configs, replace(run.sweep.method, placement_processes=1)
 
 
 def default_out(name: str, device_type: str, shas: list[str]) -> Path:
@@ -203,7 +209,7 @@ def write_rounds(out: Path, rows: dict[str, dict[str, list[dict]]]) -> None:
     (out / paired.ROUNDS_FILE).write_text(json.dumps(per_key, indent=1) + "\n")
 
 
-def report(out: Path, args, command: str) -> int:
+def report(out: Path, args, command: str, repro: bool) -> int:
     """Judge ``out``, print the table and the last line, write gate.json; the exit status."""
     thresholds = None if args.threshold_for is None else dict(args.threshold_for)
     try:
@@ -213,14 +219,15 @@ def report(out: Path, args, command: str) -> int:
     print(f"A: {out / 'base'}\nB: {out / 'head'}\nratio: median over rounds of head/base kernel time; ci: its "
           f"{1 - args.alpha:.0%} interval; slower: beyond the threshold with a sign test p < {args.alpha}\n")
     print(paired.format_paired(table) if len(table) else "(no benchmarks)")
-    if args.repro:
+    if repro:
         from ..repro import gate_lines
 
         print(gate_lines(table, out / "base", out / "head"))
-    status, line = paired.summary(table, args.allow_missing, args.strict)
+    status, line = paired.summary(table, args.allow_missing, args.allow_unsure)
     paired.write_report(table, out / "gate.json", command=command, threshold=args.threshold, alpha=args.alpha,
-                        strict=args.strict, allow_missing=args.allow_missing, status=status, line=line)
-    print("\n" + line)
+                        allow_unsure=args.allow_unsure, allow_missing=args.allow_missing, status=status, line=line)
+    counts = table["status"].astype(str).value_counts()
+    print("\n" + ", ".join(f"{counts[s]} {s}" for s in regress_rule.STATUSES if s in counts) + "\n" + line)
     return status
 
 
@@ -229,20 +236,20 @@ def run(argv: list[str] | None = None) -> int:
     cwd = Path.cwd()
     try:
         args = parser().parse_args(argv)
-        check_args(args)
-        found = [revisions.resolve(label, spec, cwd) for label, spec in (("BASE", args.base), ("HEAD", args.head))]
-        configs, method, name, device_type = prepare(args)
-        out = args.out or default_out(name, device_type, [sha or path.name for _, path, sha in found])
-        if not args.dry_run:
-            check_out(out, args.fresh)
+        found = [revisions.resolve(label, rev, cwd) for label, rev in (("BASE", args.base), ("HEAD", args.head))]
+        spec = checked_spec(args)
+        configs, method = prepare(spec)
+        out = spec.out or default_out(spec.name, spec.device_type, [sha or path.name for _, path, sha in found])
+        if not spec.dry_run:
+            check_out(out, spec.fresh)
     except UsageError as exc:
         fail(PROG, str(exc))
-    if args.dry_run:
+    if spec.dry_run:
         print(f"{len(configs)} configurations x 2 sides x {args.rounds} rounds into {out}:\n" +
               "\n".join(cfg.key() for cfg in configs))
         return 0
     sides = [revisions.side("base", args.base, cwd), revisions.side("head", args.head, cwd)]
-    device = args.devices[0]
+    device = spec.devices[0]
     copy_bw = copy_bandwidth(device)  # before any worker runs: one roofline for both sides
     extra = {"base": dict(args.env_base), "head": dict(args.env_head)}
     workers = {s.label: SideWorker(s, device, side_environment(s, extra[s.label])) for s in sides}
@@ -258,7 +265,7 @@ def run(argv: list[str] | None = None) -> int:
                            f"is above")
             except UsageError as exc:
                 fail(PROG, str(exc))
-        rows = measure(workers, configs, method, copy_bw, args.rounds, args.row_timeout)
+        rows = measure(workers, configs, method, copy_bw, args.rounds, spec.row_timeout)
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted; nothing judged", file=sys.stderr)
         return INTERRUPTED
@@ -267,11 +274,11 @@ def run(argv: list[str] | None = None) -> int:
             worker.stop()
     out.mkdir(parents=True, exist_ok=True)
     for s in sides:
-        write_side(out, s, workers[s.label], rows[s.label], args.devices, method, copy_bw, name, command,
+        write_side(out, s, workers[s.label], rows[s.label], spec.devices, method, copy_bw, spec.name, command,
                    args.rounds)
     write_rounds(out, rows)
     print(f"measured in {time.perf_counter() - started:.1f} s; sweep directories {out}/base and {out}/head")
-    return report(out, args, command)
+    return report(out, args, command, spec.repro)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -75,7 +75,7 @@ def gate_argv(args) -> list[str]:
     argv = ["--threshold", str(args.threshold), "--alpha", str(args.alpha)]
     for pattern, value in args.threshold_for or ():
         argv += ["--threshold-for", f"{pattern}={'none' if value is None else value}"]
-    return argv + ["--strict"] * args.strict + ["--allow-missing"] * args.allow_missing
+    return argv + ["--allow-unsure"] * args.allow_unsure + ["--allow-missing"] * args.allow_missing
 
 
 def job_main(args) -> int:
@@ -123,7 +123,7 @@ def job_pr(args, rest: list[str]) -> int:
             return gate_files(earlier, current, args.out, [*gate_argv(args), "--allow-missing"])
         print(f"{PROG}: no run of {base[:8]} on {name} in the history: measuring both with kda-ab")
     argv = [base, head, "--out", str(args.out), *gate_argv(args), *rest, *(["--shard", args.shard] * bool(args.shard))]
-    ab.parser().parse_args(argv)  # kda-ab's options checked (exit 2) before anything is written
+    ab.checked_spec(ab.parser().parse_args(argv))  # kda-ab's options checked (exit 2) before anything is written
     if args.shard:
         index, count = args.shard.split("/")
         args.out.mkdir(parents=True, exist_ok=True)
@@ -156,7 +156,7 @@ def job_gate(args) -> int:
     for side in paired.SIDES:
         merge_sweeps([str(args.out / side), *(str(d / side) for d in args.shards)])
     (args.out / paired.ROUNDS_FILE).write_text(json.dumps(rounds, indent=1) + "\n")
-    return ab.report(args.out, args, f"{PROG} gate")
+    return ab.report(args.out, args, f"{PROG} gate", args.repro)
 
 
 def parser() -> Parser:

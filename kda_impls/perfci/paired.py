@@ -11,8 +11,9 @@ for a benchmark both sides timed, the timing verdict comes from the rounds:
 * ``same`` within ``[1/(1+t), 1+t]``; beyond it ``slower`` or ``faster`` where the sign test gives
   ``p < alpha``, else ``unsure``.
 
-Unlike the unpaired gate, rows timed on the CPU are judged too: the pairing is what makes a loaded
-machine's times comparable. The statuses, thresholds and the rule of what fails are the gate's.
+Only that statistic is this module's own: the statuses, the thresholds (a row timed on the CPU at
+the CPU timer's noise floor, as in the unpaired gate) and which statuses fail are
+:mod:`kda_impls.regress_rule`'s.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import regress
+from .. import regress, regress_rule
 from ..bench.stats import median_ci
 
 TIMED = ("same", "slower", "faster", "unsure")  # the gate's statuses of a benchmark both sides measured
@@ -60,18 +61,18 @@ def paired_verdict(base: list, head: list, threshold: float, alpha: float) -> di
     if len(ratios) < min_rounds(alpha):
         return found | {"status": "unsure", "test": f"too few rounds ({len(ratios)}) for p < {alpha}: "
                                                     f"--rounds {min_rounds(alpha)}"}
-    if 1 / (1 + threshold) <= ratio <= 1 + threshold:
+    if regress_rule.within(ratio, threshold):
         return found | {"status": "same", "test": test}
     if p >= alpha:
         return found | {"status": "unsure", "test": f"{test}: not significant"}
-    return found | {"status": "slower" if ratio > 1 else "faster", "test": test}
+    return found | {"status": regress_rule.moved(ratio), "test": test}
 
 
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def judge(out: Path, threshold: float = regress.DEFAULT_THRESHOLD, alpha: float = regress.DEFAULT_ALPHA,
+def judge(out: Path, threshold: float = regress_rule.DEFAULT_THRESHOLD, alpha: float = regress_rule.DEFAULT_ALPHA,
           thresholds: dict | None = None) -> pd.DataFrame:
     """The verdict table of the A/B directory ``out`` (``base/``, ``head/``, :data:`ROUNDS_FILE`): the
     gate's columns, its statuses and thresholds, the timed benchmarks judged round by round.
@@ -87,30 +88,19 @@ def judge(out: Path, threshold: float = regress.DEFAULT_THRESHOLD, alpha: float 
             row |= paired_verdict(per_round["base"], per_round["head"], row["threshold"], alpha)
         elif row["status"] == "informational" and row["benchmark"] in rounds:
             per_round = rounds[row["benchmark"]]
-            found = paired_verdict(per_round["base"], per_round["head"], regress.DEFAULT_THRESHOLD, alpha)
+            found = paired_verdict(per_round["base"], per_round["head"], regress_rule.DEFAULT_THRESHOLD, alpha)
             row |= {k: v for k, v in found.items() if k not in ("status", "test")}
         paired.append(row)
     columns = [*table.columns, "ci_low", "ci_high", "rounds"]
     result = pd.DataFrame(paired, columns=columns)
-    result["status"] = pd.Categorical(result["status"], categories=regress.STATUSES, ordered=True)
+    result["status"] = pd.Categorical(result["status"], categories=regress_rule.STATUSES, ordered=True)
     return result.sort_values(["status", "ratio"], ascending=[True, False], na_position="last", ignore_index=True)
 
 
-def failing_statuses(allow_missing: bool, strict: bool) -> list[str]:
-    """The gate's rule: broken and slower fail, missing unless allowed, unsure with --strict."""
-    return ["broken", "slower"] + ([] if allow_missing else ["missing"]) + (["unsure"] if strict else [])
-
-
-def summary(table: pd.DataFrame, allow_missing: bool, strict: bool) -> tuple[int, str]:
-    """(exit status, last line): 1 and ``FAIL: ...`` where a failing status is present, else 0, ``pass``."""
-    failing = failing_statuses(allow_missing, strict)
-    failed = table[table["status"].isin(failing)]
-    if len(failed):
-        counts = failed["status"].astype(str).value_counts()
-        listed = ", ".join(f"{counts[s]} {s}" for s in failing if s in counts)
-        return 1, f"FAIL: {listed}: {', '.join(failed['benchmark'])}"
-    counts = table["status"].astype(str).value_counts()
-    return 0, "pass: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+def summary(table: pd.DataFrame, allow_missing: bool, allow_unsure: bool) -> tuple[int, str]:
+    """(exit status, last line) by the gate's rule (:func:`kda_impls.regress_rule.outcome`)."""
+    listed = {status: table.loc[table["status"] == status, "benchmark"].tolist() for status in regress_rule.FAILING}
+    return regress_rule.outcome(listed, allow_missing, allow_unsure)
 
 
 def format_paired(table: pd.DataFrame) -> str:
@@ -123,7 +113,7 @@ def format_paired(table: pd.DataFrame) -> str:
 
 def write_report(table: pd.DataFrame, path: Path, **settings) -> None:
     """The verdicts as JSON (the gate's --json form, with the paired columns)."""
-    counts = table["status"].value_counts().reindex(regress.STATUSES, fill_value=0)
+    counts = table["status"].value_counts().reindex(regress_rule.STATUSES, fill_value=0)
     rows = json.loads(table.astype({"status": str}).to_json(orient="records"))
     path.write_text(json.dumps({**settings, "counts": {s: int(n) for s, n in counts.items()}, "rows": rows},
                                indent=1) + "\n")

@@ -1,7 +1,9 @@
 """kda-ab proven on a GPU: an A/A pair of this checkout must pass at every point of the gate's grid, a
-planted slowdown of one implementation in the head (``tests/planted/slowed.py``, set through
-``--env-head``) must be ``slower`` at every one of its points and nothing else may be, and the A/A
-spread of the paired form is set beside that of two back-to-back ``kda-sweep`` runs of the grid.
+planted slowdown of one implementation in the head must be ``slower`` at every one of its points and
+nothing else may fail, and the A/A spread of the paired form is set beside that of two back-to-back
+``kda-sweep`` runs of the grid. The plant (``tests/planted/slowed.py``) joins both sides as the extra
+implementation ``planted``, the ``--planted`` kernel, with its extra copy set (``--env-head``) in the
+head only.
 
     python3 -m kda_impls.perfci.prove OUT [--impls triton] [--slowdown 0.06]
 
@@ -21,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .. import regress_rule
 from ..cli import Parser
 from . import spread
 
@@ -30,6 +33,7 @@ GRID = ["--B", "64,512", "--HV", "32", "--K", "128", "--V", "128", "--state-dtyp
 CHECKOUT = Path(__file__).resolve().parents[2]  # both sides of each pair: this checkout
 TESTS = CHECKOUT / "tests"
 SWEEP = "import sys; from kda_impls.bench.sweep import main; main(sys.argv[1:])"
+PLANTED = "planted"  # the plant's name in both sides' registries
 
 
 def _run(argv: list[str], env: dict | None = None) -> int:
@@ -45,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python3 -m kda_impls.perfci.prove", description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("--impls", default="triton", help="implementations of the grid (default %(default)s)")
-    p.add_argument("--planted", default="triton", help="the implementation slowed in the head (default %(default)s)")
+    p.add_argument("--planted", default="triton", help="the implementation planted, slowed in the head (default "
+                   "%(default)s)")
     p.add_argument("--slowdown", type=float, default=0.06,
                    help="planted share of the step's bytes (default %(default)s)")
     p.add_argument("--grid", type=shlex.split, default=GRID, help=f"kda-sweep options of the grid (default "
@@ -58,17 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         codes["aa"] = _run([*ab, *grid, "--out", str(args.out / "aa"), "--fresh"])
     if not (args.out / "planted" / "gate.json").exists():
         path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(TESTS)]))
-        codes["planted"] = _run([*ab, *grid, "--out", str(args.out / "planted"), "--fresh",
-                                 "--env-head", f"KDA_EXTRA_IMPLS={args.planted}=planted.slowed:Slowed",
-                                 "--env-head", f"KDA_PLANTED_SLOWDOWN={args.slowdown}",
-                                 "--env-head", f"KDA_PLANTED_BASE={args.planted}"], env={"PYTHONPATH": path})
+        env = {"PYTHONPATH": path, "KDA_EXTRA_IMPLS": f"{PLANTED}=planted.slowed:Slowed",
+               "KDA_PLANTED_BASE": args.planted}
+        codes["planted"] = _run([*ab, *grid[:-1], f"{args.impls},{PLANTED}", "--out", str(args.out / "planted"),
+                                 "--fresh", "--env-base", "KDA_PLANTED_SLOWDOWN=0",
+                                 "--env-head", f"KDA_PLANTED_SLOWDOWN={args.slowdown}"], env=env)
     for name in ("sweep1", "sweep2"):
         if not (args.out / name / "results.csv").exists():
             codes[name] = _run([sys.executable, "-c", SWEEP, *grid, "--out", str(args.out / name), "--no-charts"])
     spread.main([str(args.out / "aa"), str(args.out / "sweep1"), str(args.out / "sweep2"), "--out", str(args.out)])
     aa, planted = _statuses(args.out / "aa"), _statuses(args.out / "planted")
-    slowed = {k: s for k, s in planted.items() if k.startswith(f"{args.planted}_B") and s != "skipped"}
-    failing = {"broken", "slower", "missing"}
+    slowed = {k: s for k, s in planted.items() if k.startswith(f"{PLANTED}_B") and s != "skipped"}
+    failing = set(regress_rule.FAILING)
     checks = {
         "aa_passes": not failing & set(aa.values()) and any(s == "same" for s in aa.values()),
         "planted_slower_everywhere": bool(slowed) and all(s == "slower" for s in slowed.values()),

@@ -26,7 +26,6 @@ from pathlib import Path
 import pandas as pd
 
 from kda_impls import registry
-from kda_impls.bench.config import with_newer_axes
 from kda_impls.bench.l2 import DEFAULT_ENTRY
 from kda_impls.bench.results import SweepDirError, environment, load, read_meta, write_meta
 from kda_impls.bench.timing import Budget
@@ -158,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (out / "crosscheck.csv").exists():
             fail(parser.prog, f"{out / 'crosscheck.csv'}: missing; --report-only rewrites the report of a "
                               f"cross-check made there")
-        checked = with_newer_axes(pd.read_csv(out / "crosscheck.csv"))  # one made before the mode axis: in place
+        checked = pd.read_csv(out / "crosscheck.csv")
         missing = [c for c in REQUIRED if c not in checked]
         if missing:
             fail(parser.prog, f"{out / 'crosscheck.csv'}: no {', '.join(missing)} column (made before the harness "
