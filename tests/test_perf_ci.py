@@ -85,7 +85,7 @@ def test_main_gates_against_the_history(history, head, status):
     args = ci.parser().parse_args(["main", "--machine", "box", "--no-publish"])
     runs[first] = timings(0)
     git(Path.cwd(), "checkout", "-q", first)
-    assert ci.job_main(args) == 0  # the first run: nothing to gate against
+    assert ci.job_main(args) == 0  # an empty history: nothing to gate against
     runs[second] = None if head is None else timings(1, median=20e-6 * head)
     git(Path.cwd(), "checkout", "-q", second)
     assert ci.job_main(args) == status

@@ -1,6 +1,6 @@
 """One writer per sweep directory: a run holds an exclusive lock on ``DIR/.kda-sweep.lock`` (flock)
 while it writes there, and removes the file when it ends. The kernel drops the lock when the process
-ends, however it ends, so a crashed run leaves nothing stuck; a second run into the directory is
+ends, however it ends, so a crashed run leaves nothing stuck; another run into the directory is
 refused with a line naming the first."""
 
 from __future__ import annotations
