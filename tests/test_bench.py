@@ -72,8 +72,9 @@ def test_sweep_writes_results_meta_samples_and_charts(swept):
     ran = table[table.fingerprint.notna()]  # a row whose worker died records nothing of its code
     assert set(ran.impl) == {"naive", "misbehaves"} and ran.fingerprint.str.fullmatch("[0-9a-f]{12}").all()
     row = json.loads((out / "rows" / f"{ran.key.iloc[0]}.json").read_text())
-    assert {"kda_impls/contract.py", "kda_impls/impls/naive.py", "kda_impls/impls/triton/tuning.json"} <= \
-        set(row["measured_by"]["files"])  # the package's modules the worker loaded, and their data files
+    files = set(row["measured_by"]["files"])  # the package's modules the worker loaded, and their data files
+    assert {"kda_impls/contract.py", "kda_impls/impls/naive.py"} <= files
+    assert "kda_impls/impls/triton/tuning.json" not in files  # our kernel's table decides no naive row
     assert len(table) == 2 * SMOKE_CONFIGS and table.key.is_unique
     naive = table[table.impl == "naive"]
     assert (naive.status == "ok").all(), naive[["key", "status", "reason"]]
@@ -1162,11 +1163,11 @@ def test_a_rows_fingerprint_names_what_differs_now(monkeypatch):
     KDA_GIT_SHA are not kernel settings."""
     from kda_impls.bench import fingerprint
 
-    target = "kda_impls.impls.naive:NaiveTorch"
-    registry.get("naive")  # its module loaded, as in a worker that measured it
+    target = "kda_impls.impls.triton.kernel:TritonKDA"
+    registry.get("triton")  # its modules loaded, as in a worker that measured it
     monkeypatch.delenv("KDA_TRITON_CONFIG", raising=False)
     measured_by = fingerprint.record(target, {"torch": "2.0"})
-    assert {"kda_impls/impls/naive.py", "kda_impls/impls/triton/tuning.json"} <= set(measured_by["files"])
+    assert {"kda_impls/impls/triton/kernel.py", "kda_impls/impls/triton/tuning.json"} <= set(measured_by["files"])
     assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) is None
     monkeypatch.setenv("KDA_GIT_SHA", "0" * 40)
     assert fingerprint.changes(measured_by, target, {"torch": "2.0"}) is None
