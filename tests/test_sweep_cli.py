@@ -560,19 +560,39 @@ def test_a_second_sweep_into_a_directory_in_use_is_refused_naming_the_first(tmp_
 
 
 def test_a_script_without_its_main_guard_fails_at_once_saying_so(tmp_path):
-    """Worker processes start with "spawn", which imports the calling script again: without the
-    ``if __name__ == "__main__":`` guard the sweep stops at its workers' start with the line that
-    says to add it, and no row is recorded as crashed."""
+    """Worker processes start with "spawn", which imports the calling script again: a sweep called from a
+    script's top level outside ``if __name__ == "__main__":`` is refused before any directory is made,
+    with the line that says to add the guard."""
     script = tmp_path / "unguarded.py"
-    script.write_text("import kda_impls\n"
-                      f"kda_impls.sweep(impls='naive', devices='cpu', B=1, H=1, HV=2, K=16, V=16, placements=1, "
-                      f"out={str(tmp_path / 's')!r})\n")
+    call = (f"kda_impls.sweep(impls='naive', devices='cpu', B=1, H=1, HV=2, K=16, V=16, placements=1, "
+            f"out={str(tmp_path / 's')!r})\n")
+    script.write_text("import kda_impls\n\n\ndef main():\n    " + call + "\n\nmain()\n")
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env=os.environ | {"PYTHONPATH": str(REPO)})
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stderr.strip().splitlines()[-1].endswith(
+    last = done.stderr.strip().splitlines()[-1]
+    assert "line 8 of the script" in last and last.endswith(
         'put the call under `if __name__ == "__main__":` in the script'), done.stderr
-    assert not list((tmp_path / "s").glob("rows/*.json"))
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_guard_check_reads_where_the_script_calls_from(tmp_path, monkeypatch):
+    """The check follows the call to the script's top level: a call inside a function that the guarded
+    block calls passes, the same function called outside the guard, or under another test, does not."""
+    from kda_impls.bench import api
+
+    def calls_from(source: str) -> int | None:
+        path = tmp_path / "script.py"
+        path.write_text(source)
+        scope = {"__name__": "__main__", "__file__": str(path), "api": api, "found": []}
+        exec(compile(source, str(path), "exec"), scope)
+        return scope["found"][0]
+
+    body = "def run():\n    found.append(api._unguarded_script_line())\n\n\n"
+    assert calls_from(body + 'if __name__ == "__main__":\n    run()\n') is None
+    assert calls_from(body + 'if "__main__" == __name__:\n    run()\n') is None
+    assert calls_from(body + "run()\n") == 5
+    assert calls_from(body + "if True:\n    run()\n") == 6
 
 
 def test_import_kda_impls_leaves_the_harness_out():

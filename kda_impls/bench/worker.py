@@ -22,8 +22,8 @@ from .timing import release_cache
 # A worker started by "spawn" runs the caller's main script again; one whose sweep call is not under
 # `if __name__ == "__main__":` would start a sweep of its own there. It exits with this status instead.
 UNGUARDED_EXIT = 87
-UNGUARDED = ("kda_impls.sweep ran again in a worker process, which imports the calling script anew: put the "
-             "call under `if __name__ == \"__main__\":` in the script")
+GUARD_ADVICE = 'put the call under `if __name__ == "__main__":` in the script'
+UNGUARDED = f"kda_impls.sweep ran again in a worker process, which imports the calling script anew: {GUARD_ADVICE}"
 
 
 def _cuda_context_lost(device: torch.device) -> bool:
