@@ -380,4 +380,7 @@ def _random_cache(x: DecodeInputs, L: int, seed: int) -> ReplayCache:
     cache.length.copy_(torch.randint(L, (x.N,), generator=gen, device=x.device))  # copy_ converts
     cache.u.normal_(generator=gen).mul_(0.5)
     cache.kg.copy_(torch.randn(cache.kg.shape, generator=gen, device=x.device, dtype=torch.float32))  # rounded as .to()
+    # a step writes its q/k head's key to each of that head's value heads (GVA): so do the drawn records
+    keys = cache.kg[..., : x.K]
+    keys.copy_(keys[:, :: x.HV // x.H].repeat_interleave(x.HV // x.H, dim=1))
     return cache

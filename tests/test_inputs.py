@@ -156,3 +156,12 @@ def test_make_inputs_refuses_what_the_contract_refuses_before_drawing(arguments,
     with pytest.raises(ContractError) as refused:
         make_inputs(**shape, **arguments)
     assert refused.value.rule == rule and str(refused.value).startswith(f"make_inputs: {words}"), refused.value
+
+
+def test_a_drawn_replay_cache_holds_one_key_per_qk_head():
+    """A step writes its q/k head's key to each value head of that head (GVA), so the drawn records do;
+    the gate inputs stay per value head."""
+    x = make_inputs(2, 2, 4, 16, 16, ring=4, seed=3)
+    keys, gates = x.cache.kg[..., :16], x.cache.kg[..., 16:]
+    assert torch.equal(keys[:, 0::2], keys[:, 1::2]) and not torch.equal(keys[:, 0], keys[:, 2])
+    assert not torch.equal(gates[:, 0::2], gates[:, 1::2])
