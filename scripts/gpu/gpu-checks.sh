@@ -4,9 +4,15 @@
 #   bash scripts/gpu/gpu-checks.sh [--wheelhouse DIR] STEP [STEP ...]
 #
 # Steps, in the order a fresh machine runs them:
-#   install     pip install -e ".[test,fla,flashinfer,nvbench]" (from PyPI, or only from DIR with --wheelhouse)
+#   install     pip install -e ".[test,fla,flashinfer,nvbench,sglang]" and SGLang without its dependencies
+#               (from PyPI, or only from DIR with --wheelhouse)
 #   grid        the GPU correctness grid, every implementation (scripts.gpu.gpu_correctness)
 #   targets     the targets preset on every visible GPU, then our kernel's targets judged (targets.md)
+#   frozen-verify  frozen verify (T 2/4/8, B 16/64/256) of ours beside FlashInfer's two fastest calls, judged
+#   replay      replay (ring 16, B 16/64/256) of ours and SGLang's ReplaySSM beside our in-place step, judged
+#   published   the published preset's shapes, every library's fastest calls, SGLang's among them, and the
+#               engines report (engines.md: the fastest in-place decode and replay step per point)
+#   ab          kda-ab proven: an A/A pair passes, a planted 6% copy in one side is slower (kda_impls.perfci.prove)
 #   cupti       CUPTI's second clock on the targets run's unpadded rows (after `targets`)
 #   asv         one asv run of the suite (KDA_ASV_PROFILE, default full), published as HTML
 #   nvbench     NVIDIA's nvbench beside the harness on the unpadded B >= 16 targets rows of four implementations
@@ -20,7 +26,7 @@
 # Exit status: 0 when every step exited 0, 1 when one failed (named in the summary), 2 on bad usage.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-STEPS="install grid targets cupti asv nvbench pytest-gpu"
+STEPS="install grid targets frozen-verify replay published ab cupti asv nvbench pytest-gpu"
 WHEELHOUSE=
 if [ "${1:-}" = --wheelhouse ]; then
   [ -d "${2:-}" ] || { echo "gpu-checks.sh: --wheelhouse needs a folder of wheels (got '${2:-}')"; exit 2; }
@@ -73,7 +79,9 @@ write_meta(Path(sys.argv[1]), environment(torch.device("cuda"), Path(sys.argv[1]
 step_install() {
   local index=()
   [ -n "$WHEELHOUSE" ] && index=(--no-index --find-links "$WHEELHOUSE")
-  run_step install python3 -m pip install "${index[@]}" -e ".[test,fla,flashinfer,nvbench]"
+  # SGLang pins its own torch and serving stack; its kernel files need none of them
+  run_step install python3 -m pip install "${index[@]}" -e ".[test,fla,flashinfer,nvbench,sglang]" &&
+    run_step install-sglang python3 -m pip install "${index[@]}" --no-deps sglang==0.5.23
 }
 
 step_grid() {
@@ -83,6 +91,35 @@ step_grid() {
 step_targets() {
   run_step targets python3 -m kda_impls.bench.sweep --preset targets --out "$RES/targets" &&
     run_step targets-judged python3 -m scripts.reports.targets "$RES/targets"
+}
+
+judge_modes() {  # judge_modes DIR: mode-targets.md beside the run; a missed target is a finding, not a failure
+  python3 -m scripts.reports.mode_targets "$1" > "$OUT/logs/$(basename "$1")-judged.log" 2>&1
+  echo "== $(basename "$1") judged: $1/mode-targets.md (exit $? of mode_targets: 1 where a target is missed)"
+}
+
+step_frozen-verify() {
+  run_step frozen-verify python3 -m kda_impls.bench.sweep --preset frozen-verify --T 2,4,8 --B 16,64,256 \
+    --impls triton,flashinfer,flashinfer-loggate-sigmoid --no-charts --out "$RES/frozen-verify" &&
+    judge_modes "$RES/frozen-verify"
+}
+
+step_replay() {
+  run_step replay python3 -m kda_impls.bench.sweep --preset replay --ring 16 --B 16,64,256 \
+    --impls triton,sglang-replayssm --no-charts --out "$RES/replay" && judge_modes "$RES/replay"
+}
+
+step_published() {  # the engines report takes the replay run too where it is there
+  local replay=()
+  [ -f "$RES/replay/results.csv" ] && replay=("$RES/replay")
+  run_step published python3 -m kda_impls.bench.sweep --preset published --impls \
+    triton,sglang-cutedsl,sglang-triton,flashinfer,flashinfer-loggate-sigmoid,fla-batched,fla-loggate-sigmoid \
+    --out "$RES/published" &&
+    run_step published-engines python3 -m scripts.reports.engines "$RES/published" "${replay[@]}"
+}
+
+step_ab() {
+  run_step ab python3 -m kda_impls.perfci.prove "$RES/ab" --impls triton,fla
 }
 
 needs_targets() {  # needs_targets STEP: the targets run is there, or STEP fails with one line
