@@ -94,19 +94,23 @@ step_targets() {
 }
 
 judge_modes() {  # judge_modes DIR: mode-targets.md beside the run; a missed target is a finding, not a failure
-  python3 -m scripts.reports.mode_targets "$1" > "$OUT/logs/$(basename "$1")-judged.log" 2>&1
-  echo "== $(basename "$1") judged: $1/mode-targets.md (exit $? of mode_targets: 1 where a target is missed)"
+  local name status
+  name=$(basename "$1")
+  python3 -m scripts.reports.mode_targets "$1" > "$OUT/logs/$name-judged.log" 2>&1
+  status=$?
+  echo "== $name judged: $1/mode-targets.md (mode_targets exit $status: 1 where a target is missed)"
 }
 
 step_frozen-verify() {
   run_step frozen-verify python3 -m kda_impls.bench.sweep --preset frozen-verify --T 2,4,8 --B 16,64,256 \
-    --impls triton,flashinfer,flashinfer-loggate-sigmoid --no-charts --out "$RES/frozen-verify" &&
-    judge_modes "$RES/frozen-verify"
+    --impls triton,flashinfer,flashinfer-loggate-sigmoid --no-charts --out "$RES/frozen-verify"
+  judge_modes "$RES/frozen-verify"  # a wrong row fails the step; the rows that are ok are judged all the same
 }
 
 step_replay() {
   run_step replay python3 -m kda_impls.bench.sweep --preset replay --ring 16 --B 16,64,256 \
-    --impls triton,sglang-replayssm --no-charts --out "$RES/replay" && judge_modes "$RES/replay"
+    --impls triton,sglang-replayssm --no-charts --out "$RES/replay"
+  judge_modes "$RES/replay"
 }
 
 step_published() {  # the engines report takes the replay run too where it is there
@@ -114,8 +118,8 @@ step_published() {  # the engines report takes the replay run too where it is th
   [ -f "$RES/replay/results.csv" ] && replay=("$RES/replay")
   run_step published python3 -m kda_impls.bench.sweep --preset published --impls \
     triton,sglang-cutedsl,sglang-triton,flashinfer,flashinfer-loggate-sigmoid,fla-batched,fla-loggate-sigmoid \
-    --out "$RES/published" &&
-    run_step published-engines python3 -m scripts.reports.engines "$RES/published" "${replay[@]}"
+    --out "$RES/published"
+  run_step published-engines python3 -m scripts.reports.engines "$RES/published" "${replay[@]}"
 }
 
 step_ab() {
