@@ -656,8 +656,10 @@ def test_a_several_times_slower_kernel_fails_the_gate_on_a_cpu_in_both_forms(tmp
                         if row["status"] != "missing"}
         assert sweep_verdicts == asv_verdicts and set(sweep_verdicts.values()) == {verdict}, (out, asv_out)
         assert (sweep_code, asv_code) == (code, code), (out, asv_out)
-    assert all(row["ratio"] > 4 and row["threshold"] == 2.0 for row in gate(tmp_path, cpu_sweeps["correct"],
-                                                                         cpu_sweeps["slow"])[1]["rows"])
+    # judged at the CPU timer's threshold: slower means more than 1 + 2 = 3 times the time
+    rows = gate(tmp_path, cpu_sweeps["correct"], cpu_sweeps["slow"], "--allow-missing")[1]["rows"]
+    timed = [row for row in rows if row["status"] != "missing"]
+    assert timed and all(row["threshold"] == 2.0 and row["ratio"] > 3 for row in timed), rows
     assert out.splitlines()[-1].startswith("pass, with 1 missing (--allow-missing)"), out
 
 
