@@ -114,7 +114,8 @@ for fn, T in ((rt._token_kernel, 1), (r._verify_kernel, 4), (r._flush_first_kern
     meta = {n: v for n, v in dict(shape, T=T, BV=tile["BV"]).items() if n in params}
     sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
     constants = {(params.index(n),): v for n, v in meta.items()}
-    aligned = {(params.index(p),): [["tt.divisibility", 16]] for p in params if p.endswith("_ptr") or p == "slot_stride"}
+    aligned = {(params.index(p),): [["tt.divisibility", 16]] for p in params
+               if p.endswith("_ptr") or p == "slot_stride"}
     compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants, attrs=aligned),
                               target=GPUTarget("cuda", 90, 32), options=dict(num_warps=tile["num_warps"]))
     print(len(re.findall(r"st\\.global", compiled.asm["ptx"])), compiled.metadata.num_warps)
