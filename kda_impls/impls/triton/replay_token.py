@@ -18,9 +18,9 @@ deltas, forms ``w`` and the terms itself, stores the output and the token's ``u`
 first tile also its raw key and gate record, ``kt_n`` and ``G_n = G'``. Where the record fills the ring
 the program forms the new state's tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T`` and stores it into the
 pool, which is not written otherwise: the checkpoint tile read again (from L2) and one record a loop
-step, ``w_j`` taken from the register tile. That keeps the flush to the registers of one ``[BV, K]``
-tile: compiled for sm_90 at ``BV = 32``, 4 warps, the kernel takes 115 registers a thread, where an
-fp32 ``tl.dot`` ``[BV, LP] x [LP, K]`` took 255 and spilled (157 with ``tf32x3``), and 76 without a flush.
+step, ``w_j`` taken from the register tile: compiled for sm_90 at ``BV = 32``, 4 warps, the kernel takes
+115 registers a thread (76 without the flush), where with the flush's sum as an fp32 ``tl.dot``
+``[BV, LP] x [LP, K]`` it takes 255 and spills (157 with ``tf32x3``).
 
 ``kt_j`` is finite in fp32 only while ``-G_j`` stays under :data:`.replay_math.DECAY_BOUND`; ``G`` only
 falls along the ring, so a head whose ``max_K(-G')`` is past the bound forms ``w`` from the raw records
