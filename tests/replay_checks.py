@@ -82,18 +82,11 @@ def step_problems(impl, x, tol):
     """One replay step of ``impl`` on ``x`` (modified) against the reference's ``replay_step`` from the same
     state, in float64: the outputs, every record it writes (the key/gate copies and the lengths exactly, the
     deltas within ``tol``), every other record, length and pool byte unchanged, a flushed slot within tol."""
-    out = torch.empty(x.out_shape, dtype=x.v.dtype, device=x.device)
-    return launched_problems(impl.bind(x, out), out, x, tol)
-
-
-def launched_problems(launch, out, x, tol):
-    """:func:`step_problems` of one launch of ``launch``, a launcher bound on ``x`` with output ``out``
-    (poisoned with NaN here before the launch)."""
     want = x.clone()
     before = x.clone()
     want_out, _ = replay_step(want, torch.float64)
-    out.fill_(float("nan"))
-    out = launch().reshape(want_out.shape)
+    poisoned = torch.full(x.out_shape, float("nan"), dtype=x.v.dtype, device=x.device)
+    out = impl.decode(x, poisoned).reshape(want_out.shape)
     live, problems = x.live_rows(), []
     if not rel_err(out[live], want_out[live]) <= tol or (out[~live] != 0).any():
         problems.append(f"output error {rel_err(out[live], want_out[live]):.1e}")

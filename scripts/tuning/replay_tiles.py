@@ -2,7 +2,7 @@
 in one table.
 
     python3 -m scripts.tuning.replay_tiles --out results/h200/replay-step-tiles \\
-        --tiles "BV=32,num_warps=4" "BV=64,num_warps=4" "BV=32,num_warps=4,maxnreg=96" \\
+        --tiles "BV=16,num_warps=1" "BV=32,num_warps=2,terms_warps=8" \\
         -- --preset replay --impls triton --ring 16 --mode replay --B 64,256 --HV 32 --no-charts
 
 Each tile's sweep (the arguments after ``--``, given to ``kda-sweep``) runs in a process of its own, as the
