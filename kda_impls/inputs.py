@@ -351,7 +351,9 @@ def make_inputs(
     # Mamba/KDA initialisation: A uniform in [1, 16], dt log-uniform in [1e-3, 1e-1]
     A_log = torch.log(1.0 + 15.0 * rand(HV, fill=torch.Tensor.uniform_))
     dt = torch.exp(math.log(1e-3) + (math.log(1e-1) - math.log(1e-3)) * rand(HV, K, fill=torch.Tensor.uniform_))
-    dt_bias = _inverse_softplus(dt)
+    # rounded to bf16 values, as a checkpoint stored in bf16 gives them: exact in a kernel compiled for a
+    # bf16 dt_bias (SGLang's CuTe DSL decode), the same fp32 numbers to every other one
+    dt_bias = _inverse_softplus(dt).to(torch.bfloat16).float()
 
     per_slot = HV * V * K
     stride = per_slot + slot_pad

@@ -49,6 +49,8 @@ def cutedsl_update_as_documented(A_log, dt_bias, q, k, v, a, b, initial_state_so
     assert K == 128 and V % 32 == 0 and (V // 16) % 8 == 0  # [W] 1429-1439
     # [W] 1270-1285: compiled for bf16 activations; [W] 1441: the varlen form is [1, N] with N > 1
     assert all(t.dtype == torch.bfloat16 for t in (q, k, v, a, b))
+    # [W] 1281 and [K] 270: dt_bias compiled as bf16, the pool stored from an fp32 tile (a bf16 pool does not compile)
+    assert dt_bias.dtype == torch.bfloat16 and initial_state_source.dtype == torch.float32
     varlen = B_q == 1 and T_q == N and N > 1
     assert varlen or (B_q == N and T_q == 1)
     assert A_log.numel() == HV and dt_bias.numel() == HV * K  # [W] 1345-1356
@@ -123,21 +125,22 @@ def emulated(monkeypatch):
 
 CASES = [
     dict(B=3, H=2, HV=2, K=128, V=128, slot_pad=16, pad_rows=1),
-    dict(B=4, H=1, HV=4, K=128, V=128, slot_pad=8, pad_rows=2, n_slots=9, state_dtype=torch.float32),  # GVA
+    dict(B=4, H=1, HV=4, K=128, V=128, slot_pad=8, pad_rows=2, n_slots=9),  # GVA
     dict(B=1, H=2, HV=2, K=128, V=128),  # one row: the wrapper's dense form
 ]
+FP32_POOL = dict(state_dtype=torch.float32)  # sglang-cutedsl's only pool dtype
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("variant", [SGLangCuteDSL, SGLangTriton])
-def test_adapter_arguments_compute_the_reference(emulated, case, variant):
-    verdict = verify(on_cpu(variant), make_inputs(**case, seed=21), steps=2)
+@pytest.mark.parametrize("variant, pool", [(SGLangCuteDSL, FP32_POOL), (SGLangTriton, {}), (SGLangTriton, FP32_POOL)])
+def test_adapter_arguments_compute_the_reference(emulated, case, variant, pool):
+    verdict = verify(on_cpu(variant), make_inputs(**case | pool, seed=21), steps=2)
     assert verdict.ok, verdict
 
 
 def test_padding_rows_are_zeroed_after_the_cutedsl_call(emulated):
     """The wrapper's output rows for slot -1 are never written (NaN in the emulation): the adapter zeroes them."""
-    x = make_inputs(4, 2, 2, 128, 128, pad_rows=2, seed=22)
+    x = make_inputs(4, 2, 2, 128, 128, pad_rows=2, seed=22, **FP32_POOL)
     out = on_cpu(SGLangCuteDSL).decode(x)
     assert (out[~x.live_rows()] == 0).all() and not out.isnan().any()
 
@@ -146,20 +149,28 @@ def test_padding_rows_are_zeroed_after_the_cutedsl_call(emulated):
     (dict(dtype=torch.float32), "must be bfloat16"),
     (dict(V=64), "V must be a multiple of 128"),
     (dict(K=64, V=128), "K=64 not supported"),
+    (dict(state_dtype=torch.bfloat16), "state dtype bfloat16 not supported"),
 ])
 def test_cutedsl_refusals_say_why(emulated, change, reason):
-    x = make_inputs(**(dict(B=2, H=2, HV=2, K=128, V=128) | change), seed=23)
+    x = make_inputs(**(dict(B=2, H=2, HV=2, K=128, V=128) | FP32_POOL | change), seed=23)
     assert reason in on_cpu(SGLangCuteDSL).unsupported(x)
 
 
+def test_cutedsl_refuses_a_dt_bias_that_bf16_would_round(emulated):
+    x = make_inputs(2, 2, 2, 128, 128, seed=26, **FP32_POOL)
+    assert on_cpu(SGLangCuteDSL).unsupported(x) is None  # drawn as bf16 values, as a bf16 checkpoint gives
+    x.dt_bias = x.dt_bias * (1 + 2.0**-12)
+    assert "dt_bias must hold bf16 values" in on_cpu(SGLangCuteDSL).unsupported(x)
+
+
 def test_cutedsl_refuses_a_scale_the_backend_cannot_pass(emulated):
-    x = make_inputs(2, 2, 2, 128, 128, seed=24)
+    x = make_inputs(2, 2, 2, 128, 128, seed=24, **FP32_POOL)
     x.scale = 0.3
     assert "passes no scale" in on_cpu(SGLangCuteDSL).unsupported(x)
 
 
 def test_cutedsl_refuses_a_tensor_off_its_assumed_alignment(emulated):
-    x = make_inputs(2, 2, 2, 128, 128, seed=25)
+    x = make_inputs(2, 2, 2, 128, 128, seed=25, **FP32_POOL)
     x.v = torch.empty(x.v.numel() + 1, dtype=x.v.dtype)[1:].view(x.v.shape).copy_(x.v)
     assert "v must start 16-byte aligned" in on_cpu(SGLangCuteDSL).unsupported(x)
 

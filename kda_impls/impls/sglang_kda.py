@@ -5,14 +5,17 @@ backends make.
   ``__init__``s (they import its serving runtime): the parent packages are empty stand-ins over the
   real directories, so the file's imports of its siblings resolve.
 - ``sglang-cutedsl``: ``cutedsl_fused_sigmoid_gating_kda_update`` (the ``cutedsl`` backend), q/k/v
-  ``[1, B, ...]`` with ``cu_seqlens``; its own bf16 output copied into ``out``, -1 rows zeroed.
+  ``[1, B, ...]`` with ``cu_seqlens``; its own bf16 output copied into ``out``, -1 rows zeroed; dt_bias
+  passed as the bf16 tensor the wrapper compiles for (a copy made at bind, exact where dt_bias holds
+  bf16 values).
 - ``sglang-triton``: ``fused_recurrent_kda_packed_decode`` (the ``triton`` backend), q|k|v packed into
   ``mixed_qkv``.
 - ``sglang-replayssm``: the ReplaySSM decode (:mod:`kda_impls.impls.sglang_replay`).
 
 Refused with its reason: a kernel whose imports fail (``sglang-triton`` without SGLang's serving
-dependencies); for ``sglang-cutedsl`` all but bf16 activations, K = 128, V % 128 == 0, the default
-scale, 16-byte aligned tensors, sm_90+. What each call relies on: docs/semantics.md, "SGLang's kernels".
+dependencies); for ``sglang-cutedsl`` all but bf16 activations, an fp32 pool, a dt_bias of bf16
+values, K = 128, V % 128 == 0, the default scale, 16-byte aligned tensors, sm_90+. What each call
+relies on: docs/semantics.md, "SGLang's kernels".
 """
 
 from __future__ import annotations
@@ -134,11 +137,12 @@ class SGLangCuteDSL(SGLangKDA):
     name = "sglang-cutedsl"
     module = f"{ATTENTION}.cutedsl_kda"
     entry = "cutedsl_fused_sigmoid_gating_kda_update"
-    variant = ("SGLang's cutedsl decode backend: [1, B] + cu_seqlens, pool in place via initial_state_indices; gate "
-               "and sigmoid in kernel (fp32 from bf16 inputs); the wrapper's own bf16 output copied into out, -1 rows "
-               "zeroed after the call; K = 128, V % 128 == 0, default scale only")
+    variant = ("SGLang's cutedsl decode backend: [1, B] + cu_seqlens, fp32 pool in place via initial_state_indices; "
+               "gate and sigmoid in kernel (fp32 from bf16 inputs, dt_bias as bf16); the wrapper's own bf16 output "
+               "copied into out, -1 rows zeroed after the call; K = 128, V % 128 == 0, default scale only")
     engine_call = "SGLang (--linear-attn-decode-backend cutedsl)"
-    capabilities = Capabilities(devices=("cuda",), state_dtypes=(torch.bfloat16, torch.float32), k_values=(128,),
+    # the kernel stores its fp32 shared-memory tile into the pool: compiling it for a bf16 pool fails
+    capabilities = Capabilities(devices=("cuda",), state_dtypes=(torch.float32,), k_values=(128,),
                                 base_alignment=TENSOR_ALIGNMENT, min_compute_capability=(9, 0),
                                 packages=("cutlass", "cuda"))
 
@@ -153,6 +157,9 @@ class SGLangCuteDSL(SGLangKDA):
         if inputs.V % 128:
             return (f"V must be a multiple of 128 (the wrapper asserts V % 32, V % 16 and (V / 16) % 8); got "
                     f"V={inputs.V}")
+        if not torch.equal(inputs.dt_bias.to(torch.bfloat16).float(), inputs.dt_bias):
+            return ("dt_bias must hold bf16 values (the wrapper compiles the kernel for a bf16 dt_bias, and reads "
+                    "the bytes of an fp32 one as bf16); got values bf16 rounds")
         if inputs.scale is not None and inputs.effective_scale != inputs.K ** -0.5:
             return (f"the backend passes no scale (K**-0.5={inputs.K ** -0.5:g} in the wrapper); got scale="
                     f"{inputs.scale}")
@@ -164,10 +171,11 @@ class SGLangCuteDSL(SGLangKDA):
         return super()._extra_unsupported(inputs)
 
     def library_arguments(self, inputs: DecodeInputs) -> dict:
-        """The keyword arguments of the wrapper, as ``CuteDSLKDAKernel.decode`` passes them."""
-        return dict(A_log=inputs.A_log, dt_bias=inputs.dt_bias, q=inputs.q.unsqueeze(0), k=inputs.k.unsqueeze(0),
-                    v=inputs.v.unsqueeze(0), a=inputs.a, b=inputs.b, initial_state_source=inputs.state,
-                    initial_state_indices=inputs.slots,
+        """The keyword arguments of the wrapper, as ``CuteDSLKDAKernel.decode`` passes them, dt_bias in the
+        dtype the wrapper compiles for (bf16; lossless where :meth:`_extra_unsupported` lets it run)."""
+        return dict(A_log=inputs.A_log, dt_bias=inputs.dt_bias.to(torch.bfloat16), q=inputs.q.unsqueeze(0),
+                    k=inputs.k.unsqueeze(0), v=inputs.v.unsqueeze(0), a=inputs.a, b=inputs.b,
+                    initial_state_source=inputs.state, initial_state_indices=inputs.slots,
                     cu_seqlens=torch.arange(inputs.B + 1, dtype=torch.int32, device=inputs.device),
                     use_qk_l2norm_in_kernel=True, softplus_beta=1.0, softplus_threshold=20.0)
 
