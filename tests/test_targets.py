@@ -80,17 +80,19 @@ def test_mode_targets_judge_frozen_against_flashinfers_best_and_replay_against_i
     frozen = pd.DataFrame([
         mode_row("triton", 16, 8.0, "frozen", T=4), mode_row("flashinfer", 16, 10.0, "frozen", T=4),  # 0.80x: met
         mode_row("flashinfer-loggate", 16, 12.0, "frozen", T=4, library="flashinfer"),
-        mode_row("triton", 64, 30.0, "frozen", T=4, floor=29.0), mode_row("flashinfer", 64, 40.0, "frozen", T=4),
-        mode_row("flashinfer-loggate", 64, 32.0, "frozen", T=4, library="flashinfer"),  # 30/32 = 0.94x: missed
+        mode_row("triton", 64, 33.0, "frozen", T=4, floor=32.5), mode_row("flashinfer", 64, 40.0, "frozen", T=4),
+        mode_row("flashinfer-loggate", 64, 32.0, "frozen", T=4, library="flashinfer"),  # 33/32: missed
         mode_row("triton", 1, 1.0, "frozen", T=4), mode_row("flashinfer", 1, 9.0, "frozen", T=4),  # B < 16: not judged
-        mode_row("triton", 16, 1.0, "frozen", T=2), mode_row("flashinfer", 16, 9.0, "frozen", T=2),  # T = 2: not judged
+        mode_row("triton", 16, 9.0, "frozen", T=2), mode_row("flashinfer", 16, 9.0, "frozen", T=2),  # 1.00x: met
+        mode_row("triton", 16, 1.0, "frozen", T=3), mode_row("flashinfer", 16, 9.0, "frozen", T=3),  # T = 3: not judged
     ])
-    points = mode_targets.frozen_points(frozen, "triton")
-    assert points.B.tolist() == [16, 64] and points.met.tolist() == [True, False]
-    assert points.flashinfer_variant.tolist() == ["flashinfer", "flashinfer-loggate"]
-    assert points.target_us.tolist() == pytest.approx([9.0, 28.8])  # 0.9 x FlashInfer's best
-    assert "met at 1 of 2 points; the target is under the step's copy floor at 1 of them" in \
-        mode_targets.section("frozen", "target", points)  # 28.8 us < the 29 us its bytes take at copy speed
+    points = mode_targets.frozen_points(frozen, "triton").sort_values(["T", "B"])
+    assert points[["T", "B"]].values.tolist() == [[2, 16], [4, 16], [4, 64]]
+    assert points.met.tolist() == [True, True, False]
+    assert points.flashinfer_variant.tolist() == ["flashinfer", "flashinfer", "flashinfer-loggate"]
+    assert points.target_us.tolist() == pytest.approx([9.0, 10.0, 32.0])  # FlashInfer's best
+    assert "met at 2 of 3 points; the target is under the step's copy floor at 1 of them" in \
+        mode_targets.section("frozen", "target", points)  # 32 us < the 32.5 us its bytes take at copy speed
     replay = pd.DataFrame([
         mode_row("triton", 64, 40.0, "inplace"), mode_row("triton", 64, 29.0, "replay", ring=16),  # 1.38x: met
         mode_row("triton", 256, 140.0, "inplace"), mode_row("triton", 256, 110.0, "replay", ring=16),  # 1.27x
