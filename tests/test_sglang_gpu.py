@@ -5,10 +5,11 @@ dependencies)."""
 
 import pytest
 import torch
-from test_sglang_replay import flushes_as_timed, staggered
+from test_sglang_replay import staggered
 
 from kda_impls import get, make_inputs, verify
 from kda_impls.impls.sglang_kda import INSTALL, sglang_dir
+from kda_impls.verify import bits
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(sglang_dir() is None, reason=f"sglang not installed ({INSTALL})")]
 
@@ -46,10 +47,33 @@ def test_replay_matches_the_reference_over_a_flush(case):
     runs_or_skips("sglang-replayssm", staggered(make_inputs(**case, ring=L, device="cuda", seed=42), L))
 
 
-def test_every_timed_launch_advances_the_cursor_on_the_gpu():
+def test_every_graph_replay_advances_the_cursor_on_the_gpu():
+    """SGLang #38398 on the GPU: replayed from one captured CUDA graph, as the timer and the engines replay
+    it, the step writes each live slot's pool block exactly when its ring fills (a cursor fixed at capture
+    would write the same slots at every replay, or none)."""
     L = 16
     x = staggered(make_inputs(**REPLAY[0], ring=L, device="cuda", seed=43), L)
     reason = get("sglang-replayssm").unsupported(x)
     if reason:
         pytest.skip(reason)
-    assert flushes_as_timed(get("sglang-replayssm"), x, "cuda")
+    slots = x.slots.long()[x.live_rows()]
+    start = x.cache.length[slots].long().cpu()
+    launch = get("sglang-replayssm").bind(x)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    writes, launches = torch.zeros(len(slots), dtype=torch.int64), 2 * L + 1
+
+    def counted(step):
+        before = x.state[slots].clone()
+        step()
+        torch.cuda.synchronize()
+        writes.add_((bits(x.state[slots]) != bits(before)).flatten(1).any(dim=1).long().cpu())
+
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        counted(launch)  # the warm-up before capture: a step like the others
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        launch()
+    for _ in range(launches - 1):
+        counted(graph.replay)
+    assert torch.equal(writes, (start + launches) // L)

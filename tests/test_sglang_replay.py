@@ -97,10 +97,11 @@ def test_rings_the_kernel_writes_are_what_its_next_launches_read(interpreter_mas
     assert rel_err(effective_state(x)[slots], effective_state(ref)[slots]) <= 1e-5
 
 
-def flushes_as_timed(impl, x, device="cpu") -> bool:
-    """Whether, over the launches the bench's own timer makes of ``impl`` on ``x`` (on the CPU: a warm-up,
-    then whole ring cycles), each live slot's pool block was written exactly at the launches where its
-    ring fills: ``(length + launches) // L`` times from its length before the first."""
+def flushes_as_timed(impl, x) -> bool:
+    """Whether, over the launches the bench's own timer makes of ``impl`` on ``x`` on the CPU (a warm-up,
+    then whole ring cycles; a GPU's timer replays a CUDA graph: test_sglang_gpu.py counts those), each
+    live slot's pool block was written exactly at the launches where its ring fills: ``(length +
+    launches) // L`` times from its length before the first."""
     slots = x.slots.long()[x.live_rows()]
     start = x.cache.length[slots].long().cpu()
     writes = torch.zeros(len(slots), dtype=torch.int64)
@@ -118,7 +119,7 @@ def flushes_as_timed(impl, x, device="cpu") -> bool:
 
         return counted
 
-    kernel_time(lambda _: x, bind, device, Budget(min_samples=1, max_samples=2, max_seconds=0.01))
+    kernel_time(lambda _: x, bind, "cpu", Budget(min_samples=1, max_samples=2, max_seconds=0.01))
     assert len(calls) > x.cache.L
     return torch.equal(writes, (start + len(calls)) // x.cache.L)
 
