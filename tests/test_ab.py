@@ -134,6 +134,15 @@ def test_two_checkout_directories_compare_as_they_are(repo, tmp_path):
     assert done.returncode == 1 and statuses(tmp_path / "ab") == {"slowpoke": "broken"}, done.stderr
 
 
+def test_an_extra_implementation_imports_only_in_the_sides_trees(repo, tmp_path):
+    """The driver runs where slowpoke.py is not: each side's worker imports it from its own tree."""
+    a, elsewhere = tmp_path / "a", tmp_path / "elsewhere"
+    git(repo["root"], "worktree", "add", "-q", "--detach", str(a), repo["plain"])
+    elsewhere.mkdir()
+    done = kda_ab(elsewhere, str(a), str(a), *TINY, "--out", str(tmp_path / "ab"))
+    assert done.returncode == 0 and statuses(tmp_path / "ab") == {"slowpoke": "same"}, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("args, cwd, message", [
     (["no-such-rev", "HEAD"], "repo", "'no-such-rev' is neither a revision of"),
     (["HEAD", "HEAD"], "plain", "is neither a revision (no git repository here)"),

@@ -20,7 +20,7 @@ from .timing import Budget
 
 # settings that change neither which rows are measured nor how: left out of the default directory's name
 NOT_SETTINGS = {"out", "charts", "dry_run", "fresh", "baseline", "row_timeout", "cooldown", "devices", "preset",
-                "repro"}
+                "repro", "import_extras"}
 POSITIVE_AXES = ("B", "H", "HV", "K", "V", "T", "ring")
 
 
@@ -134,6 +134,9 @@ class SweepSpec:
     charts: bool = True
     repro: bool = False
     baseline: str | None = None
+    # False: each extra implementation ($KDA_EXTRA_IMPLS) is imported only by the workers that measure it
+    # (kda-ab's sides, each from its own tree), not here
+    import_extras: bool = True
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -158,7 +161,7 @@ class SweepSpec:
         for name in ("placements", "placement_processes", "min_samples"):
             if getattr(self, name) is not None:
                 set_(name, _whole(name, getattr(self, name), 1))
-        for name in ("disjoint_placements", "retime", "fresh", "dry_run", "charts", "repro"):
+        for name in ("disjoint_placements", "retime", "fresh", "dry_run", "charts", "repro", "import_extras"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingError(name, f"{getattr(self, name)!r} is not True or False")
         _choice("slot_order", self.slot_order, SLOT_ORDERS)
@@ -181,11 +184,13 @@ class SweepSpec:
 
     def _check_impls(self) -> None:
         """Refuse unknown names and, of $KDA_EXTRA_IMPLS, an entry that is malformed or, of those this
-        spec runs, one that does not import."""
+        spec runs, one that does not import (where ``import_extras``)."""
         extra = extra_impls()
         unknown = [name for name in self.impls or () if name not in registry.names()]
         if unknown:
             raise UsageError(f"unknown implementations {', '.join(unknown)}; registered: {', '.join(registry.names())}")
+        if not self.import_extras:
+            return
         for name in [n for n in self.impls if n in extra] if self.impls is not None else extra:
             try:
                 registry.get(name)

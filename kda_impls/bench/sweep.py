@@ -145,10 +145,10 @@ def spec_from_argv(argv: list[str] | None) -> SweepSpec:
     return spec_from_args(parser().parse_args(argv))
 
 
-def spec_from_args(args: argparse.Namespace) -> SweepSpec:
+def spec_from_args(args: argparse.Namespace, **fixed) -> SweepSpec:
     """The :class:`SweepSpec` of the kda-sweep options in ``args`` (a parser built on :func:`parser`
-    may add its own, which are left out); :class:`UsageError` naming the option."""
-    given = {f.name: getattr(args, f.name) for f in fields(SweepSpec) if hasattr(args, f.name)}
+    may add its own, which are left out) and of ``fixed`` fields; :class:`UsageError` naming the option."""
+    given = {f.name: getattr(args, f.name) for f in fields(SweepSpec) if hasattr(args, f.name)} | fixed
     try:
         return SweepSpec(**given)
     except SettingError as exc:

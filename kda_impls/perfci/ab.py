@@ -93,7 +93,7 @@ def add_gate_options(p: argparse.ArgumentParser, repro: bool = True) -> None:
 def checked_spec(args: argparse.Namespace) -> SweepSpec:
     """The :class:`SweepSpec` of kda-ab's sweep options in ``args``, checked with its own; :class:`UsageError`
     for anything refused."""
-    spec = sweep_cli.spec_from_args(args)
+    spec = sweep_cli.spec_from_args(args, import_extras=False)  # each side imports its own, from its tree
     if len(spec.devices) != 1:
         raise UsageError(f"--devices {','.join(spec.devices)}: both sides are measured on one device; name one")
     if spec.placement_processes not in (None, 1):
