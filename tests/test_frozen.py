@@ -116,7 +116,7 @@ def test_triton_frozen_survives_strong_decay(per_token, state_dtype):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("T", [1, 2, 5])
+@pytest.mark.parametrize("T", [1, 2, 5, 16])
 @pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
 def test_triton_frozen_closed_form_at_any_T(T, state_dtype, monkeypatch):
     """The closed form forced where the rule would run the recurrence too (T <= 2 on few heads), on
@@ -331,7 +331,7 @@ meta = dict(HV=4, GROUP=2, K=64, V=64, BV=32, LOAD_HINT="evict_first", STORE_HIN
             SOFTPLUS_LINEAR_ABOVE=20.0, FAST_GATE=0)
 stores = {flag: len(re.findall(r"st\\.global", ptx(multitoken._kda_multitoken_kernel, ints, meta | dict(STORES=flag))))
           for flag in (1, 0)}
-product = ptx(frozen._state_product_kernel, ints, dict(HV=4, K=64, V=64, BV=32, TP=16))
+product = ptx(frozen._frozen_kernel, ints, dict(HV=4, GROUP=2, K=64, V=64, BV=32, TP=16, SQUARINGS=1, L2_EPS=1e-6))
 print(json.dumps(dict(stores=stores, product_mma=len(re.findall(r"mma\\.sync", product)))))
 """
 
@@ -339,7 +339,7 @@ print(json.dumps(dict(stores=stores, product_mma=len(re.findall(r"mma\\.sync", p
 def test_the_frozen_kernels_compiled_for_sm90():
     """Compiled for the H200 (Triton's own ptxas, no GPU needed): with STORES=0 the multi-token
     kernel's PTX keeps one global store (the output tile) of the in-place kernel's many; the closed
-    form's state product multiplies on the tensor cores (that it stores no state: verify, above)."""
+    form multiplies on the tensor cores (that it stores no state: verify, above)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
                           timeout=300)

@@ -6,18 +6,19 @@ With ``G_t`` the cumulative log decay through token t (a ``[K]`` vector), ``khat
 
     Tm = (I + diag(beta) M)^{-1} diag(beta),   QT = P Tm,   O = (qhat - QT khat) S0^T + QT V
 
-Two launches. The *token terms* (one program per row and value head, no state) form
-``W = qhat - QT khat`` and ``QT`` into a scratch the launcher allocates: ``W`` in the pool's dtype as a
-high part and its remainder (fp32 for an fp32 pool), the T x T solve a forward substitution in
-registers. The *state product* (one program per row, value head and ``BV`` rows of V) reads its
-``[BV, K]`` start tile once in the pool's dtype and forms ``O = W S0^T + QT V`` by ``tl.dot`` with fp32
-accumulation, the tokens padded to the dot's 16 rows: its cost is the tile's read, whatever T.
+One launch, one program per row, value head and ``BV`` rows of V. A program issues its ``[BV, K]``
+start tile's load first (the one large read, in the pool's dtype), forms the token terms while it is
+in flight, and multiplies: every product is a ``tl.dot`` with the tokens padded to the dot's 16 rows,
+so its cost does not grow with T. The inverse is ``(I - A)(I + A^2)(I + A^4)(I + A^8)`` for the strictly
+lower ``A = diag(beta) M`` (``A^16 = 0``): four squarings on the tensor cores instead of a T-step
+substitution. ``W = qhat - QT khat`` meets a 16-bit tile as two parts in its dtype (high part and
+remainder), so the product keeps fp32's accuracy at the tile's width.
 
 ``M`` and ``P`` need ``e^{G_t - G_j}`` (t >= j, never above 1), formed as ``e^{G_t - R} e^{R - G_j}``
 with ``R`` the window's mid decay per channel: each factor stays within ``e^{+-span/2}``, ``span``
 the window's log decay from its first token to its last. Where a channel's span passes
 :data:`SPAN_LIMIT` a factor would leave fp32's range, and that program takes the exact differences
-instead (T passes of ``[T, K]`` exponentials).
+instead (T passes of ``[16, K]`` exponentials).
 """
 
 from __future__ import annotations
@@ -41,93 +42,24 @@ INTERPRETED = tl.constexpr(triton.knobs.runtime.interpret)
 
 @triton.jit
 def _row(x, offs_t, t):
-    """Row ``t`` of a ``[TS, N]`` tile as an ``[N]`` vector."""
+    """Row ``t`` of a ``[TP, N]`` tile as an ``[N]`` vector."""
     return tl.sum(tl.where(offs_t[:, None] == t, x, 0.0), axis=0)
 
 
 @triton.jit
-def _times_t(a, b):
-    """``a [M, N] @ b [P, N]^T``: three tf32 products on the tensor cores from the dot's 16 rows, else on
-    the CUDA cores (fp32)."""
-    if a.shape[0] >= 16 and b.shape[0] >= 16:
-        return tl.dot(a, tl.trans(b), input_precision="tf32x3")
-    else:
-        return tl.sum(a[:, None, :] * b[None, :, :], axis=2)
+def _dot32(a, b):
+    """``a @ b`` of fp32 tiles on the tensor cores at fp32's accuracy (three tf32 products)."""
+    return tl.dot(a, b, input_precision="tf32x3")
 
 
 @triton.jit
-def _token_terms_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_ptr, qt_ptr, scale, T,
-    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, TS: tl.constexpr, TP: tl.constexpr,
-    L2_EPS: tl.constexpr,
+def _frozen_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr, slot_stride, scale, T,
+    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    TP: tl.constexpr, SQUARINGS: tl.constexpr, L2_EPS: tl.constexpr,
 ):
-    """Per row and value head (one warp for every four tokens): ``W`` (``[TP, K]``, rows past T untouched)
-    as two parts in ``w_ptr``'s dtype (high part, then remainder; one fp32 part for an fp32 pool) and
-    ``QT`` (``[TP, TP]`` fp32); ``TS``: T padded to a power of two."""
-    head = tl.program_id(0).to(tl.int64)  # row * HV + hv
-    row = head // HV
-    hv = head % HV
-    offs_k = tl.arange(0, K)
-    offs_t = tl.arange(0, TS)
-    token = row * T + offs_t
-    in_t = offs_t < T
-    in_tk = in_t[:, None] & (offs_k[None, :] < K)
-    qk_rows = (token * (HV // GROUP) + hv // GROUP)[:, None] * K + offs_k[None, :]
-    q = tl.load(q_ptr + qk_rows, mask=in_tk, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + qk_rows, mask=in_tk, other=0.0).to(tl.float32)
-    x = tl.load(a_ptr + (token * HV + hv)[:, None] * K + offs_k[None, :], mask=in_tk, other=0.0).to(tl.float32)
-    beta = tl.where(in_t, tl.sigmoid(tl.load(b_ptr + token * HV + hv, mask=in_t, other=0.0).to(tl.float32)), 0.0)
-    x += tl.load(dt_bias_ptr + hv * K + offs_k)[None, :]
-    g = -tl.exp(tl.load(A_log_ptr + hv)) * tl.where(x > _LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
-    G = tl.cumsum(tl.where(in_tk, g, 0.0), axis=0)  # padding tokens decay nothing: G stays G_{T-1}
-    q = q * (scale / tl.sqrt(tl.sum(q * q, axis=1) + L2_EPS))[:, None]
-    k = k / tl.sqrt(tl.sum(k * k, axis=1) + L2_EPS)[:, None]
-
-    first = _row(G, offs_t, 0)
-    last = _row(G, offs_t, T - 1)
-    if tl.max(first - last, axis=0) <= _SPAN_LIMIT:
-        mid = 0.5 * (first + last)
-        ktil = k * tl.exp(mid[None, :] - G)
-        ahead = tl.exp(G - mid[None, :])
-        M = _times_t(k * ahead, ktil)
-        P = _times_t(q * ahead, ktil)
-    else:
-        M = tl.zeros([TS, TS], dtype=tl.float32)
-        P = tl.zeros([TS, TS], dtype=tl.float32)
-        for j in range(T):  # column j from the exact decays e^{G_t - G_j} (t >= j: never above 1)
-            decayed = _row(k, offs_t, j)[None, :] * tl.exp(tl.minimum(G - _row(G, offs_t, j)[None, :], 0.0))
-            M = tl.where(offs_t[None, :] == j, tl.sum(k * decayed, axis=1)[:, None], M)
-            P = tl.where(offs_t[None, :] == j, tl.sum(q * decayed, axis=1)[:, None], P)
-    M = tl.where(offs_t[:, None] > offs_t[None, :], M, 0.0)
-    P = tl.where(offs_t[:, None] >= offs_t[None, :], P, 0.0)
-
-    # (I + diag(beta) M)^{-1} diag(beta) by forward substitution: row t needs only the rows above it
-    A = beta[:, None] * M
-    X = tl.zeros([TS, TS], dtype=tl.float32)
-    for t in range(T):
-        beta_t = tl.sum(tl.where(offs_t == t, beta, 0.0), axis=0)
-        x_t = tl.where(offs_t == t, beta_t, 0.0) - tl.sum(_row(A, offs_t, t)[:, None] * X, axis=0)
-        X = tl.where(offs_t[:, None] == t, x_t[None, :], X)
-    QT = _times_t(P, tl.trans(X))
-    decay = tl.exp(G)
-    W = q * decay - _times_t(QT, tl.trans(k * decay))
-
-    rows = head * TP + offs_t
-    tl.store(qt_ptr + rows[:, None] * TP + offs_t[None, :], QT, mask=in_t[:, None] & in_t[None, :])
-    part = w_ptr + rows[:, None] * K + offs_k[None, :]
-    high = W.to(w_ptr.dtype.element_ty)
-    tl.store(part, high, mask=in_tk)
-    if w_ptr.dtype.element_ty != tl.float32:
-        tl.store(part + tl.num_programs(0).to(tl.int64) * TP * K, (W - high.to(tl.float32)).to(high.dtype),
-                 mask=in_tk)
-
-
-@triton.jit
-def _state_product_kernel(
-    v_ptr, state_ptr, slots_ptr, w_ptr, qt_ptr, out_ptr, slot_stride, T, heads,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr,
-):
-    """Per row, value head and ``BV`` rows of V: ``O = W S0^T + QT V`` from one read of the start tile."""
+    """Per row, value head and ``BV`` rows of V: ``O = W S0^T + QT V`` from one read of the start tile;
+    ``SQUARINGS``: ceil(log2 T) - 1, the squarings the inverse of a window of T tokens needs."""
     V_TILES: tl.constexpr = V // BV
     pid = tl.program_id(0)
     head = (pid // V_TILES).to(tl.int64)  # row * HV + hv; int64: row * HV * V overflows int32
@@ -140,26 +72,62 @@ def _state_product_kernel(
     live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0  # a [BV, K] splat: 16-byte accesses stay
     S0 = tl.load(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
                  + offs_v[:, None] * K + offs_k[None, :], mask=live, other=0.0)  # the one large read
+
+    # the token terms, while the tile is in flight
+    token = row * T + offs_t
     in_t = offs_t < T
-    rows = head * TP + offs_t
-    part = w_ptr + rows[:, None] * K + offs_k[None, :]
     in_tk = in_t[:, None] & (offs_k[None, :] < K)
-    token_hv = (row * T + offs_t) * HV + hv
+    qk_rows = (token * (HV // GROUP) + hv // GROUP)[:, None] * K + offs_k[None, :]
+    q = tl.load(q_ptr + qk_rows, mask=in_tk, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + qk_rows, mask=in_tk, other=0.0).to(tl.float32)
+    x = tl.load(a_ptr + (token * HV + hv)[:, None] * K + offs_k[None, :], mask=in_tk, other=0.0).to(tl.float32)
+    beta = tl.where(in_t, tl.sigmoid(tl.load(b_ptr + token * HV + hv, mask=in_t, other=0.0).to(tl.float32)), 0.0)
+    token_hv = token * HV + hv
     in_tv = in_t[:, None] & (offs_v[None, :] < V)
     vals = tl.load(v_ptr + token_hv[:, None] * V + offs_v[None, :], mask=in_tv, other=0.0).to(tl.float32)
-    QT = tl.load(qt_ptr + rows[:, None] * TP + offs_t[None, :], mask=in_t[:, None] & in_t[None, :], other=0.0)
+    x += tl.load(dt_bias_ptr + hv * K + offs_k)[None, :]
+    g = -tl.exp(tl.load(A_log_ptr + hv)) * tl.where(x > _LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
+    G = tl.cumsum(tl.where(in_tk, g, 0.0), axis=0)  # padding tokens decay nothing: G stays G_{T-1}
+    q = q * (scale / tl.sqrt(tl.sum(q * q, axis=1) + L2_EPS))[:, None]
+    k = k / tl.sqrt(tl.sum(k * k, axis=1) + L2_EPS)[:, None]
+
+    first = _row(G, offs_t, 0)
+    last = _row(G, offs_t, T - 1)
+    if tl.max(first - last, axis=0) <= _SPAN_LIMIT:
+        mid = 0.5 * (first + last)
+        ktil_t = tl.trans(k * tl.exp(mid[None, :] - G))
+        ahead = tl.exp(G - mid[None, :])
+        M = _dot32(k * ahead, ktil_t)
+        P = _dot32(q * ahead, ktil_t)
+    else:
+        M = tl.zeros([TP, TP], dtype=tl.float32)
+        P = tl.zeros([TP, TP], dtype=tl.float32)
+        for j in range(T):  # column j from the exact decays e^{G_t - G_j} (t >= j: never above 1)
+            decayed = _row(k, offs_t, j)[None, :] * tl.exp(tl.minimum(G - _row(G, offs_t, j)[None, :], 0.0))
+            M = tl.where(offs_t[None, :] == j, tl.sum(k * decayed, axis=1)[:, None], M)
+            P = tl.where(offs_t[None, :] == j, tl.sum(q * decayed, axis=1)[:, None], P)
+    eye = tl.where(offs_t[:, None] == offs_t[None, :], 1.0, 0.0)
+    power = -tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * M, 0.0)  # -A, strictly lower
+    inverse = eye + power  # (I + A)^{-1} = (I - A)(I + A^2)(I + A^4)(I + A^8): A^TP = 0
+    for _ in tl.static_range(SQUARINGS):
+        power = _dot32(power, power)
+        inverse += _dot32(inverse, power)
+    QT = _dot32(tl.where(offs_t[:, None] >= offs_t[None, :], P, 0.0), inverse * beta[None, :])
+    decay = tl.exp(G)
+    W = q * decay - _dot32(QT, k * decay)
+
+    out = _dot32(QT, vals)
     St = tl.trans(S0)
-    high = tl.load(part, mask=in_tk, other=0.0)
     if INTERPRETED:  # the interpreter's 16-bit dot multiplies the bits: the same products in fp32
         St = St.to(tl.float32)
     if S0.dtype == tl.float32:
-        out = tl.dot(high, St, input_precision="tf32x3")
+        out += _dot32(W, St)
     else:
-        low = tl.load(part + heads * TP * K, mask=in_tk, other=0.0)
+        high = W.to(S0.dtype)
+        low = (W - high.to(tl.float32)).to(S0.dtype)
         if INTERPRETED:
             high, low = high.to(tl.float32), low.to(tl.float32)
-        out = tl.dot(low, St, tl.dot(high, St))
-    out += tl.dot(QT, vals, input_precision="tf32x3")
+        out = tl.dot(low, St, tl.dot(high, St, out))
     tl.store(out_ptr + token_hv[:, None] * V + offs_v[None, :],
              tl.where(slot >= 0, out, 0.0).to(out_ptr.dtype.element_ty), mask=in_tv)
 
@@ -189,19 +157,10 @@ def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: in
 
 
 def frozen_launches(inputs, out, tile: dict) -> list:
-    """The two launches of a closed-form frozen step, each ``(kernel, grid, args, meta)``; the scratch
-    they share is allocated here (bind time)."""
+    """The closed-form frozen step's one launch, ``(kernel, grid, args, meta)``."""
     heads = inputs.B * inputs.HV
-    parts = 1 if inputs.state.dtype == torch.float32 else 2
-    w = torch.empty(parts * heads * TOKEN_ROWS * inputs.K, dtype=inputs.state.dtype, device=inputs.device)
-    qt = torch.empty(heads * TOKEN_ROWS * TOKEN_ROWS, dtype=torch.float32, device=inputs.device)
-    group = inputs.HV // inputs.H
-    terms = (_token_terms_kernel, (heads,),
-             (inputs.q, inputs.k, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, w, qt, inputs.effective_scale,
-              inputs.T),
-             dict(HV=inputs.HV, GROUP=group, K=inputs.K, TS=triton.next_power_of_2(inputs.T), TP=TOKEN_ROWS,
-                  L2_EPS=L2_EPS, num_warps=max(1, triton.next_power_of_2(inputs.T) // 4)))
-    product = (_state_product_kernel, (heads * (inputs.V // tile["BV"]),),
-               (inputs.v, inputs.state, inputs.slots, w, qt, out, inputs.slot_stride, inputs.T, heads),
-               dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=tile["BV"], TP=TOKEN_ROWS, num_warps=tile["num_warps"]))
-    return [terms, product]
+    args = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
+            inputs.slots, out, inputs.slot_stride, inputs.effective_scale, inputs.T)
+    meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=tile["BV"], TP=TOKEN_ROWS,
+                SQUARINGS=max(0, (inputs.T - 1).bit_length() - 1), L2_EPS=L2_EPS, num_warps=tile["num_warps"])
+    return [(_frozen_kernel, (heads * (inputs.V // tile["BV"]),), args, meta)]
