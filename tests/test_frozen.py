@@ -137,15 +137,15 @@ def test_the_frozen_form_by_shape(monkeypatch):
 
     bf16, fp32 = torch.bfloat16, torch.float32
     assert frozen_tile(bf16, 32, 128, 128, RECURRENCE_HEADS // 32, 2) is None
-    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, "num_warps": 4}
-    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, "num_warps": 4}
-    assert frozen_tile(fp32, 32, 128, 128, 256, 16) == {"BV": 32, "num_warps": 4}
+    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, "num_warps": 4, "fused": 0}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, "num_warps": 4, "fused": 0}
+    assert frozen_tile(fp32, 32, 128, 128, 256, 16) == {"BV": 32, "num_warps": 4, "fused": 0}
     assert frozen_tile(bf16, 32, 128, 128, 256, 17) is None and frozen_tile(bf16, 2, 16, 8, 256, 4) is None
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,num_warps=8")  # the fields it names; the form stays the rule's
-    assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 128, "num_warps": 8}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 128, "num_warps": 8, "fused": 0}
     assert frozen_tile(bf16, 32, 128, 128, 1, 1) is None
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,recurrence=0")
-    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, "num_warps": 4}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, "num_warps": 4, "fused": 0}
     for text in ("BV=8", "BV=48", "num_warps=3", "tile=2", "BV=x"):
         monkeypatch.setenv(FROZEN_CONFIG_ENV, text)
         with pytest.raises(ValueError, match=FROZEN_CONFIG_ENV):

@@ -53,27 +53,14 @@ def _dot32(a, b):
 
 
 @triton.jit
-def _frozen_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr, slot_stride, scale, T,
-    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    TP: tl.constexpr, SQUARINGS: tl.constexpr, L2_EPS: tl.constexpr,
+def _token_terms(
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, scale, T, row, hv,
+    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, SQUARINGS: tl.constexpr,
+    L2_EPS: tl.constexpr,
 ):
-    """Per row, value head and ``BV`` rows of V: ``O = W S0^T + QT V`` from one read of the start tile;
-    ``SQUARINGS``: ceil(log2 T) - 1, the squarings the inverse of a window of T tokens needs."""
-    V_TILES: tl.constexpr = V // BV
-    pid = tl.program_id(0)
-    head = (pid // V_TILES).to(tl.int64)  # row * HV + hv; int64: row * HV * V overflows int32
-    row = head // HV
-    hv = head % HV
+    """``(W, QT)`` of one row and value head: ``[TP, K]`` and ``[TP, TP]`` fp32, rows past T zero."""
     offs_k = tl.arange(0, K)
     offs_t = tl.arange(0, TP)
-    offs_v = pid % V_TILES * BV + tl.arange(0, BV)
-    slot = tl.load(slots_ptr + row)
-    live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0  # a [BV, K] splat: 16-byte accesses stay
-    S0 = tl.load(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
-                 + offs_v[:, None] * K + offs_k[None, :], mask=live, other=0.0)  # the one large read
-
-    # the token terms, while the tile is in flight
     token = row * T + offs_t
     in_t = offs_t < T
     in_tk = in_t[:, None] & (offs_k[None, :] < K)
@@ -82,9 +69,6 @@ def _frozen_kernel(
     k = tl.load(k_ptr + qk_rows, mask=in_tk, other=0.0).to(tl.float32)
     x = tl.load(a_ptr + (token * HV + hv)[:, None] * K + offs_k[None, :], mask=in_tk, other=0.0).to(tl.float32)
     beta = tl.where(in_t, tl.sigmoid(tl.load(b_ptr + token * HV + hv, mask=in_t, other=0.0).to(tl.float32)), 0.0)
-    token_hv = token * HV + hv
-    in_tv = in_t[:, None] & (offs_v[None, :] < V)
-    vals = tl.load(v_ptr + token_hv[:, None] * V + offs_v[None, :], mask=in_tv, other=0.0).to(tl.float32)
     x += tl.load(dt_bias_ptr + hv * K + offs_k)[None, :]
     g = -tl.exp(tl.load(A_log_ptr + hv)) * tl.where(x > _LINEAR_ABOVE, x, tl.log(1.0 + tl.exp(x)))
     G = tl.cumsum(tl.where(in_tk, g, 0.0), axis=0)  # padding tokens decay nothing: G stays G_{T-1}
@@ -106,16 +90,20 @@ def _frozen_kernel(
             decayed = _row(k, offs_t, j)[None, :] * tl.exp(tl.minimum(G - _row(G, offs_t, j)[None, :], 0.0))
             M = tl.where(offs_t[None, :] == j, tl.sum(k * decayed, axis=1)[:, None], M)
             P = tl.where(offs_t[None, :] == j, tl.sum(q * decayed, axis=1)[:, None], P)
-    eye = tl.where(offs_t[:, None] == offs_t[None, :], 1.0, 0.0)
     power = -tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * M, 0.0)  # -A, strictly lower
-    inverse = eye + power  # (I + A)^{-1} = (I - A)(I + A^2)(I + A^4)(I + A^8): A^TP = 0
-    for _ in tl.static_range(SQUARINGS):
+    inverse = tl.where(offs_t[:, None] == offs_t[None, :], 1.0, 0.0) + power
+    for _ in tl.static_range(SQUARINGS):  # (I + A)^{-1} = (I - A)(I + A^2)(I + A^4)(I + A^8): A^TP = 0
         power = _dot32(power, power)
         inverse += _dot32(inverse, power)
     QT = _dot32(tl.where(offs_t[:, None] >= offs_t[None, :], P, 0.0), inverse * beta[None, :])
     decay = tl.exp(G)
-    W = q * decay - _dot32(QT, k * decay)
+    return q * decay - _dot32(QT, k * decay), QT
 
+
+@triton.jit
+def _product(S0, W, QT, vals):
+    """``O = W S0^T + QT V`` of a ``[BV, K]`` start tile on the tensor cores, fp32 accumulation; ``W`` meets
+    a 16-bit tile as two parts in its dtype (high part and remainder), keeping fp32's accuracy."""
     out = _dot32(QT, vals)
     St = tl.trans(S0)
     if INTERPRETED:  # the interpreter's 16-bit dot multiplies the bits: the same products in fp32
@@ -128,26 +116,117 @@ def _frozen_kernel(
         if INTERPRETED:
             high, low = high.to(tl.float32), low.to(tl.float32)
         out = tl.dot(low, St, tl.dot(high, St, out))
+    return out
+
+
+@triton.jit
+def _token_terms_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_ptr, qt_ptr, scale, T,
+    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, SQUARINGS: tl.constexpr,
+    L2_EPS: tl.constexpr,
+):
+    """Per row and value head: ``W`` and ``QT`` into the scratch (rows past T untouched)."""
+    head = tl.program_id(0).to(tl.int64)  # row * HV + hv
+    W, QT = _token_terms(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, scale, T, head // HV, head % HV,
+                         HV, GROUP, K, TP, SQUARINGS, L2_EPS)
+    offs_t = tl.arange(0, TP)
+    in_t = offs_t < T
+    rows = head * TP + offs_t
+    tl.store(qt_ptr + rows[:, None] * TP + offs_t[None, :], QT, mask=in_t[:, None] & in_t[None, :])
+    offs_k = tl.arange(0, K)
+    tl.store(w_ptr + rows[:, None] * K + offs_k[None, :], W, mask=in_t[:, None] & (offs_k[None, :] < K))
+
+
+@triton.jit
+def _state_tile(state_ptr, slots_ptr, slot_stride, head, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BV: tl.constexpr, v_tile):
+    """The ``[BV, K]`` start tile ``v_tile`` of ``head`` (row * HV + hv), zeros for a -1 row; and the slot."""
+    row = head // HV
+    offs_v = v_tile * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, K)
+    slot = tl.load(slots_ptr + row)
+    live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0  # a [BV, K] splat: 16-byte accesses stay
+    S0 = tl.load(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + (head % HV) * (V * K)
+                 + offs_v[:, None] * K + offs_k[None, :], mask=live, other=0.0)  # the one large read
+    return S0, slot
+
+
+@triton.jit
+def _store_out(out_ptr, out, slot, head, T, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+               TP: tl.constexpr, v_tile):
+    offs_t = tl.arange(0, TP)
+    offs_v = v_tile * BV + tl.arange(0, BV)
+    token_hv = ((head // HV) * T + offs_t) * HV + head % HV
+    in_tv = (offs_t < T)[:, None] & (offs_v[None, :] < V)
     tl.store(out_ptr + token_hv[:, None] * V + offs_v[None, :],
              tl.where(slot >= 0, out, 0.0).to(out_ptr.dtype.element_ty), mask=in_tv)
 
 
+@triton.jit
+def _values(v_ptr, head, T, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, v_tile):
+    """The window's ``[TP, BV]`` values of the tile, fp32, rows past T zero."""
+    offs_t = tl.arange(0, TP)
+    offs_v = v_tile * BV + tl.arange(0, BV)
+    token_hv = ((head // HV) * T + offs_t) * HV + head % HV
+    in_tv = (offs_t < T)[:, None] & (offs_v[None, :] < V)
+    return tl.load(v_ptr + token_hv[:, None] * V + offs_v[None, :], mask=in_tv, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _state_product_kernel(
+    v_ptr, state_ptr, slots_ptr, w_ptr, qt_ptr, out_ptr, slot_stride, T,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr,
+):
+    """Per row, value head and ``BV`` rows of V: the product from the scratch's terms."""
+    V_TILES: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    head = (pid // V_TILES).to(tl.int64)  # row * HV + hv; int64: row * HV * V overflows int32
+    S0, slot = _state_tile(state_ptr, slots_ptr, slot_stride, head, HV, K, V, BV, pid % V_TILES)
+    offs_t = tl.arange(0, TP)
+    offs_k = tl.arange(0, K)
+    in_t = offs_t < T
+    rows = head * TP + offs_t
+    W = tl.load(w_ptr + rows[:, None] * K + offs_k[None, :], mask=in_t[:, None] & (offs_k[None, :] < K), other=0.0)
+    QT = tl.load(qt_ptr + rows[:, None] * TP + offs_t[None, :], mask=in_t[:, None] & in_t[None, :], other=0.0)
+    out = _product(S0, W, QT, _values(v_ptr, head, T, HV, V, BV, TP, pid % V_TILES))
+    _store_out(out_ptr, out, slot, head, T, HV, V, BV, TP, pid % V_TILES)
+
+
+@triton.jit
+def _frozen_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr, slot_stride, scale, T,
+    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    TP: tl.constexpr, SQUARINGS: tl.constexpr, L2_EPS: tl.constexpr,
+):
+    """Per row, value head and ``BV`` rows of V: the terms, then the product, in one program."""
+    V_TILES: tl.constexpr = V // BV
+    pid = tl.program_id(0)
+    head = (pid // V_TILES).to(tl.int64)
+    W, QT = _token_terms(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, scale, T, head // HV, head % HV,
+                         HV, GROUP, K, TP, SQUARINGS, L2_EPS)
+    S0, slot = _state_tile(state_ptr, slots_ptr, slot_stride, head, HV, K, V, BV, pid % V_TILES)
+    out = _product(S0, W, QT, _values(v_ptr, head, T, HV, V, BV, TP, pid % V_TILES))
+    _store_out(out_ptr, out, slot, head, T, HV, V, BV, TP, pid % V_TILES)
+
+
 def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: int) -> dict | None:
-    """The closed form's ``{"BV", "num_warps"}`` for a frozen step, or None where the recurrence runs it:
-    more than :data:`TOKEN_ROWS` tokens, a head dimension under the dot's 16, or two tokens or fewer on
-    at most :data:`RECURRENCE_HEADS` (row, head) pairs, where the recurrence's one launch is the faster
-    (results/h100-80gb-hbm3/frozen-closed-form/summary.md). ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,num_warps=4"``,
-    ``"recurrence=1"``, ``"recurrence=0"``) replaces the fields it names for every shape."""
+    """The closed form's ``{"BV", "num_warps", "fused"}`` for a frozen step, or None where the recurrence
+    runs it: more than :data:`TOKEN_ROWS` tokens, a head dimension under the dot's 16, or two tokens or fewer
+    on at most :data:`RECURRENCE_HEADS` (row, head) pairs, where the recurrence's one launch is the faster
+    (results/h100-80gb-hbm3/frozen-closed-form/summary.md). ``fused=1``: one launch, every program forming
+    its head's terms. ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,num_warps=4"``, ``"recurrence=1"``,
+    ``"fused=1"``) replaces the fields it names for every shape."""
     if T > TOKEN_ROWS or min(K, V) < 16:
         return None
     # 16 KiB of a 16-bit tile; 16 KiB of fp32 (its three tf32 products hold more registers)
-    tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "num_warps": 4,
+    tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "num_warps": 4, "fused": 0,
             "recurrence": int(T <= 2 and B * HV <= RECURRENCE_HEADS)}
     text = os.environ.get(FROZEN_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
         if name not in tile or not value.isdigit():
-            raise ValueError(f"{FROZEN_CONFIG_ENV} items must be BV=, num_warps= or recurrence=<int>; got {item!r}")
+            raise ValueError(f"{FROZEN_CONFIG_ENV} items must be BV=, num_warps=, fused= or recurrence=<int>; "
+                             f"got {item!r}")
         tile[name] = int(value)
     BV = tile["BV"]
     if BV < 16 or BV & (BV - 1) or V % BV or tile["num_warps"] not in (1, 2, 4, 8, 16):
@@ -157,10 +236,22 @@ def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: in
 
 
 def frozen_launches(inputs, out, tile: dict) -> list:
-    """The closed-form frozen step's one launch, ``(kernel, grid, args, meta)``."""
+    """The launches of a closed-form frozen step, each ``(kernel, grid, args, meta)``; the scratch the
+    two-launch form shares is allocated here (bind time)."""
     heads = inputs.B * inputs.HV
-    args = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
-            inputs.slots, out, inputs.slot_stride, inputs.effective_scale, inputs.T)
-    meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, V=inputs.V, BV=tile["BV"], TP=TOKEN_ROWS,
-                SQUARINGS=max(0, (inputs.T - 1).bit_length() - 1), L2_EPS=L2_EPS, num_warps=tile["num_warps"])
-    return [(_frozen_kernel, (heads * (inputs.V // tile["BV"]),), args, meta)]
+    programs = (heads * (inputs.V // tile["BV"]),)
+    terms_args = (inputs.q, inputs.k, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias)
+    terms_meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, TP=TOKEN_ROWS,
+                      SQUARINGS=max(0, (inputs.T - 1).bit_length() - 1), L2_EPS=L2_EPS)
+    if tile["fused"]:
+        return [(_frozen_kernel, programs,
+                 (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
+                  inputs.slots, out, inputs.slot_stride, inputs.effective_scale, inputs.T),
+                 terms_meta | dict(V=inputs.V, BV=tile["BV"], num_warps=tile["num_warps"]))]
+    w = torch.empty(heads * TOKEN_ROWS * inputs.K, dtype=torch.float32, device=inputs.device)
+    qt = torch.empty(heads * TOKEN_ROWS * TOKEN_ROWS, dtype=torch.float32, device=inputs.device)
+    return [(_token_terms_kernel, (heads,), (*terms_args, w, qt, inputs.effective_scale, inputs.T),
+             terms_meta | dict(num_warps=4)),
+            (_state_product_kernel, programs,
+             (inputs.v, inputs.state, inputs.slots, w, qt, out, inputs.slot_stride, inputs.T),
+             dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=tile["BV"], TP=TOKEN_ROWS, num_warps=tile["num_warps"]))]
