@@ -6,19 +6,18 @@ With ``G_t`` the cumulative log decay through token t (a ``[K]`` vector), ``khat
 
     Tm = (I + diag(beta) M)^{-1} diag(beta),   QT = P Tm,   O = (qhat - QT khat) S0^T + QT V
 
-One launch, one program per row, value head and ``BV`` rows of V. A program issues its ``[BV, K]``
-start tile's load first (the one large read, in the pool's dtype), forms the token terms while it is
-in flight, and multiplies: every product is a ``tl.dot`` with the tokens padded to the dot's 16 rows,
-so its cost does not grow with T. The inverse is ``(I - A)(I + A^2)(I + A^4)(I + A^8)`` for the strictly
-lower ``A = diag(beta) M`` (``A^16 = 0``): four squarings on the tensor cores instead of a T-step
-substitution. ``W = qhat - QT khat`` meets a 16-bit tile as two parts in its dtype (high part and
-remainder), so the product keeps fp32's accuracy at the tile's width.
+Two launches. The *token terms* (one program per row and value head, no state) form
+``W = qhat - QT khat`` and ``QT`` into a scratch the launcher allocates: ``W`` in the pool's dtype as a
+high part and its remainder (fp32 for an fp32 pool), the T x T solve a forward substitution in
+registers. The *state product* (one program per row, value head and ``BV`` rows of V) reads its
+``[BV, K]`` start tile once in the pool's dtype and forms ``O = W S0^T + QT V`` by ``tl.dot`` with fp32
+accumulation, the tokens padded to the dot's 16 rows: its cost is the tile's read, whatever T.
 
 ``M`` and ``P`` need ``e^{G_t - G_j}`` (t >= j, never above 1), formed as ``e^{G_t - R} e^{R - G_j}``
 with ``R`` the window's mid decay per channel: each factor stays within ``e^{+-span/2}``, ``span``
 the window's log decay from its first token to its last. Where a channel's span passes
 :data:`SPAN_LIMIT` a factor would leave fp32's range, and that program takes the exact differences
-instead (T passes of ``[16, K]`` exponentials).
+instead (T passes of ``[T, K]`` exponentials).
 """
 
 from __future__ import annotations
@@ -42,25 +41,34 @@ INTERPRETED = tl.constexpr(triton.knobs.runtime.interpret)
 
 @triton.jit
 def _row(x, offs_t, t):
-    """Row ``t`` of a ``[TP, N]`` tile as an ``[N]`` vector."""
+    """Row ``t`` of a ``[TS, N]`` tile as an ``[N]`` vector."""
     return tl.sum(tl.where(offs_t[:, None] == t, x, 0.0), axis=0)
 
 
 @triton.jit
-def _dot32(a, b):
-    """``a @ b`` of fp32 tiles on the tensor cores at fp32's accuracy (three tf32 products)."""
-    return tl.dot(a, b, input_precision="tf32x3")
+def _times_t(a, b):
+    """``a [M, N] @ b [P, N]^T``: three tf32 products on the tensor cores from the dot's 16 rows, else on
+    the CUDA cores (fp32)."""
+    if a.shape[0] >= 16 and b.shape[0] >= 16:
+        return tl.dot(a, tl.trans(b), input_precision="tf32x3")
+    else:
+        return tl.sum(a[:, None, :] * b[None, :, :], axis=2)
 
 
 @triton.jit
-def _token_terms(
-    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, scale, T, row, hv,
-    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, SQUARINGS: tl.constexpr,
+def _token_terms_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_ptr, qt_ptr, scale, T,
+    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, TS: tl.constexpr, TP: tl.constexpr,
     L2_EPS: tl.constexpr,
 ):
-    """``(W, QT)`` of one row and value head: ``[TP, K]`` and ``[TP, TP]`` fp32, rows past T zero."""
+    """Per row and value head (one warp for every four tokens): ``W`` (``[TP, K]``, rows past T untouched)
+    as two parts in ``w_ptr``'s dtype (high part, then remainder; one fp32 part for an fp32 pool) and
+    ``QT`` (``[TP, TP]`` fp32); ``TS``: T padded to a power of two."""
+    head = tl.program_id(0).to(tl.int64)  # row * HV + hv
+    row = head // HV
+    hv = head % HV
     offs_k = tl.arange(0, K)
-    offs_t = tl.arange(0, TP)
+    offs_t = tl.arange(0, TS)
     token = row * T + offs_t
     in_t = offs_t < T
     in_tk = in_t[:, None] & (offs_k[None, :] < K)
@@ -79,179 +87,123 @@ def _token_terms(
     last = _row(G, offs_t, T - 1)
     if tl.max(first - last, axis=0) <= _SPAN_LIMIT:
         mid = 0.5 * (first + last)
-        ktil_t = tl.trans(k * tl.exp(mid[None, :] - G))
+        ktil = k * tl.exp(mid[None, :] - G)
         ahead = tl.exp(G - mid[None, :])
-        M = _dot32(k * ahead, ktil_t)
-        P = _dot32(q * ahead, ktil_t)
+        M = _times_t(k * ahead, ktil)
+        P = _times_t(q * ahead, ktil)
     else:
-        M = tl.zeros([TP, TP], dtype=tl.float32)
-        P = tl.zeros([TP, TP], dtype=tl.float32)
+        M = tl.zeros([TS, TS], dtype=tl.float32)
+        P = tl.zeros([TS, TS], dtype=tl.float32)
         for j in range(T):  # column j from the exact decays e^{G_t - G_j} (t >= j: never above 1)
             decayed = _row(k, offs_t, j)[None, :] * tl.exp(tl.minimum(G - _row(G, offs_t, j)[None, :], 0.0))
             M = tl.where(offs_t[None, :] == j, tl.sum(k * decayed, axis=1)[:, None], M)
             P = tl.where(offs_t[None, :] == j, tl.sum(q * decayed, axis=1)[:, None], P)
-    power = -tl.where(offs_t[:, None] > offs_t[None, :], beta[:, None] * M, 0.0)  # -A, strictly lower
-    inverse = tl.where(offs_t[:, None] == offs_t[None, :], 1.0, 0.0) + power
-    for _ in tl.static_range(SQUARINGS):  # (I + A)^{-1} = (I - A)(I + A^2)(I + A^4)(I + A^8): A^TP = 0
-        power = _dot32(power, power)
-        inverse += _dot32(inverse, power)
-    QT = _dot32(tl.where(offs_t[:, None] >= offs_t[None, :], P, 0.0), inverse * beta[None, :])
+    M = tl.where(offs_t[:, None] > offs_t[None, :], M, 0.0)
+    P = tl.where(offs_t[:, None] >= offs_t[None, :], P, 0.0)
+
+    # (I + diag(beta) M)^{-1} diag(beta) by forward substitution: row t needs only the rows above it
+    A = beta[:, None] * M
+    X = tl.zeros([TS, TS], dtype=tl.float32)
+    for t in range(T):
+        beta_t = tl.sum(tl.where(offs_t == t, beta, 0.0), axis=0)
+        x_t = tl.where(offs_t == t, beta_t, 0.0) - tl.sum(_row(A, offs_t, t)[:, None] * X, axis=0)
+        X = tl.where(offs_t[:, None] == t, x_t[None, :], X)
+    QT = _times_t(P, tl.trans(X))
     decay = tl.exp(G)
-    return q * decay - _dot32(QT, k * decay), QT
+    W = q * decay - _times_t(QT, tl.trans(k * decay))
 
-
-@triton.jit
-def _product(S0, W, QT, vals):
-    """``O = W S0^T + QT V`` of a ``[BV, K]`` start tile on the tensor cores, fp32 accumulation; ``W`` meets
-    a 16-bit tile as two parts in its dtype (high part and remainder), keeping fp32's accuracy."""
-    out = _dot32(QT, vals)
-    St = tl.trans(S0)
-    if INTERPRETED:  # the interpreter's 16-bit dot multiplies the bits: the same products in fp32
-        St = St.to(tl.float32)
-    if S0.dtype == tl.float32:
-        out += _dot32(W, St)
-    else:
-        high = W.to(S0.dtype)
-        low = (W - high.to(tl.float32)).to(S0.dtype)
-        if INTERPRETED:
-            high, low = high.to(tl.float32), low.to(tl.float32)
-        out = tl.dot(low, St, tl.dot(high, St, out))
-    return out
-
-
-@triton.jit
-def _token_terms_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_ptr, qt_ptr, scale, T,
-    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, TP: tl.constexpr, SQUARINGS: tl.constexpr,
-    L2_EPS: tl.constexpr,
-):
-    """Per row and value head: ``W`` and ``QT`` into the scratch (rows past T untouched)."""
-    head = tl.program_id(0).to(tl.int64)  # row * HV + hv
-    W, QT = _token_terms(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, scale, T, head // HV, head % HV,
-                         HV, GROUP, K, TP, SQUARINGS, L2_EPS)
-    offs_t = tl.arange(0, TP)
-    in_t = offs_t < T
     rows = head * TP + offs_t
     tl.store(qt_ptr + rows[:, None] * TP + offs_t[None, :], QT, mask=in_t[:, None] & in_t[None, :])
-    offs_k = tl.arange(0, K)
-    tl.store(w_ptr + rows[:, None] * K + offs_k[None, :], W, mask=in_t[:, None] & (offs_k[None, :] < K))
-
-
-@triton.jit
-def _state_tile(state_ptr, slots_ptr, slot_stride, head, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BV: tl.constexpr, v_tile):
-    """The ``[BV, K]`` start tile ``v_tile`` of ``head`` (row * HV + hv), zeros for a -1 row; and the slot."""
-    row = head // HV
-    offs_v = v_tile * BV + tl.arange(0, BV)
-    offs_k = tl.arange(0, K)
-    slot = tl.load(slots_ptr + row)
-    live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0  # a [BV, K] splat: 16-byte accesses stay
-    S0 = tl.load(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + (head % HV) * (V * K)
-                 + offs_v[:, None] * K + offs_k[None, :], mask=live, other=0.0)  # the one large read
-    return S0, slot
-
-
-@triton.jit
-def _store_out(out_ptr, out, slot, head, T, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-               TP: tl.constexpr, v_tile):
-    offs_t = tl.arange(0, TP)
-    offs_v = v_tile * BV + tl.arange(0, BV)
-    token_hv = ((head // HV) * T + offs_t) * HV + head % HV
-    in_tv = (offs_t < T)[:, None] & (offs_v[None, :] < V)
-    tl.store(out_ptr + token_hv[:, None] * V + offs_v[None, :],
-             tl.where(slot >= 0, out, 0.0).to(out_ptr.dtype.element_ty), mask=in_tv)
-
-
-@triton.jit
-def _values(v_ptr, head, T, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, v_tile):
-    """The window's ``[TP, BV]`` values of the tile, fp32, rows past T zero."""
-    offs_t = tl.arange(0, TP)
-    offs_v = v_tile * BV + tl.arange(0, BV)
-    token_hv = ((head // HV) * T + offs_t) * HV + head % HV
-    in_tv = (offs_t < T)[:, None] & (offs_v[None, :] < V)
-    return tl.load(v_ptr + token_hv[:, None] * V + offs_v[None, :], mask=in_tv, other=0.0).to(tl.float32)
+    part = w_ptr + rows[:, None] * K + offs_k[None, :]
+    high = W.to(w_ptr.dtype.element_ty)
+    tl.store(part, high, mask=in_tk)
+    if w_ptr.dtype.element_ty != tl.float32:
+        tl.store(part + tl.num_programs(0).to(tl.int64) * TP * K, (W - high.to(tl.float32)).to(high.dtype),
+                 mask=in_tk)
 
 
 @triton.jit
 def _state_product_kernel(
-    v_ptr, state_ptr, slots_ptr, w_ptr, qt_ptr, out_ptr, slot_stride, T,
+    v_ptr, state_ptr, slots_ptr, w_ptr, qt_ptr, out_ptr, slot_stride, T, heads,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr,
 ):
-    """Per row, value head and ``BV`` rows of V: the product from the scratch's terms."""
+    """Per row, value head and ``BV`` rows of V: ``O = W S0^T + QT V`` from one read of the start tile."""
     V_TILES: tl.constexpr = V // BV
     pid = tl.program_id(0)
     head = (pid // V_TILES).to(tl.int64)  # row * HV + hv; int64: row * HV * V overflows int32
-    S0, slot = _state_tile(state_ptr, slots_ptr, slot_stride, head, HV, K, V, BV, pid % V_TILES)
-    offs_t = tl.arange(0, TP)
+    row = head // HV
+    hv = head % HV
     offs_k = tl.arange(0, K)
+    offs_t = tl.arange(0, TP)
+    offs_v = pid % V_TILES * BV + tl.arange(0, BV)
+    slot = tl.load(slots_ptr + row)
+    live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0  # a [BV, K] splat: 16-byte accesses stay
+    S0 = tl.load(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
+                 + offs_v[:, None] * K + offs_k[None, :], mask=live, other=0.0)  # the one large read
     in_t = offs_t < T
     rows = head * TP + offs_t
-    W = tl.load(w_ptr + rows[:, None] * K + offs_k[None, :], mask=in_t[:, None] & (offs_k[None, :] < K), other=0.0)
+    part = w_ptr + rows[:, None] * K + offs_k[None, :]
+    in_tk = in_t[:, None] & (offs_k[None, :] < K)
+    token_hv = (row * T + offs_t) * HV + hv
+    in_tv = in_t[:, None] & (offs_v[None, :] < V)
+    vals = tl.load(v_ptr + token_hv[:, None] * V + offs_v[None, :], mask=in_tv, other=0.0).to(tl.float32)
     QT = tl.load(qt_ptr + rows[:, None] * TP + offs_t[None, :], mask=in_t[:, None] & in_t[None, :], other=0.0)
-    out = _product(S0, W, QT, _values(v_ptr, head, T, HV, V, BV, TP, pid % V_TILES))
-    _store_out(out_ptr, out, slot, head, T, HV, V, BV, TP, pid % V_TILES)
-
-
-@triton.jit
-def _frozen_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, out_ptr, slot_stride, scale, T,
-    HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    TP: tl.constexpr, SQUARINGS: tl.constexpr, L2_EPS: tl.constexpr,
-):
-    """Per row, value head and ``BV`` rows of V: the terms, then the product, in one program."""
-    V_TILES: tl.constexpr = V // BV
-    pid = tl.program_id(0)
-    head = (pid // V_TILES).to(tl.int64)
-    W, QT = _token_terms(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, scale, T, head // HV, head % HV,
-                         HV, GROUP, K, TP, SQUARINGS, L2_EPS)
-    S0, slot = _state_tile(state_ptr, slots_ptr, slot_stride, head, HV, K, V, BV, pid % V_TILES)
-    out = _product(S0, W, QT, _values(v_ptr, head, T, HV, V, BV, TP, pid % V_TILES))
-    _store_out(out_ptr, out, slot, head, T, HV, V, BV, TP, pid % V_TILES)
+    St = tl.trans(S0)
+    high = tl.load(part, mask=in_tk, other=0.0)
+    if INTERPRETED:  # the interpreter's 16-bit dot multiplies the bits: the same products in fp32
+        St = St.to(tl.float32)
+    if S0.dtype == tl.float32:
+        out = tl.dot(high, St, input_precision="tf32x3")
+    else:
+        low = tl.load(part + heads * TP * K, mask=in_tk, other=0.0)
+        if INTERPRETED:
+            high, low = high.to(tl.float32), low.to(tl.float32)
+        out = tl.dot(low, St, tl.dot(high, St))
+    out += tl.dot(QT, vals, input_precision="tf32x3")
+    tl.store(out_ptr + token_hv[:, None] * V + offs_v[None, :],
+             tl.where(slot >= 0, out, 0.0).to(out_ptr.dtype.element_ty), mask=in_tv)
 
 
 def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: int) -> dict | None:
-    """The closed form's ``{"BV", "num_warps", "fused"}`` for a frozen step, or None where the recurrence
-    runs it: more than :data:`TOKEN_ROWS` tokens, a head dimension under the dot's 16, or two tokens or fewer
-    on at most :data:`RECURRENCE_HEADS` (row, head) pairs, where the recurrence's one launch is the faster
-    (results/h100-80gb-hbm3/frozen-closed-form/summary.md). ``fused=1``: one launch, every program forming
-    its head's terms. ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,num_warps=4"``, ``"recurrence=1"``,
-    ``"fused=1"``) replaces the fields it names for every shape."""
+    """The closed form's ``{"BV", "num_warps", "terms_warps"}`` for a frozen step, or None where the recurrence runs it:
+    more than :data:`TOKEN_ROWS` tokens, a head dimension under the dot's 16, or two tokens or fewer on
+    at most :data:`RECURRENCE_HEADS` (row, head) pairs, where the recurrence's one launch is the faster
+    (results/h100-80gb-hbm3/frozen-closed-form/summary.md). ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,num_warps=4"``,
+    ``"recurrence=1"``, ``"recurrence=0"``) replaces the fields it names for every shape."""
     if T > TOKEN_ROWS or min(K, V) < 16:
         return None
     # 16 KiB of a 16-bit tile; 16 KiB of fp32 (its three tf32 products hold more registers)
-    tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "num_warps": 4, "fused": 0,
+    tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "num_warps": 4,
+            "terms_warps": max(1, triton.next_power_of_2(T) // 4),
             "recurrence": int(T <= 2 and B * HV <= RECURRENCE_HEADS)}
     text = os.environ.get(FROZEN_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
         if name not in tile or not value.isdigit():
-            raise ValueError(f"{FROZEN_CONFIG_ENV} items must be BV=, num_warps=, fused= or recurrence=<int>; "
+            raise ValueError(f"{FROZEN_CONFIG_ENV} items must be BV=, num_warps=, terms_warps= or recurrence=<int>; "
                              f"got {item!r}")
         tile[name] = int(value)
     BV = tile["BV"]
-    if BV < 16 or BV & (BV - 1) or V % BV or tile["num_warps"] not in (1, 2, 4, 8, 16):
+    if BV < 16 or BV & (BV - 1) or V % BV or {tile["num_warps"], tile["terms_warps"]} - {1, 2, 4, 8, 16}:
         raise ValueError(f"{FROZEN_CONFIG_ENV}: BV must be a power of two >= 16 dividing V={V} and num_warps one of "
-                         f"1/2/4/8/16; got {text!r}")
+                         f"1/2/4/8/16 (terms_warps too); got {text!r}")
     return None if tile.pop("recurrence") else tile
 
 
 def frozen_launches(inputs, out, tile: dict) -> list:
-    """The launches of a closed-form frozen step, each ``(kernel, grid, args, meta)``; the scratch the
-    two-launch form shares is allocated here (bind time)."""
+    """The two launches of a closed-form frozen step, each ``(kernel, grid, args, meta)``; the scratch
+    they share is allocated here (bind time)."""
     heads = inputs.B * inputs.HV
-    programs = (heads * (inputs.V // tile["BV"]),)
-    terms_args = (inputs.q, inputs.k, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias)
-    terms_meta = dict(HV=inputs.HV, GROUP=inputs.HV // inputs.H, K=inputs.K, TP=TOKEN_ROWS,
-                      SQUARINGS=max(0, (inputs.T - 1).bit_length() - 1), L2_EPS=L2_EPS)
-    if tile["fused"]:
-        return [(_frozen_kernel, programs,
-                 (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
-                  inputs.slots, out, inputs.slot_stride, inputs.effective_scale, inputs.T),
-                 terms_meta | dict(V=inputs.V, BV=tile["BV"], num_warps=tile["num_warps"]))]
-    w = torch.empty(heads * TOKEN_ROWS * inputs.K, dtype=torch.float32, device=inputs.device)
+    parts = 1 if inputs.state.dtype == torch.float32 else 2
+    w = torch.empty(parts * heads * TOKEN_ROWS * inputs.K, dtype=inputs.state.dtype, device=inputs.device)
     qt = torch.empty(heads * TOKEN_ROWS * TOKEN_ROWS, dtype=torch.float32, device=inputs.device)
-    return [(_token_terms_kernel, (heads,), (*terms_args, w, qt, inputs.effective_scale, inputs.T),
-             terms_meta | dict(num_warps=4)),
-            (_state_product_kernel, programs,
-             (inputs.v, inputs.state, inputs.slots, w, qt, out, inputs.slot_stride, inputs.T),
-             dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=tile["BV"], TP=TOKEN_ROWS, num_warps=tile["num_warps"]))]
+    group = inputs.HV // inputs.H
+    terms = (_token_terms_kernel, (heads,),
+             (inputs.q, inputs.k, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, w, qt, inputs.effective_scale,
+              inputs.T),
+             dict(HV=inputs.HV, GROUP=group, K=inputs.K, TS=triton.next_power_of_2(inputs.T), TP=TOKEN_ROWS,
+                  L2_EPS=L2_EPS, num_warps=tile["terms_warps"]))
+    product = (_state_product_kernel, (heads * (inputs.V // tile["BV"]),),
+               (inputs.v, inputs.state, inputs.slots, w, qt, out, inputs.slot_stride, inputs.T, heads),
+               dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=tile["BV"], TP=TOKEN_ROWS, num_warps=tile["num_warps"]))
+    return [terms, product]
