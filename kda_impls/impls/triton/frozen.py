@@ -48,11 +48,28 @@ def _row(x, offs_t, t):
 @triton.jit
 def _times_t(a, b):
     """``a [M, N] @ b [P, N]^T``: three tf32 products on the tensor cores from the dot's 16 rows, else on
-    the CUDA cores (fp32)."""
+    the CUDA cores one column a pass (a ``[T, T, K]`` broadcast spills at T = 8)."""
     if a.shape[0] >= 16 and b.shape[0] >= 16:
         return tl.dot(a, tl.trans(b), input_precision="tf32x3")
     else:
-        return tl.sum(a[:, None, :] * b[None, :, :], axis=2)
+        offs_p = tl.arange(0, b.shape[0])
+        c = tl.zeros([a.shape[0], b.shape[0]], dtype=tl.float32)
+        for p in tl.static_range(b.shape[0]):
+            c = tl.where(offs_p[None, :] == p, tl.sum(a * _row(b, offs_p, p)[None, :], axis=1)[:, None], c)
+        return c
+
+
+@triton.jit
+def _times(a, b):
+    """``a [M, N] @ b [N, P]``: as :func:`_times_t`, on the CUDA cores one outer product a pass."""
+    if a.shape[0] >= 16 and b.shape[0] >= 16:
+        return tl.dot(a, b, input_precision="tf32x3")
+    else:
+        offs_n = tl.arange(0, b.shape[0])
+        c = tl.zeros([a.shape[0], b.shape[1]], dtype=tl.float32)
+        for n in tl.static_range(b.shape[0]):
+            c += tl.sum(tl.where(offs_n[None, :] == n, a, 0.0), axis=1)[:, None] * _row(b, offs_n, n)[None, :]
+        return c
 
 
 @triton.jit
@@ -108,9 +125,9 @@ def _token_terms_kernel(
         beta_t = tl.sum(tl.where(offs_t == t, beta, 0.0), axis=0)
         x_t = tl.where(offs_t == t, beta_t, 0.0) - tl.sum(_row(A, offs_t, t)[:, None] * X, axis=0)
         X = tl.where(offs_t[:, None] == t, x_t[None, :], X)
-    QT = _times_t(P, tl.trans(X))
+    QT = _times(P, X)
     decay = tl.exp(G)
-    W = q * decay - _times_t(QT, tl.trans(k * decay))
+    W = q * decay - _times(QT, k * decay)
 
     rows = head * TP + offs_t
     tl.store(qt_ptr + rows[:, None] * TP + offs_t[None, :], QT, mask=in_t[:, None] & in_t[None, :])
