@@ -103,7 +103,7 @@ judge_modes() {  # judge_modes DIR: mode-targets.md beside the run; a missed tar
 
 step_frozen-verify() {
   run_step frozen-verify python3 -m kda_impls.bench.sweep --preset frozen-verify --T 2,4,8 --B 16,64,256 \
-    --impls triton,flashinfer,flashinfer-loggate-sigmoid --no-charts --out "$RES/frozen-verify"
+    --impls triton,flashinfer,flashinfer-loggate-sigmoid --mode frozen --no-charts --out "$RES/frozen-verify"
   judge_modes "$RES/frozen-verify"  # a wrong row fails the step; the rows that are ok are judged all the same
 }
 

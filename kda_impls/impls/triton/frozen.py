@@ -9,9 +9,11 @@ With ``G_t`` the cumulative log decay through token t (a ``[K]`` vector), ``khat
 Two launches. The *token terms* (one program per row and value head, no state) form
 ``W = qhat - QT khat`` and ``QT`` into a scratch the launcher allocates: ``W`` in the pool's dtype as a
 high part and its remainder (fp32 for an fp32 pool), the T x T solve a forward substitution in
-registers. The *state product* (one program per row, value head and ``BV`` rows of V) reads its
-``[BV, K]`` start tile once in the pool's dtype and forms ``O = W S0^T + QT V`` by ``tl.dot`` with fp32
-accumulation, the tokens padded to the dot's 16 rows: its cost is the tile's read, whatever T.
+registers. Up to 8 tokens its products run on the CUDA cores, one column (or outer product) of
+``[T, K]`` a pass; 9-16 tokens, padded to 16, on the tensor cores. The *state product* (one program per
+row, value head and ``BV`` rows of V) reads its ``[BV, K]`` start tile once in the pool's dtype and forms
+``O = W S0^T + QT V`` by ``tl.dot`` with fp32 accumulation, the tokens padded to the dot's 16 rows: its
+cost is the tile's read, whatever T.
 
 ``M`` and ``P`` need ``e^{G_t - G_j}`` (t >= j, never above 1), formed as ``e^{G_t - R} e^{R - G_j}``
 with ``R`` the window's mid decay per channel: each factor stays within ``e^{+-span/2}``, ``span``
@@ -182,16 +184,19 @@ def _state_product_kernel(
 
 
 def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: int) -> dict | None:
-    """The closed form's ``{"BV", "num_warps", "terms_warps"}`` for a frozen step, or None where the recurrence runs it:
-    more than :data:`TOKEN_ROWS` tokens, a head dimension under the dot's 16, or two tokens or fewer on
-    at most :data:`RECURRENCE_HEADS` (row, head) pairs, where the recurrence's one launch is the faster
-    (results/h100-80gb-hbm3/frozen-closed-form/summary.md). ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,num_warps=4"``,
-    ``"recurrence=1"``, ``"recurrence=0"``) replaces the fields it names for every shape."""
+    """The closed form's ``{"BV", "num_warps", "terms_warps"}`` (the product's tile and warps, the terms
+    launch's warps) for a frozen step, or None where the recurrence runs it: more than :data:`TOKEN_ROWS`
+    tokens, a head dimension under the dot's 16, or two tokens or fewer on at most :data:`RECURRENCE_HEADS`
+    (row, head) pairs, where the recurrence's one launch is the faster
+    (results/h100-80gb-hbm3/frozen-closed-form/summary.md). One terms warp up to 8 tokens: two took 1.5-1.7x
+    its time at T = 4 and 8 (results/h100-80gb-hbm3/frozen-tiles/tiles.csv). ``KDA_TRITON_FROZEN_CONFIG``
+    (``"BV=64,num_warps=4"``, ``"terms_warps=1"``, ``"recurrence=1"``, ``"recurrence=0"``) replaces the
+    fields it names for every shape."""
     if T > TOKEN_ROWS or min(K, V) < 16:
         return None
     # 16 KiB of a 16-bit tile; 16 KiB of fp32 (its three tf32 products hold more registers)
     tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "num_warps": 4,
-            "terms_warps": max(1, triton.next_power_of_2(T) // 4),
+            "terms_warps": 1 if T <= 8 else 4,  # more warps split the column passes' sums across warps
             "recurrence": int(T <= 2 and B * HV <= RECURRENCE_HEADS)}
     text = os.environ.get(FROZEN_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
