@@ -1,6 +1,6 @@
 """Registers, spills and instruction counts of the Triton KDA decode kernel per tile config,
-compiled for the H200 (sm_90) on any machine: no GPU needed. :func:`main` clears TRITON_INTERPRET
-before the kernels are defined (their module is imported there): they are compiled, not interpreted.
+compiled for the H200 (sm_90) on any machine: no GPU needed. Under TRITON_INTERPRET :func:`main` runs
+itself again without it (Triton reads it when it is imported): the kernels are compiled, not interpreted.
 
     python3 -m scripts.tuning.triton_registers                      # CONFIGS at HV=32 K=V=128, bf16 and fp32
     python3 -m scripts.tuning.triton_registers --configs "BV=32,num_warps=1;BV=32,num_warps=1,const_heads=1" --T 4
@@ -199,7 +199,8 @@ def main() -> int:
     parser.add_argument("--table", action="store_true",
                         help="instead of --configs: every entry of the tuning table for HV and K = V = D")
     args = parser.parse_args()
-    os.environ.pop("TRITON_INTERPRET", None)  # before the kernels are defined: compile, not interpret
+    if os.environ.pop("TRITON_INTERPRET", None) is not None:  # Triton's own kernels were defined interpreted
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     from kda_impls.impls.triton.tiles import TileConfig
 
     if args.table:
