@@ -76,14 +76,29 @@ def test_kda_spec_step_prints_the_report_and_refuses_a_directory_without_steps(s
     spec_step.main([str(steps)])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("H=32 HV=32 K=128 V=128 state_dtype=bf16") and max(map(len, lines)) <= WIDTH
-    assert lines[1].split() == ["impl", "B", "T", "a", "ckpt_us", "frozen_us", "commit_us", "frz_commit_us", "ckpt_MB",
+    assert lines[1] == "impl=triton"
+    assert lines[2].split() == ["B", "T", "a", "ckpt_us", "frozen_us", "commit_us", "frz_commit_us", "ckpt_MB",
                                 "frz_commit_MB", "faster", "by"]
-    assert len(lines) == 2 + 2 * 14 and lines[-1].split()[1:4] == ["64", "8", "8"]
+    assert len(lines) == 3 + 2 * 14 and lines[-1].split()[:3] == ["64", "8", "8"]
     assert lines[-1].split()[-2:] == ["checkpointing", "1.09x"] and lines[-8].split()[-2:] == ["frozen+commit", "1.48x"]
     with pytest.raises(SystemExit) as refused:
         spec_step.main([str(none)])
     err = capsys.readouterr().err
     assert refused.value.code == 2 and err.count("\n") == 1 and "kda-sweep --preset spec-step" in err
+
+
+def test_several_implementations_are_set_against_the_fastest_ones_faster_way(spec_table):
+    """A second implementation at twice our every time: its faster way is 2.00 of ours at each step;
+    the report prints the table below the ways' one."""
+    other = spec_table.assign(impl="other", kernel_us_mean=2 * spec_table.kernel_us_mean)
+    both = pd.concat([spec_table, other], ignore_index=True)
+    ratios = spec_step.faster_way_by_impl(spec_step.spec_step_rows(both))
+    assert len(ratios) == 2 * 14 and (ratios["triton"] == 1).all() and (ratios["other"] == 2).all()
+    report = spec_step.spec_step_report(both).splitlines()
+    assert max(map(len, report)) <= WIDTH
+    assert "faster way over the fastest" in report[-2 * 14 - 2] and report[-1].split() == ["64", "8", "8", "2.0", "1.0"]
+    assert report.count("impl=other") == 1 and report.count("impl=triton") == 1
+    assert spec_step.spec_step_report(spec_table).count("fastest implementation") == 0
 
 
 def replay_us(cfg) -> float:

@@ -52,9 +52,19 @@ def spec_step_rows(table: pd.DataFrame) -> pd.DataFrame:
     return steps.sort_values([*SAME, "T", "a"], ignore_index=True)
 
 
+def faster_way_by_impl(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration, T and accepted a of :func:`spec_step_rows` measured by more than one
+    implementation: each implementation's faster way's time over the fastest implementation's (1: the
+    fastest), a column per implementation."""
+    best = steps.assign(best_us=steps[["checkpointing_us", "frozen+commit_us"]].min(axis=1))
+    table = best.pivot_table(index=[c for c in SAME if c != "impl"] + ["T", "a"], columns="impl", values="best_us")
+    return table.div(table.min(axis=1), axis=0).dropna()
+
+
 def spec_step_report(table: pd.DataFrame) -> str:
-    """:func:`spec_step_rows` as text at most WIDTH columns wide: the configuration columns that take
-    one value said once above the table; empty where no step has all three rows."""
+    """:func:`spec_step_rows` as text at most WIDTH columns wide, a table per implementation: the
+    configuration columns that take one value said once above them; empty where no step has all three
+    rows. With several implementations, :func:`faster_way_by_impl` below them."""
     steps = spec_step_rows(table)
     if steps.empty:
         return ""
@@ -66,7 +76,15 @@ def spec_step_report(table: pd.DataFrame) -> str:
         commit_us=steps.commit_us.round(1), frz_commit_us=steps["frozen+commit_us"].round(1),
         ckpt_MB=steps.checkpointing_bytes.map(_mb), frz_commit_MB=steps["frozen+commit_bytes"].map(_mb),
         faster=steps.faster, by=steps.by.map(lambda x: f"{x:.2f}x"))
-    return "\n".join([*([fixed] if fixed else []), shown.to_string(index=False, line_width=WIDTH)])
+    lines = [fixed] if fixed else []
+    for impl, rows in shown.groupby("impl", sort=False):
+        lines += [f"impl={impl}", rows.drop(columns="impl").to_string(index=False, line_width=WIDTH)]
+    if steps.impl.nunique() > 1:
+        ratios = faster_way_by_impl(steps).reset_index()
+        ratios = ratios[[c for c in ratios if c in varying or c in ("T", "a") or c in set(steps.impl)]]
+        lines += ["", "each implementation's faster way over the fastest implementation's (1.00: the fastest):",
+                  ratios.round(2).to_string(index=False, line_width=WIDTH)]
+    return "\n".join(lines)
 
 
 def _mb(nbytes: float) -> str:
