@@ -70,7 +70,8 @@ def test_gpu_checks_refuse_bad_usage_in_one_line(tmp_path):
         return done.returncode, done.stdout.strip().splitlines()
 
     assert run("grid", "tagrets") == (2, ["gpu-checks.sh: unknown step 'tagrets' (expected one of: install grid "
-                                          "targets frozen-verify replay published ab cupti asv nvbench pytest-gpu)"])
+                                          "targets frozen-verify spec-step replay published ab cupti asv nvbench "
+                                          "pytest-gpu)"])
     assert run("--wheelhouse", str(tmp_path / "none"), "install") == (
         2, [f"gpu-checks.sh: --wheelhouse needs a folder of wheels (got '{tmp_path / 'none'}')"])
     status, lines = run("cupti")

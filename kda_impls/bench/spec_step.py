@@ -106,3 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                               "verify, a frozen verify of the same T and a commit of 1..T tokens): measure them with "
                               "kda-sweep --preset spec-step")
     print(report)
+
+
+if __name__ == "__main__":  # python3 -m kda_impls.bench.spec_step: kda-spec-step from a checkout
+    main()

@@ -9,6 +9,8 @@
 #   grid        the GPU correctness grid, every implementation (scripts.gpu.gpu_correctness)
 #   targets     the targets preset on every visible GPU, then our kernel's targets judged (targets.md)
 #   frozen-verify  frozen verify (T 2/4/8, B 16/64/256) of ours beside FlashInfer's two fastest calls, judged
+#   spec-step   the speculative step both ways (B 16/64/256), ours beside FlashInfer's two fastest calls:
+#               spec-step.md (kda-spec-step)
 #   replay      replay (ring 16, B 16/64/256) of ours and SGLang's ReplaySSM beside our in-place step, judged
 #   published   the published preset's shapes, every library's fastest calls, SGLang's among them, and the
 #               engines report (engines.md: the fastest in-place decode and replay step per point)
@@ -26,7 +28,7 @@
 # Exit status: 0 when every step exited 0, 1 when one failed (named in the summary), 2 on bad usage.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-STEPS="install grid targets frozen-verify replay published ab cupti asv nvbench pytest-gpu"
+STEPS="install grid targets frozen-verify spec-step replay published ab cupti asv nvbench pytest-gpu"
 WHEELHOUSE=
 if [ "${1:-}" = --wheelhouse ]; then
   [ -d "${2:-}" ] || { echo "gpu-checks.sh: --wheelhouse needs a folder of wheels (got '${2:-}')"; exit 2; }
@@ -105,6 +107,12 @@ step_frozen-verify() {
   run_step frozen-verify python3 -m kda_impls.bench.sweep --preset frozen-verify --T 2,4,8 --B 16,64,256 \
     --impls triton,flashinfer,flashinfer-loggate-sigmoid --mode frozen --no-charts --out "$RES/frozen-verify"
   judge_modes "$RES/frozen-verify"  # a wrong row fails the step; the rows that are ok are judged all the same
+}
+
+step_spec-step() {
+  run_step spec-step python3 -m kda_impls.bench.sweep --preset spec-step --B 16,64,256 \
+    --impls triton,flashinfer,flashinfer-loggate-sigmoid --no-charts --out "$RES/spec-step" &&
+    run_step spec-step-report sh -c 'python3 -m kda_impls.bench.spec_step "$1" > "$1/spec-step.md"' sh "$RES/spec-step"
 }
 
 step_replay() {
