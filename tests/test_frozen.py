@@ -120,11 +120,11 @@ def test_triton_frozen_survives_strong_decay(per_token, state_dtype):
 @pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"])
 def test_triton_frozen_closed_form_at_any_T(T, state_dtype, monkeypatch):
     """The closed form forced where the rule would run the recurrence too (T <= 2 on few heads), on
-    repeated and -1 slots, GVA and a padded pool."""
+    repeated and -1 slots, GVA and a padded pool, its tile read in two passes of K."""
     from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV
 
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, "recurrence=0,BV=16")
-    x = make_inputs(4, 2, 4, 16, 32, T=T, update_state=False, state_dtype=state_dtype, slot_pad=16, seed=14)
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, "recurrence=0,BV=16,BK=16")
+    x = make_inputs(4, 2, 4, 32, 16, T=T, update_state=False, state_dtype=state_dtype, slot_pad=16, seed=14)
     x.slots = torch.tensor([3, 3, -1, 1], dtype=torch.int32)
     verdict = verify(get("triton"), x)
     assert verdict.ok, verdict
@@ -136,18 +136,20 @@ def test_the_frozen_form_by_shape(monkeypatch):
     from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV, RECURRENCE_HEADS, frozen_tile
 
     bf16, fp32 = torch.bfloat16, torch.float32
+    pipeline = {"BK": 64, "stages": 2, "num_warps": 4}
     assert frozen_tile(bf16, 32, 128, 128, RECURRENCE_HEADS // 32, 2) is None
-    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, "num_warps": 4,
-                                                                          "terms_warps": 1}
-    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, "num_warps": 4, "terms_warps": 1}
-    assert frozen_tile(fp32, 32, 128, 128, 256, 16) == {"BV": 32, "num_warps": 4, "terms_warps": 4}
+    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, **pipeline, "terms_warps": 1}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, **pipeline, "terms_warps": 1}
+    assert frozen_tile(fp32, 32, 128, 128, 256, 16) == {"BV": 32, **pipeline, "terms_warps": 4}
+    assert frozen_tile(bf16, 2, 16, 16, 256, 4)["BK"] == 16  # a pass is at most the head's K
     assert frozen_tile(bf16, 32, 128, 128, 256, 17) is None and frozen_tile(bf16, 2, 16, 8, 256, 4) is None
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,num_warps=8")  # the fields it names; the form stays the rule's
-    assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 128, "num_warps": 8, "terms_warps": 1}
-    assert frozen_tile(bf16, 32, 128, 128, 1, 1) is None
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,BK=32,stages=3,num_warps=8")  # the fields it names; the form
+    assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 128, "BK": 32, "stages": 3, "num_warps": 8,
+                                                     "terms_warps": 1}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 1) is None  # ... stays the rule's
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,recurrence=0")
-    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, "num_warps": 4, "terms_warps": 1}
-    for text in ("BV=8", "BV=48", "num_warps=3", "terms_warps=3", "tile=2", "BV=x"):
+    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, **pipeline, "terms_warps": 1}
+    for text in ("BV=8", "BV=48", "BK=8", "BK=256", "stages=0", "num_warps=3", "terms_warps=3", "tile=2", "BV=x"):
         monkeypatch.setenv(FROZEN_CONFIG_ENV, text)
         with pytest.raises(ValueError, match=FROZEN_CONFIG_ENV):
             frozen_tile(bf16, 32, 128, 128, 256, 4)
@@ -324,7 +326,9 @@ def ptx(fn, types, meta):
     params = list(inspect.signature(fn.fn).parameters)
     sig = {p: types.get(p, "*bf16" if p.endswith("_ptr") else "constexpr") for p in params}
     constants = {(params.index(n),): v for n, v in meta.items()}
-    source = ASTSource(fn, signature=sig, constexprs=constants)
+    aligned = {(params.index(p),): [["tt.divisibility", 16]]
+               for p in params if p.endswith("_ptr") or p == "slot_stride"}
+    source = ASTSource(fn, signature=sig, constexprs=constants, attrs=aligned)  # as a launch specializes them
     return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 ints = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accepted_ptr="*i32", qt_ptr="*fp32",
             slot_stride="i32", scale="fp32", T="i32", heads="i32")
@@ -332,19 +336,21 @@ meta = dict(HV=4, GROUP=2, K=64, V=64, BV=32, LOAD_HINT="evict_first", STORE_HIN
             SOFTPLUS_LINEAR_ABOVE=20.0, FAST_GATE=0)
 stores = {flag: len(re.findall(r"st\\.global", ptx(multitoken._kda_multitoken_kernel, ints, meta | dict(STORES=flag))))
           for flag in (1, 0)}
-product = ptx(frozen._state_product_kernel, ints, dict(HV=4, K=64, V=64, BV=32, TP=16))
-print(json.dumps(dict(stores=stores, product_mma=len(re.findall(r"mma\\.sync", product)))))
+product = ptx(frozen._state_product_kernel, ints, dict(HV=4, K=64, V=64, BV=64, BK=32, TP=16, STAGES=2))
+print(json.dumps(dict(stores=stores, product_mma=len(re.findall(r"wgmma\\.mma_async|mma\\.sync", product)),
+                      product_copies=len(re.findall(r"cp\\.async\\.c", product)))))
 """
 
 
 def test_the_frozen_kernels_compiled_for_sm90():
     """Compiled for the H200 (Triton's own ptxas, no GPU needed): with STORES=0 the multi-token
     kernel's PTX keeps one global store (the output tile) of the in-place kernel's many; the closed
-    form's state product multiplies on the tensor cores (that it stores no state: verify, above)."""
+    form's state product copies its tile into shared memory asynchronously (the software pipeline) and
+    multiplies on the tensor cores (that it stores no state: verify, above)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["stores"]["0"] == 1 and found["stores"]["1"] > 1, found
-    assert found["product_mma"] > 0, found
+    assert found["product_mma"] > 0 and found["product_copies"] > 0, found

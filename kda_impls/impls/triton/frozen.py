@@ -11,9 +11,10 @@ Two launches. The *token terms* (one program per row and value head, no state) f
 high part and its remainder (fp32 for an fp32 pool), the T x T solve a forward substitution in
 registers. Up to 8 tokens its products run on the CUDA cores, one column (or outer product) of
 ``[T, K]`` a pass; 9-16 tokens, padded to 16, on the tensor cores. The *state product* (one program per
-row, value head and ``BV`` rows of V) reads its ``[BV, K]`` start tile once in the pool's dtype and forms
-``O = W S0^T + QT V`` by ``tl.dot`` with fp32 accumulation, the tokens padded to the dot's 16 rows: its
-cost is the tile's read, whatever T.
+row, value head and ``BV`` rows of V) reads its ``[BV, K]`` start tile once in the pool's dtype, ``BK``
+columns a pass, software-pipelined into shared memory, and forms ``O^T = S0 W^T + V^T QT^T`` by
+``tl.dot`` with fp32 accumulation, the tokens padded to the dot's 16 columns: its cost is the tile's
+read, whatever T.
 
 ``M`` and ``P`` need ``e^{G_t - G_j}`` (t >= j, never above 1), formed as ``e^{G_t - R} e^{R - G_j}``
 with ``R`` the window's mid decay per channel: each factor stays within ``e^{+-span/2}``, ``span``
@@ -144,71 +145,76 @@ def _token_terms_kernel(
 @triton.jit
 def _state_product_kernel(
     v_ptr, state_ptr, slots_ptr, w_ptr, qt_ptr, out_ptr, slot_stride, T, heads,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
-    """Per row, value head and ``BV`` rows of V: ``O = W S0^T + QT V`` from one read of the start tile."""
+    """Per row, value head and ``BV`` rows of V: ``O^T = S0 W^T + V^T QT^T`` from one read of the start
+    tile, ``BK`` columns a pass. The tile is the dot's left operand (``[BV, BK]``, ``BV`` its M rows), so
+    the software pipeline copies it from memory into shared memory ``STAGES`` passes ahead and the tensor
+    cores read it there: it never passes through registers, and bytes stay in flight during the dots."""
     V_TILES: tl.constexpr = V // BV
     pid = tl.program_id(0)
     head = (pid // V_TILES).to(tl.int64)  # row * HV + hv; int64: row * HV * V overflows int32
     row = head // HV
     hv = head % HV
-    offs_k = tl.arange(0, K)
     offs_t = tl.arange(0, TP)
     offs_v = pid % V_TILES * BV + tl.arange(0, BV)
     slot = tl.load(slots_ptr + row)
-    live = (tl.zeros([BV, K], dtype=tl.int32) + slot) >= 0  # a [BV, K] splat: 16-byte accesses stay
-    S0 = tl.load(state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K)
-                 + offs_v[:, None] * K + offs_k[None, :], mask=live, other=0.0)  # the one large read
+    live = (tl.zeros([BV, BK], dtype=tl.int32) + slot) >= 0  # a splat, not a scalar: 16-byte accesses stay
+    tile = state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K) + offs_v[:, None] * K
     in_t = offs_t < T
     rows = head * TP + offs_t
-    part = w_ptr + rows[:, None] * K + offs_k[None, :]
-    in_tk = in_t[:, None] & (offs_k[None, :] < K)
+    acc = tl.zeros([BV, TP], dtype=tl.float32)
+    for k0 in tl.range(0, K, BK, num_stages=STAGES):
+        offs_k = k0 + tl.arange(0, BK)
+        S0 = tl.load(tile + offs_k[None, :], mask=live, other=0.0)  # the one large read
+        in_kt = (offs_k[:, None] < K) & in_t[None, :]
+        part = w_ptr + rows[None, :] * K + offs_k[:, None]  # W^T: [BK, TP]
+        high = tl.load(part, mask=in_kt, other=0.0)
+        if INTERPRETED:  # the interpreter's 16-bit dot multiplies the bits: the same products in fp32
+            S0, high = S0.to(tl.float32), high.to(tl.float32)
+        if state_ptr.dtype.element_ty == tl.float32:
+            acc = tl.dot(S0, high, acc, input_precision="tf32x3")
+        else:
+            low = tl.load(part + heads * TP * K, mask=in_kt, other=0.0)
+            if INTERPRETED:
+                low = low.to(tl.float32)
+            acc = tl.dot(S0, low, tl.dot(S0, high, acc))
     token_hv = (row * T + offs_t) * HV + hv
-    in_tv = in_t[:, None] & (offs_v[None, :] < V)
-    vals = tl.load(v_ptr + token_hv[:, None] * V + offs_v[None, :], mask=in_tv, other=0.0).to(tl.float32)
-    QT = tl.load(qt_ptr + rows[:, None] * TP + offs_t[None, :], mask=in_t[:, None] & in_t[None, :], other=0.0)
-    St = tl.trans(S0)
-    high = tl.load(part, mask=in_tk, other=0.0)
-    if INTERPRETED:  # the interpreter's 16-bit dot multiplies the bits: the same products in fp32
-        St = St.to(tl.float32)
-    if S0.dtype == tl.float32:
-        out = tl.dot(high, St, input_precision="tf32x3")
-    else:
-        low = tl.load(part + heads * TP * K, mask=in_tk, other=0.0)
-        if INTERPRETED:
-            high, low = high.to(tl.float32), low.to(tl.float32)
-        out = tl.dot(low, St, tl.dot(high, St))
-    out += tl.dot(QT, vals, input_precision="tf32x3")
-    tl.store(out_ptr + token_hv[:, None] * V + offs_v[None, :],
-             tl.where(slot >= 0, out, 0.0).to(out_ptr.dtype.element_ty), mask=in_tv)
+    in_vt = (offs_v[:, None] < V) & in_t[None, :]
+    vals = tl.load(v_ptr + token_hv[None, :] * V + offs_v[:, None], mask=in_vt, other=0.0).to(tl.float32)
+    QT = tl.load(qt_ptr + rows[None, :] * TP + offs_t[:, None], mask=in_t[:, None] & in_t[None, :], other=0.0)
+    acc = tl.dot(vals, QT, acc, input_precision="tf32x3")  # V^T QT^T: QT loaded transposed
+    tl.store(out_ptr + token_hv[None, :] * V + offs_v[:, None],
+             tl.where(slot >= 0, acc, 0.0).to(out_ptr.dtype.element_ty), mask=in_vt)
 
 
 def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: int) -> dict | None:
-    """The closed form's ``{"BV", "num_warps", "terms_warps"}`` (the product's tile and warps, the terms
-    launch's warps) for a frozen step, or None where the recurrence runs it: more than :data:`TOKEN_ROWS`
-    tokens, a head dimension under the dot's 16, or two tokens or fewer on at most :data:`RECURRENCE_HEADS`
-    (row, head) pairs, where the recurrence's one launch is the faster
-    (results/h100-80gb-hbm3/frozen-closed-form/summary.md). One terms warp up to 8 tokens: faster than two at
-    every point timed at T = 4 and 8 (results/h100-80gb-hbm3/frozen-tiles/tiles.csv). ``KDA_TRITON_FROZEN_CONFIG``
-    (``"BV=64,num_warps=4"``, ``"terms_warps=1"``, ``"recurrence=1"``, ``"recurrence=0"``) replaces the
-    fields it names for every shape."""
+    """The closed form's ``{"BV", "BK", "stages", "num_warps", "terms_warps"}`` (the product's tile, its
+    columns a pass, passes in flight and warps; the terms launch's warps) for a frozen step, or None where
+    the recurrence runs it: more than :data:`TOKEN_ROWS` tokens, a head dimension under the dot's 16, or
+    two tokens or fewer on at most :data:`RECURRENCE_HEADS` (row, head) pairs, where the recurrence's one
+    launch is the faster (results/h100-80gb-hbm3/frozen-closed-form/summary.md). One terms warp up to 8
+    tokens: faster than two at every point timed at T = 4 and 8 (results/h100-80gb-hbm3/frozen-tiles/tiles.csv).
+    ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,BK=32,stages=3"``, ``"terms_warps=1"``, ``"recurrence=1"``,
+    ``"recurrence=0"``) replaces the fields it names for every shape."""
     if T > TOKEN_ROWS or min(K, V) < 16:
         return None
     # 16 KiB of a 16-bit tile; 16 KiB of fp32 (its three tf32 products hold more registers)
-    tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "num_warps": 4,
+    tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "BK": min(K, 64), "stages": 2, "num_warps": 4,
             "terms_warps": 1 if T <= 8 else 4,  # more warps split the column passes' sums across warps
             "recurrence": int(T <= 2 and B * HV <= RECURRENCE_HEADS)}
     text = os.environ.get(FROZEN_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
         if name not in tile or not value.isdigit():
-            raise ValueError(f"{FROZEN_CONFIG_ENV} items must be BV=, num_warps=, terms_warps= or recurrence=<int>; "
-                             f"got {item!r}")
+            raise ValueError(f"{FROZEN_CONFIG_ENV} items must be one of {', '.join(tile)} as name=<int>; got {item!r}")
         tile[name] = int(value)
-    BV = tile["BV"]
-    if BV < 16 or BV & (BV - 1) or V % BV or {tile["num_warps"], tile["terms_warps"]} - {1, 2, 4, 8, 16}:
-        raise ValueError(f"{FROZEN_CONFIG_ENV}: BV must be a power of two >= 16 dividing V={V} and num_warps one of "
-                         f"1/2/4/8/16 (terms_warps too); got {text!r}")
+    BV, BK = tile["BV"], tile["BK"]
+    if (min(BV, BK) < 16 or BV & (BV - 1) or BK & (BK - 1) or V % BV or K % BK or tile["stages"] < 1
+            or {tile["num_warps"], tile["terms_warps"]} - {1, 2, 4, 8, 16}):
+        raise ValueError(f"{FROZEN_CONFIG_ENV}: BV and BK must be powers of two >= 16 dividing V={V} and K={K}, "
+                         f"stages >= 1, num_warps and terms_warps one of 1/2/4/8/16; got {text!r}")
     return None if tile.pop("recurrence") else tile
 
 
@@ -227,5 +233,6 @@ def frozen_launches(inputs, out, tile: dict) -> list:
                   L2_EPS=L2_EPS, num_warps=tile["terms_warps"]))
     product = (_state_product_kernel, (heads * (inputs.V // tile["BV"]),),
                (inputs.v, inputs.state, inputs.slots, w, qt, out, inputs.slot_stride, inputs.T, heads),
-               dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=tile["BV"], TP=TOKEN_ROWS, num_warps=tile["num_warps"]))
+               dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=tile["BV"], BK=tile["BK"], TP=TOKEN_ROWS,
+                    STAGES=tile["stages"], num_warps=tile["num_warps"]))
     return [terms, product]
