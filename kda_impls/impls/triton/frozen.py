@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ...reference import L2_EPS, SOFTPLUS_LINEAR_ABOVE
+from .gate import INTERPRETED
 
 SPAN_LIMIT = 160.0  # each factor within e^+-80, inside fp32's e^+-88
 TOKEN_ROWS = 16  # the dot's minimum M: T <= 16 tokens padded to it; more run the recurrence
@@ -39,7 +40,6 @@ FROZEN_CONFIG_ENV = "KDA_TRITON_FROZEN_CONFIG"
 RECURRENCE_HEADS = 2048  # B * HV up to which a step of T <= 2 runs the recurrence (measured faster there)
 _LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
 _SPAN_LIMIT = tl.constexpr(SPAN_LIMIT)
-INTERPRETED = tl.constexpr(triton.knobs.runtime.interpret)
 
 
 @triton.jit
