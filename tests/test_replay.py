@@ -81,7 +81,7 @@ def test_3L_replay_steps_are_3L_in_place_steps(case):
 
 TRITON_CASES = {
     "gva-padded-pool-pad-row-bf16": dict(B=4, H=1, HV=2, K=32, V=16, slot_pad=7, pad_rows=1),
-    "two-v-tiles-gva-fp32": dict(B=2, H=1, HV=2, K=32, V=64, state_dtype=torch.float32, dtype=torch.float32,
+    "two-v-tiles-gva-fp32": dict(B=2, H=1, HV=2, K=64, V=64, state_dtype=torch.float32, dtype=torch.float32,
                                  slot_pad=4, pad_rows=1),
 }
 
@@ -91,7 +91,7 @@ TRITON_CASES = {
 def test_3L_triton_replay_steps_are_3L_in_place_steps(case, monkeypatch):
     """Our kernel's replay path (interpreted on the CPU): the output from the checkpoint and the
     records, the pool written only at a flush; tiles of 16 rows and 16 columns, so the state product
-    and the flush take two passes of K and V = 64 four tiles."""
+    takes two (K = 32) or four (K = 64) passes, the flush one or two of its 32 columns, V = 64 four tiles."""
     monkeypatch.setenv(triton_replay.REPLAY_CONFIG_ENV, "BV=16,BK=16")
     x = make_inputs(**TRITON_CASES[case], ring=4, seed=3)
     live = x.slots.long()[x.live_rows()]
@@ -153,7 +153,7 @@ def test_triton_replay_tile_from_the_environment(monkeypatch):
                                                                    terms_warps=2)
     x = make_inputs(**TRITON_CASES["two-v-tiles-gva-fp32"], ring=2, seed=5)
     assert run_steps(get("triton"), x, 2) == []
-    for bad in ("BV=24", "BV=128", "BV=8", "BK=64", "stages=0", "warps=4", "num_warps=3", "terms_warps=32"):
+    for bad in ("BV=24", "BV=128", "BV=8", "BK=128", "stages=0", "warps=4", "num_warps=3", "terms_warps=32"):
         monkeypatch.setenv(REPLAY_CONFIG_ENV, bad)
         with pytest.raises(ValueError, match=REPLAY_CONFIG_ENV):
             get("triton").bind(x)

@@ -86,18 +86,41 @@ def _committed_deltas(u_ptr, records, n, offs_l, offs_v, V: tl.constexpr):
 @triton.jit
 def _carried(S0, G, u_ptr, kg_ptr, records, count, dt_bias, A, offs_k, offs_v, K: tl.constexpr, V: tl.constexpr,
              L2_EPS: tl.constexpr):
-    """``S_0 exp(G) + sum_{j<count} u_j (k^_j exp(G - G_j))^T`` over the first ``count`` records in memory,
-    on the channels ``offs_k`` (the tile's or a block of them): the state they carry, decayed through
-    ``G``, formed only for a flush (one record a loop step; a key's norm from its whole row)."""
+    """``S_0 exp(G) + sum_{j<count} u_j (k^_j exp(G - G_j))^T`` over the first ``count`` records in memory:
+    the state they carry, decayed through ``G``, formed only for a flush first (one record a loop step)."""
     E = S0 * tl.exp(G)[None, :]
-    G_j = tl.zeros(G.shape, dtype=tl.float32)
+    G_j = tl.zeros([K], dtype=tl.float32)
     for j in range(0, count):
         kg_row = kg_ptr + (records + j) * 2 * K
         G_j += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
-        key = tl.load(kg_row + tl.arange(0, K)).to(tl.float32)
-        w_j = tl.load(kg_row + offs_k).to(tl.float32) / tl.sqrt(tl.sum(key * key, axis=0) + L2_EPS) * tl.exp(G - G_j)
+        w_j = _normalised(tl.load(kg_row + offs_k).to(tl.float32), L2_EPS) * tl.exp(G - G_j)
         E += tl.load(u_ptr + (records + j) * V + offs_v)[:, None] * w_j[None, :]
     return E
+
+
+@triton.jit
+def _flushed(tile, vec, u, u_ptr, kg_ptr, records, n, dt_bias_ptr, A, offs_v, K: tl.constexpr, V: tl.constexpr,
+             RD: tl.constexpr, FB: tl.constexpr, L2_EPS: tl.constexpr):
+    """Stores ``S_0 exp(G') + sum_{j<n} u_j (k^_j exp(G' - G_j))^T + u k^T`` over the tile, ``FB`` columns a
+    pass: the records' sum one ``tl.dot`` of their deltas ``[RD, BV]`` and decayed keys ``[RD, FB]`` (RD
+    the ring padded to the dot's 16; three tf32 products), each pass's loads in bulk, not a record at a
+    time, so a flushing program is not the step's straggler."""
+    offs_r = tl.arange(0, RD)
+    kept = offs_r[:, None] < n
+    U = _committed_deltas(u_ptr, records, n, offs_r, offs_v, V)
+    rows = kg_ptr + (records + offs_r)[:, None] * (2 * K)
+    keys = tl.load(rows + tl.arange(0, K)[None, :], mask=kept, other=0.0).to(tl.float32)
+    inv_norm = 1.0 / tl.sqrt(tl.sum(keys * keys, axis=1) + L2_EPS)
+    for k0 in range(0, K, FB):
+        offs_k = k0 + tl.arange(0, FB)
+        G = tl.load(vec + 3 * K + offs_k)
+        g = tl.load(rows + K + offs_k[None, :], mask=kept, other=0.0).to(tl.float32)
+        G_j = tl.cumsum(tl.where(kept, _log_decay(g, tl.load(dt_bias_ptr + offs_k)[None, :], A), 0.0), axis=0)
+        W = tl.load(rows + offs_k[None, :], mask=kept, other=0.0).to(tl.float32) * inv_norm[:, None] * \
+            tl.exp(G[None, :] - G_j)
+        E = tl.load(tile + offs_k[None, :]).to(tl.float32) * tl.exp(G)[None, :] + \
+            tl.dot(tl.trans(U), W, input_precision="tf32x3") + u[:, None] * tl.load(vec + 2 * K + offs_k)[None, :]
+        tl.store(tile + offs_k[None, :], E.to(tile.dtype.element_ty))
 
 
 @triton.jit
@@ -296,16 +319,9 @@ def _token_step_kernel(
         o = s0_q + acc_q + u * tl.load(coef + 2 * LP)
         tl.store(out_ptr + head * V + offs_v, o.to(out_ptr.dtype.element_ty))
         tl.store(u_ptr + (records + n) * V + offs_v, u)
-        if n + 1 == L:  # the record fills the ring: the flush forms the new effective state, 16 columns a pass
-            A = tl.exp(tl.load(A_log_ptr + hv))
-            vec = vec_ptr + head * (4 * K)
-            for k0 in range(0, K, 16):  # (a narrow block: the flush's registers bound every step's occupancy)
-                offs_k = k0 + tl.arange(0, 16)
-                S0 = tl.load(tile + offs_k[None, :]).to(tl.float32)
-                E = _carried(S0, tl.load(vec + 3 * K + offs_k), u_ptr, kg_ptr, records, n,
-                             tl.load(dt_bias_ptr + hv * K + offs_k), A, offs_k, offs_v, K, V, L2_EPS)
-                E += u[:, None] * tl.load(vec + 2 * K + offs_k)[None, :]
-                tl.store(tile + offs_k[None, :], E.to(state_ptr.dtype.element_ty))
+        if n + 1 == L:  # the record fills the ring: the flush stores the new effective state
+            _flushed(tile, vec_ptr + head * (4 * K), u, u_ptr, kg_ptr, records, n, dt_bias_ptr + hv * K,
+                     tl.exp(tl.load(A_log_ptr + hv)), offs_v, K, V, max(LP, 16), 32 if K >= 32 else K, L2_EPS)
 
 
 @triton.jit
