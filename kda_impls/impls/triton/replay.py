@@ -113,13 +113,13 @@ def _flushed(tile, vec, u, u_ptr, kg_ptr, records, n, dt_bias_ptr, A, offs_v, K:
     inv_norm = 1.0 / tl.sqrt(tl.sum(keys * keys, axis=1) + L2_EPS)
     for k0 in range(0, K, FB):
         offs_k = k0 + tl.arange(0, FB)
-        G = tl.load(vec + 3 * K + offs_k)
+        G = tl.load(vec + K + offs_k)
         g = tl.load(rows + K + offs_k[None, :], mask=kept, other=0.0).to(tl.float32)
         G_j = tl.cumsum(tl.where(kept, _log_decay(g, tl.load(dt_bias_ptr + offs_k)[None, :], A), 0.0), axis=0)
         W = tl.load(rows + offs_k[None, :], mask=kept, other=0.0).to(tl.float32) * inv_norm[:, None] * \
             tl.exp(G[None, :] - G_j)
         E = tl.load(tile + offs_k[None, :]).to(tl.float32) * tl.exp(G)[None, :] + \
-            tl.dot(tl.trans(U), W, input_precision="tf32x3") + u[:, None] * tl.load(vec + 2 * K + offs_k)[None, :]
+            tl.dot(tl.trans(U), W, input_precision="tf32x3") + u[:, None] * tl.load(vec + offs_k)[None, :]
         tl.store(tile + offs_k[None, :], E.to(tile.dtype.element_ty))
 
 
@@ -213,9 +213,9 @@ def _token_terms_kernel(
     ops_ptr, scale, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     L2_EPS: tl.constexpr,
 ):
-    """A one-token step's per-head terms: ``vec`` ``[B * HV, 4, K]`` holds ``exp(G') k^``, ``exp(G') q^``,
-    ``k^`` and ``G'``; ``ops`` ``[B * HV, 4, K]`` the first two as the state product's right operand in the
-    pool's dtype (high parts, then remainders; a float32 pool's two rows exact); ``coef``
+    """A one-token step's per-head terms: ``ops`` ``[B * HV, 4, K]`` holds ``exp(G') k^`` and ``exp(G') q^``,
+    the state product's right operand, in the pool's dtype (high parts, then remainders; a float32 pool's
+    two rows exact); ``vec`` ``[B * HV, 2, K]`` ``k^`` and ``G'`` (fp32, read by a flush only); ``coef``
     ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and ``k^ . q^``. The records are
     walked newest first, so that the decay from each to the token, ``G' - G_j``, is a running sum of the
     gates after it: ``[K]`` vectors, each record's three reductions within the program (no ``[LP, K]``
@@ -248,9 +248,6 @@ def _token_terms_kernel(
             tl.store(coef + LP + n - 1 - back, tl.sum(k_j * decayed * q, axis=0) * norm)
             G += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
         decay = tl.exp(G)  # G is now G': the records' decay and this token's
-        vec = vec_ptr + pid * (4 * K) + offs_k
-        tl.store(vec, decay * k)
-        tl.store(vec + K, decay * q)
         ops = ops_ptr + pid * (4 * K) + offs_k
         high_k = (decay * k).to(ops_ptr.dtype.element_ty)
         high_q = (decay * q).to(ops_ptr.dtype.element_ty)
@@ -259,8 +256,9 @@ def _token_terms_kernel(
         if ops_ptr.dtype.element_ty != tl.float32:
             tl.store(ops + 2 * K, (decay * k - high_k.to(tl.float32)).to(high_k.dtype))
             tl.store(ops + 3 * K, (decay * q - high_q.to(tl.float32)).to(high_q.dtype))
-        tl.store(vec + 2 * K, k)
-        tl.store(vec + 3 * K, G)
+        vec = vec_ptr + pid * (2 * K) + offs_k
+        tl.store(vec, k)
+        tl.store(vec + K, G)
         tl.store(coef + 2 * LP, tl.sum(k * q, axis=0))
         at = records + n
         tl.store(kg_ptr + at * 2 * K + offs_k, k_raw)
@@ -320,7 +318,7 @@ def _token_step_kernel(
         tl.store(out_ptr + head * V + offs_v, o.to(out_ptr.dtype.element_ty))
         tl.store(u_ptr + (records + n) * V + offs_v, u)
         if n + 1 == L:  # the record fills the ring: the flush stores the new effective state
-            _flushed(tile, vec_ptr + head * (4 * K), u, u_ptr, kg_ptr, records, n, dt_bias_ptr + hv * K,
+            _flushed(tile, vec_ptr + head * (2 * K), u, u_ptr, kg_ptr, records, n, dt_bias_ptr + hv * K,
                      tl.exp(tl.load(A_log_ptr + hv)), offs_v, K, V, max(LP, 16), 32 if K >= 32 else K, L2_EPS)
 
 
@@ -377,7 +375,7 @@ def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
                                     num_warps=tile["num_warps"])
     if T == 1:
         # NaN-filled once: a term read that no launch wrote would poison the output, not pass unseen
-        vec = torch.full((heads, 4, inputs.K), float("nan"), device=inputs.device)
+        vec = torch.full((heads, 2, inputs.K), float("nan"), device=inputs.device)
         coef = torch.full((heads, 2 * ring["LP"] + 1), float("nan"), device=inputs.device)
         ops = torch.full((heads, 4, inputs.K), float("nan"), dtype=inputs.state.dtype, device=inputs.device)
         terms = functools.partial(
