@@ -216,10 +216,10 @@ def _token_terms_kernel(
     """A one-token step's per-head terms: ``ops`` ``[B * HV, 4, K]`` holds ``exp(G') k^`` and ``exp(G') q^``,
     the state product's right operand, in the pool's dtype (high parts, then remainders; a float32 pool's
     two rows exact); ``vec`` ``[B * HV, 2, K]`` ``k^`` and ``G'`` (fp32, read by a flush only); ``coef``
-    ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and ``k^ . q^``. The records are
-    walked newest first, so that the decay from each to the token, ``G' - G_j``, is a running sum of the
-    gates after it: ``[K]`` vectors, each record's three reductions within the program (no ``[LP, K]``
-    tile, no scan across records). The token's key/gate record is written here, once a head."""
+    ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and ``k^ . q^``. The committed
+    records are read as one ``[LP, K]`` tile (their loads issued together, not a record at a time), the
+    decay from each to the token, ``G' - G_j``, a reverse running sum of the gates after it. The token's
+    key/gate record is written here, once a head."""
     pid = tl.program_id(0)
     row = (pid // HV).to(tl.int64)
     hv = pid % HV
@@ -237,17 +237,21 @@ def _token_terms_kernel(
         a_raw = tl.load(a_ptr + pid * K + offs_k)
         q = _normalised(tl.load(q_ptr + tok_h * K + offs_k).to(tl.float32), L2_EPS) * scale
         k = _normalised(k_raw.to(tl.float32), L2_EPS)
-        G = _log_decay(a_raw.to(tl.float32), dt_bias, A)  # G' - G_j for the record before the token
+        offs_l = tl.arange(0, LP)
+        kept = offs_l[:, None] < n  # the records past the commit are never read
+        rows = kg_ptr + (records + offs_l)[:, None] * (2 * K) + offs_k[None, :]
+        k_j = tl.load(rows, mask=kept, other=0.0).to(tl.float32)
+        g_j = tl.where(kept, _log_decay(tl.load(rows + K, mask=kept, other=0.0).to(tl.float32), dt_bias[None, :], A),
+                       0.0)
+        g = _log_decay(a_raw.to(tl.float32), dt_bias, A)
+        # G' - G_j: the gates after record j through the token's, a reverse running sum (no large G' - G_j)
+        after = tl.cumsum(g_j, axis=0, reverse=True) - g_j + g[None, :]
+        w = k_j * tl.exp(after) / tl.sqrt(tl.sum(k_j * k_j, axis=1) + L2_EPS)[:, None]
         coef = coef_ptr + pid * (2 * LP + 1)
-        for back in range(0, n):
-            kg_row = kg_ptr + (records + n - 1 - back) * 2 * K
-            k_j = tl.load(kg_row + offs_k).to(tl.float32)
-            decayed = tl.exp(G)
-            norm = tl.rsqrt(tl.sum(k_j * k_j, axis=0) + L2_EPS)
-            tl.store(coef + n - 1 - back, tl.sum(k_j * decayed * k, axis=0) * norm)
-            tl.store(coef + LP + n - 1 - back, tl.sum(k_j * decayed * q, axis=0) * norm)
-            G += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
-        decay = tl.exp(G)  # G is now G': the records' decay and this token's
+        tl.store(coef + offs_l, tl.sum(w * k[None, :], axis=1), mask=offs_l < n)
+        tl.store(coef + LP + offs_l, tl.sum(w * q[None, :], axis=1), mask=offs_l < n)
+        G = tl.sum(g_j, axis=0) + g
+        decay = tl.exp(G)  # G': the records' decay and this token's
         ops = ops_ptr + pid * (4 * K) + offs_k
         high_k = (decay * k).to(ops_ptr.dtype.element_ty)
         high_q = (decay * q).to(ops_ptr.dtype.element_ty)
@@ -339,10 +343,11 @@ def replay_tile(K: int, V: int, T: int) -> dict[str, int]:
     """``{BV, BK, stages, num_warps, terms_warps}`` of a ``T``-token step: the environment's
     ``KDA_TRITON_REPLAY_CONFIG`` (e.g. ``"BV=32,num_warps=4"``) over the default of its form. A one-token
     step's step programs: 64 rows of V, 64 columns of K a pass, 2 passes in flight, 4 warps (the state
-    product's tile, as frozen verify's); its terms programs one warp. A verify's fused programs: 64 rows
-    and 2 warps, the fastest timed on the H200 (``results/h200/replay-verify-tiles/tiles.csv``; ``BK``
-    and ``stages`` are the one-token step's only)."""
-    tile = {"BV": min(V, 64), "BK": min(K, 64), "stages": 2, "num_warps": 4 if T == 1 else 2, "terms_warps": 1}
+    product's tile, as frozen verify's); its terms programs 4 warps (96 registers a thread where one warp
+    holds 254 for the records' ``[LP, K]`` tiles). A verify's fused programs: 64 rows and 2 warps, the
+    fastest timed on the H200 (``results/h200/replay-verify-tiles/tiles.csv``; ``BK``, ``stages`` and
+    ``terms_warps`` are the one-token step's only)."""
+    tile = {"BV": min(V, 64), "BK": min(K, 64), "stages": 2, "num_warps": 4 if T == 1 else 2, "terms_warps": 4}
     text = os.environ.get(REPLAY_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
