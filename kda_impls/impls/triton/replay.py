@@ -10,16 +10,17 @@ exp(G' - G_j)`` over every record j before the token those are
 a pass over the checkpoint (two reductions) and one over the records. The record terms ``w_j . x``
 depend on the keys and gates only, not on the value rows; the deltas ``u_j`` on the rows only.
 
-**A one-token step** (decode) splits the two: a *terms* launch, one program per row and head, walks
-the committed key/gate records newest first (the records past the commit are never read), forms
-``exp(G') k^``, ``exp(G') q^``, the record terms and ``k^ . q^`` into a small scratch, and writes the
-token's key/gate record at ``n``; a *step* launch, one program per row, head
-and ``BV``-row tile of the state, as the in-place kernel's, streams the checkpoint tile, adds
-``sum_j u_j (w_j . x)`` from the deltas' ``[LP, BV]`` tile, stores the output and the token's delta
-record, and where the record fills the ring forms the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T``
-(a loop over the records in memory, on the flush only) and stores it into the pool; else the pool is
-not written. The record work is done once a head, not once a V-tile, and the step's programs are as
-small as the in-place kernel's.
+**A one-token step** (decode) splits the two: a *terms* launch, one program per row and head, reads
+the committed key/gate records (the records past the commit are never read) as one ``[LP, K]`` tile,
+forms ``exp(G') k^`` and ``exp(G') q^`` in the pool's dtype, the record terms and ``k^ . q^`` into a
+small scratch, and writes the token's key/gate record at ``n``; a *step* launch, one program per row,
+head and ``BV``-row tile of the state, forms ``S_0 [exp(G') k^, exp(G') q^]`` on the tensor cores (the
+checkpoint tile the dot's left operand, ``BK`` columns a pass, copied into shared memory by the
+software pipeline: never widened in registers), adds ``sum_j u_j (w_j . x)`` from the deltas' ``[LP,
+BV]`` tile, stores the output and the token's delta record, and where the record fills the ring forms
+the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T`` (the records' sum a dot of their deltas and decayed
+keys, on the flush only) and stores it into the pool; else the pool is not written. The record work is
+done once a head, not once a V-tile.
 
 **A verify** (T > 1) is one fused launch: each program of a row, head and V-tile holds the records'
 tiles, then appends each token of the step to them as the record the next token reads (its delta
