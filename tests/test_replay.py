@@ -146,8 +146,8 @@ def test_the_replay_kernel_compiles_for_sm90():
 def test_triton_replay_tile_from_the_environment(monkeypatch):
     from kda_impls.impls.triton.replay import REPLAY_CONFIG_ENV, replay_tile
 
-    assert replay_tile(128, 128, 1) == dict(BV=64, BK=64, stages=2, num_warps=4, terms_warps=4)
-    assert replay_tile(128, 128, 4) == dict(BV=64, BK=64, stages=2, num_warps=2, terms_warps=4)
+    assert replay_tile(128, 128, 1) == dict(BV=64, BK=64, stages=2, num_warps=4, terms_warps=1)
+    assert replay_tile(128, 128, 4) == dict(BV=64, BK=64, stages=2, num_warps=2, terms_warps=1)
     monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, BK=16,stages=3, num_warps=4,terms_warps=2")
     assert replay_tile(16, 64, 1) == replay_tile(16, 64, 3) == dict(BV=32, BK=16, stages=3, num_warps=4,
                                                                    terms_warps=2)

@@ -10,10 +10,10 @@ exp(G' - G_j)`` over every record j before the token those are
 a pass over the checkpoint (two reductions) and one over the records. The record terms ``w_j . x``
 depend on the keys and gates only, not on the value rows; the deltas ``u_j`` on the rows only.
 
-**A one-token step** (decode) splits the two: a *terms* launch, one program per row and head, reads
-the committed key/gate records (the records past the commit are never read) as one ``[LP, K]`` tile,
-forms ``exp(G') k^`` and ``exp(G') q^`` in the pool's dtype, the record terms and ``k^ . q^`` into a
-small scratch, and writes the token's key/gate record at ``n``; a *step* launch, one program per row,
+**A one-token step** (decode) splits the two: a *terms* launch, one program per row and head, walks
+the committed key/gate records newest first (the records past the commit are never read), forms
+``exp(G') k^`` and ``exp(G') q^`` in the pool's dtype, the record terms and ``k^ . q^`` into a small
+scratch, and writes the token's key/gate record at ``n``; a *step* launch, one program per row,
 head and ``BV``-row tile of the state, forms ``S_0 [exp(G') k^, exp(G') q^]`` on the tensor cores (the
 checkpoint tile the dot's left operand, ``BK`` columns a pass, copied into shared memory by the
 software pipeline: never widened in registers), adds ``sum_j u_j (w_j . x)`` from the deltas' ``[LP,
@@ -217,10 +217,11 @@ def _token_terms_kernel(
     """A one-token step's per-head terms: ``ops`` ``[B * HV, 4, K]`` holds ``exp(G') k^`` and ``exp(G') q^``,
     the state product's right operand, in the pool's dtype (high parts, then remainders; a float32 pool's
     two rows exact); ``vec`` ``[B * HV, 2, K]`` ``k^`` and ``G'`` (fp32, read by a flush only); ``coef``
-    ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and ``k^ . q^``. The committed
-    records are read as one ``[LP, K]`` tile (their loads issued together, not a record at a time), the
-    decay from each to the token, ``G' - G_j``, a reverse running sum of the gates after it. The token's
-    key/gate record is written here, once a head."""
+    ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and ``k^ . q^``. The records are
+    walked newest first, so that the decay from each to the token, ``G' - G_j``, is a running sum of the
+    gates after it: ``[K]`` vectors, each record's three reductions within the program, only the
+    committed records' work (an ``[LP, K]`` tile on 4 warps computes every padded row's gate: 3x this
+    launch's time on the H200). The token's key/gate record is written here, once a head."""
     pid = tl.program_id(0)
     row = (pid // HV).to(tl.int64)
     hv = pid % HV
@@ -238,21 +239,17 @@ def _token_terms_kernel(
         a_raw = tl.load(a_ptr + pid * K + offs_k)
         q = _normalised(tl.load(q_ptr + tok_h * K + offs_k).to(tl.float32), L2_EPS) * scale
         k = _normalised(k_raw.to(tl.float32), L2_EPS)
-        offs_l = tl.arange(0, LP)
-        kept = offs_l[:, None] < n  # the records past the commit are never read
-        rows = kg_ptr + (records + offs_l)[:, None] * (2 * K) + offs_k[None, :]
-        k_j = tl.load(rows, mask=kept, other=0.0).to(tl.float32)
-        g_j = tl.where(kept, _log_decay(tl.load(rows + K, mask=kept, other=0.0).to(tl.float32), dt_bias[None, :], A),
-                       0.0)
-        g = _log_decay(a_raw.to(tl.float32), dt_bias, A)
-        # G' - G_j: the gates after record j through the token's, a reverse running sum (no large G' - G_j)
-        after = tl.cumsum(g_j, axis=0, reverse=True) - g_j + g[None, :]
-        w = k_j * tl.exp(after) / tl.sqrt(tl.sum(k_j * k_j, axis=1) + L2_EPS)[:, None]
+        G = _log_decay(a_raw.to(tl.float32), dt_bias, A)  # G' - G_j for the record before the token
         coef = coef_ptr + pid * (2 * LP + 1)
-        tl.store(coef + offs_l, tl.sum(w * k[None, :], axis=1), mask=offs_l < n)
-        tl.store(coef + LP + offs_l, tl.sum(w * q[None, :], axis=1), mask=offs_l < n)
-        G = tl.sum(g_j, axis=0) + g
-        decay = tl.exp(G)  # G': the records' decay and this token's
+        for back in range(0, n):
+            kg_row = kg_ptr + (records + n - 1 - back) * 2 * K
+            k_j = tl.load(kg_row + offs_k).to(tl.float32)
+            decayed = tl.exp(G)
+            norm = tl.rsqrt(tl.sum(k_j * k_j, axis=0) + L2_EPS)
+            tl.store(coef + n - 1 - back, tl.sum(k_j * decayed * k, axis=0) * norm)
+            tl.store(coef + LP + n - 1 - back, tl.sum(k_j * decayed * q, axis=0) * norm)
+            G += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
+        decay = tl.exp(G)  # G is now G': the records' decay and this token's
         ops = ops_ptr + pid * (4 * K) + offs_k
         high_k = (decay * k).to(ops_ptr.dtype.element_ty)
         high_q = (decay * q).to(ops_ptr.dtype.element_ty)
@@ -292,6 +289,18 @@ def _token_step_kernel(
     else:
         s = slot.to(tl.int64)
         tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K
+        # the small reads first, so that their latency overlaps the tile's
+        n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)
+        n = tl.where(n + 1 > L, 0, n)
+        records = (s * HV + hv) * L
+        offs_l = tl.arange(0, LP)
+        u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
+        coef = coef_ptr + head * (2 * LP + 1)
+        kept = offs_l < n  # the terms of records past the commit are never written
+        coef_k = tl.load(coef + offs_l, mask=kept, other=0.0)
+        coef_q = tl.load(coef + LP + offs_l, mask=kept, other=0.0)
+        beta = tl.sigmoid(tl.load(b_ptr + head).to(tl.float32))
+        vals = tl.load(v_ptr + head * V + offs_v).to(tl.float32)
         offs_c = tl.arange(0, 16)  # the dot's minimum N: columns k, q (then their remainders), the rest zero
         PARTS: tl.constexpr = 1 if state_ptr.dtype.element_ty == tl.float32 else 2
         ops = ops_ptr + head * (4 * K) + offs_c[None, :] * K
@@ -308,23 +317,13 @@ def _token_step_kernel(
                 acc = tl.dot(S0, x, acc)
         s0_k = tl.sum(tl.where(offs_c[None, :] % 2 == 0, acc, 0.0), axis=1)  # S_0 exp(G') k^
         s0_q = tl.sum(tl.where(offs_c[None, :] % 2 == 1, acc, 0.0), axis=1)
-        n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)
-        n = tl.where(n + 1 > L, 0, n)
-        records = (s * HV + hv) * L
-        offs_l = tl.arange(0, LP)
-        u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
-        coef = coef_ptr + head * (2 * LP + 1)
-        kept = offs_l < n  # the terms of records past the commit are never written
-        acc_k = tl.sum(u_j * tl.load(coef + offs_l, mask=kept, other=0.0)[:, None], axis=0)  # sum_j u_j (w_j . k^)
-        acc_q = tl.sum(u_j * tl.load(coef + LP + offs_l, mask=kept, other=0.0)[:, None], axis=0)
-        u = tl.sigmoid(tl.load(b_ptr + head).to(tl.float32)) * (
-            tl.load(v_ptr + head * V + offs_v).to(tl.float32) - s0_k - acc_k)
-        o = s0_q + acc_q + u * tl.load(coef + 2 * LP)
+        u = beta * (vals - s0_k - tl.sum(u_j * coef_k[:, None], axis=0))  # sum_j u_j (w_j . k^)
+        o = s0_q + tl.sum(u_j * coef_q[:, None], axis=0) + u * tl.load(coef + 2 * LP)
         tl.store(out_ptr + head * V + offs_v, o.to(out_ptr.dtype.element_ty))
         tl.store(u_ptr + (records + n) * V + offs_v, u)
         if n + 1 == L:  # the record fills the ring: the flush stores the new effective state
             _flushed(tile, vec_ptr + head * (2 * K), u, u_ptr, kg_ptr, records, n, dt_bias_ptr + hv * K,
-                     tl.exp(tl.load(A_log_ptr + hv)), offs_v, K, V, max(LP, 16), 32 if K >= 32 else K, L2_EPS)
+                     tl.exp(tl.load(A_log_ptr + hv)), offs_v, K, V, max(LP, 16), 16, L2_EPS)
 
 
 @triton.jit
@@ -344,11 +343,10 @@ def replay_tile(K: int, V: int, T: int) -> dict[str, int]:
     """``{BV, BK, stages, num_warps, terms_warps}`` of a ``T``-token step: the environment's
     ``KDA_TRITON_REPLAY_CONFIG`` (e.g. ``"BV=32,num_warps=4"``) over the default of its form. A one-token
     step's step programs: 64 rows of V, 64 columns of K a pass, 2 passes in flight, 4 warps (the state
-    product's tile, as frozen verify's); its terms programs 4 warps (96 registers a thread where one warp
-    holds 254 for the records' ``[LP, K]`` tiles). A verify's fused programs: 64 rows and 2 warps, the
-    fastest timed on the H200 (``results/h200/replay-verify-tiles/tiles.csv``; ``BK``, ``stages`` and
-    ``terms_warps`` are the one-token step's only)."""
-    tile = {"BV": min(V, 64), "BK": min(K, 64), "stages": 2, "num_warps": 4 if T == 1 else 2, "terms_warps": 4}
+    product's tile, as frozen verify's); its terms programs one warp. A verify's fused programs: 64
+    rows and 2 warps, the fastest timed on the H200 (``results/h200/replay-verify-tiles/tiles.csv``;
+    ``BK``, ``stages`` and ``terms_warps`` are the one-token step's only)."""
+    tile = {"BV": min(V, 64), "BK": min(K, 64), "stages": 2, "num_warps": 4 if T == 1 else 2, "terms_warps": 1}
     text = os.environ.get(REPLAY_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
