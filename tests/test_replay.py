@@ -80,19 +80,17 @@ def test_3L_replay_steps_are_3L_in_place_steps(case):
 
 
 TRITON_CASES = {
-    "gva-padded-pool-pad-row-bf16": dict(B=4, H=1, HV=2, K=32, V=16, slot_pad=7, pad_rows=1),
-    "two-v-tiles-gva-fp32": dict(B=2, H=1, HV=2, K=64, V=64, state_dtype=torch.float32, dtype=torch.float32,
+    "gva-padded-pool-pad-row-bf16": CASES["gva-padded-pool-pad-row-bf16"],
+    "two-v-tiles-gva-fp32": dict(B=2, H=1, HV=2, K=16, V=64, state_dtype=torch.float32, dtype=torch.float32,
                                  slot_pad=4, pad_rows=1),
 }
 
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", TRITON_CASES, ids=list(TRITON_CASES))
-def test_3L_triton_replay_steps_are_3L_in_place_steps(case, monkeypatch):
+def test_3L_triton_replay_steps_are_3L_in_place_steps(case):
     """Our kernel's replay path (interpreted on the CPU): the output from the checkpoint and the
-    records, the pool written only at a flush; tiles of 16 rows and 16 columns, so the state product
-    takes two (K = 32) or four (K = 64) passes, the flush one or two of its 32 columns, V = 64 four tiles."""
-    monkeypatch.setenv(triton_replay.REPLAY_CONFIG_ENV, "BV=16,BK=16")
+    records, the pool written only at a flush; V = 64 in four tiles of the default 16 rows."""
     x = make_inputs(**TRITON_CASES[case], ring=4, seed=3)
     live = x.slots.long()[x.live_rows()]
     x.cache.length[live] = torch.arange(len(live), dtype=torch.int32) % x.cache.L
@@ -112,19 +110,14 @@ runtime = dict(slot_stride="i32", scale="fp32")
 shape = dict(HV=32, GROUP=2, K=128, V=128, L=16, LP=16, L2_EPS=1e-6)
 for fn, T, warps in ((r._token_terms_kernel, 1, "terms_warps"), (r._token_step_kernel, 1, "num_warps"),
                      (r._verify_kernel, 4, "num_warps"), (r._flush_first_kernel, 4, "num_warps")):
-    tile = r.replay_tile(128, 128, T)
+    tile = r.replay_tile(128, T)
     params = list(inspect.signature(fn.fn).parameters)
-    meta = {n: v for n, v in dict(shape, T=T, BV=tile["BV"], BK=tile["BK"], STAGES=tile["stages"]).items()
-            if n in params}
+    meta = {n: v for n, v in dict(shape, T=T, BV=tile["BV"]).items() if n in params}
     sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
     constants = {(params.index(n),): v for n, v in meta.items()}
-    aligned = {(params.index(p),): [["tt.divisibility", 16]]
-               for p in params if p.endswith("_ptr") or p == "slot_stride"}  # as a launch specializes them
-    compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants, attrs=aligned),
-                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=tile[warps]))
-    ptx = compiled.asm["ptx"]
-    print(len(re.findall(r"st\\.global", ptx)), len(re.findall(r"wgmma\\.mma_async|mma\\.sync", ptx)),
-          len(re.findall(r"cp\\.async\\.c", ptx)))
+    compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=tile[warps]))
+    print(len(re.findall(r"st\\.global", compiled.asm["ptx"])))
 """
 
 
@@ -136,24 +129,20 @@ def test_the_replay_kernel_compiles_for_sm90():
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    counts = [[int(c) for c in line.split()] for line in done.stdout.strip().splitlines()]
-    assert all(stores > 0 for stores, _, _ in counts), done.stdout
-    step = counts[1]  # the one-token step reads its tile through shared memory into the tensor cores
-    assert step[1] > 0 and step[2] > 0, done.stdout
+    assert all(int(stores) > 0 for stores in done.stdout.split()), done.stdout
 
 
 @pytest.mark.interpreter
 def test_triton_replay_tile_from_the_environment(monkeypatch):
     from kda_impls.impls.triton.replay import REPLAY_CONFIG_ENV, replay_tile
 
-    assert replay_tile(128, 128, 1) == dict(BV=64, BK=64, stages=2, num_warps=4, terms_warps=1)
-    assert replay_tile(128, 128, 4) == dict(BV=64, BK=64, stages=2, num_warps=2, terms_warps=1)
-    monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, BK=16,stages=3, num_warps=4,terms_warps=2")
-    assert replay_tile(16, 64, 1) == replay_tile(16, 64, 3) == dict(BV=32, BK=16, stages=3, num_warps=4,
-                                                                   terms_warps=2)
+    assert replay_tile(128, 1) == dict(BV=16, num_warps=1, terms_warps=1)
+    assert replay_tile(128, 4) == dict(BV=64, num_warps=2, terms_warps=1)
+    monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4,terms_warps=2")
+    assert replay_tile(64, 1) == replay_tile(64, 3) == dict(BV=32, num_warps=4, terms_warps=2)
     x = make_inputs(**TRITON_CASES["two-v-tiles-gva-fp32"], ring=2, seed=5)
     assert run_steps(get("triton"), x, 2) == []
-    for bad in ("BV=24", "BV=128", "BV=8", "BK=128", "stages=0", "warps=4", "num_warps=3", "terms_warps=32"):
+    for bad in ("BV=24", "BV=128", "warps=4", "num_warps=3", "terms_warps=32"):
         monkeypatch.setenv(REPLAY_CONFIG_ENV, bad)
         with pytest.raises(ValueError, match=REPLAY_CONFIG_ENV):
             get("triton").bind(x)

@@ -105,17 +105,12 @@ def _token_terms_kernel(
 
     first = _row(G, offs_t, 0)
     last = _row(G, offs_t, T - 1)
-    # W = q e^G - QT (k e^G) = (qa - QT ka) e^R with qa = q e^{G-R}, ka = k e^{G-R}: q, k and G die here
-    # (e^R applied as two factors e^{R/2}: one alone would be subnormal, and inexact, from R < -87)
     if tl.max(first - last, axis=0) <= _SPAN_LIMIT:
         mid = 0.5 * (first + last)
+        ktil = k * tl.exp(mid[None, :] - G)
         ahead = tl.exp(G - mid[None, :])
-        ktil = k / ahead  # k e^{R - G}
-        ka = k * ahead
-        qa = q * ahead
-        M = _times_t(ka, ktil)
-        P = _times_t(qa, ktil)
-        half_back = tl.exp(0.5 * mid)
+        M = _times_t(k * ahead, ktil)
+        P = _times_t(q * ahead, ktil)
     else:
         M = tl.zeros([TS, TS], dtype=tl.float32)
         P = tl.zeros([TS, TS], dtype=tl.float32)
@@ -123,10 +118,6 @@ def _token_terms_kernel(
             decayed = _row(k, offs_t, j)[None, :] * tl.exp(tl.minimum(G - _row(G, offs_t, j)[None, :], 0.0))
             M = tl.where(offs_t[None, :] == j, tl.sum(k * decayed, axis=1)[:, None], M)
             P = tl.where(offs_t[None, :] == j, tl.sum(q * decayed, axis=1)[:, None], P)
-        decay = tl.exp(G)
-        ka = k * decay
-        qa = q * decay
-        half_back = tl.full([K], 1.0, dtype=tl.float32)
     M = tl.where(offs_t[:, None] > offs_t[None, :], M, 0.0)
     P = tl.where(offs_t[:, None] >= offs_t[None, :], P, 0.0)
 
@@ -138,7 +129,8 @@ def _token_terms_kernel(
         x_t = tl.where(offs_t == t, beta_t, 0.0) - tl.sum(_row(A, offs_t, t)[:, None] * X, axis=0)
         X = tl.where(offs_t[:, None] == t, x_t[None, :], X)
     QT = _times(P, X)
-    W = (qa - _times(QT, ka)) * half_back[None, :] * half_back[None, :]
+    decay = tl.exp(G)
+    W = q * decay - _times(QT, k * decay)
 
     rows = head * TP + offs_t
     tl.store(qt_ptr + rows[:, None] * TP + offs_t[None, :], QT, mask=in_t[:, None] & in_t[None, :])

@@ -12,15 +12,14 @@ depend on the keys and gates only, not on the value rows; the deltas ``u_j`` on 
 
 **A one-token step** (decode) splits the two: a *terms* launch, one program per row and head, walks
 the committed key/gate records newest first (the records past the commit are never read), forms
-``exp(G') k^`` and ``exp(G') q^`` in the pool's dtype, the record terms and ``k^ . q^`` into a small
-scratch, and writes the token's key/gate record at ``n``; a *step* launch, one program per row,
-head and ``BV``-row tile of the state, forms ``S_0 [exp(G') k^, exp(G') q^]`` on the tensor cores (the
-checkpoint tile the dot's left operand, ``BK`` columns a pass, copied into shared memory by the
-software pipeline: never widened in registers), adds ``sum_j u_j (w_j . x)`` from the deltas' ``[LP,
-BV]`` tile, stores the output and the token's delta record, and where the record fills the ring forms
-the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T`` (the records' sum a dot of their deltas and decayed
-keys, on the flush only) and stores it into the pool; else the pool is not written. The record work is
-done once a head, not once a V-tile.
+``exp(G') k^``, ``exp(G') q^``, the record terms and ``k^ . q^`` into a small scratch, and writes the
+token's key/gate record at ``n``; a *step* launch, one program per row, head
+and ``BV``-row tile of the state, as the in-place kernel's, streams the checkpoint tile, adds
+``sum_j u_j (w_j . x)`` from the deltas' ``[LP, BV]`` tile, stores the output and the token's delta
+record, and where the record fills the ring forms the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T``
+(a loop over the records in memory, on the flush only) and stores it into the pool; else the pool is
+not written. The record work is done once a head, not once a V-tile, and the step's programs are as
+small as the in-place kernel's.
 
 **A verify** (T > 1) is one fused launch: each program of a row, head and V-tile holds the records'
 tiles, then appends each token of the step to them as the record the next token reads (its delta
@@ -46,7 +45,6 @@ import triton.language as tl
 
 from ...inputs import DecodeInputs
 from ...reference import L2_EPS, SOFTPLUS_LINEAR_ABOVE
-from .gate import INTERPRETED
 
 _LINEAR_ABOVE = tl.constexpr(SOFTPLUS_LINEAR_ABOVE)  # a global a kernel reads must be a constexpr
 REPLAY_CONFIG_ENV = "KDA_TRITON_REPLAY_CONFIG"
@@ -88,7 +86,7 @@ def _committed_deltas(u_ptr, records, n, offs_l, offs_v, V: tl.constexpr):
 def _carried(S0, G, u_ptr, kg_ptr, records, count, dt_bias, A, offs_k, offs_v, K: tl.constexpr, V: tl.constexpr,
              L2_EPS: tl.constexpr):
     """``S_0 exp(G) + sum_{j<count} u_j (k^_j exp(G - G_j))^T`` over the first ``count`` records in memory:
-    the state they carry, decayed through ``G``, formed only for a flush first (one record a loop step)."""
+    the state they carry, decayed through ``G``, formed only for a flush (one record a loop step)."""
     E = S0 * tl.exp(G)[None, :]
     G_j = tl.zeros([K], dtype=tl.float32)
     for j in range(0, count):
@@ -97,31 +95,6 @@ def _carried(S0, G, u_ptr, kg_ptr, records, count, dt_bias, A, offs_k, offs_v, K
         w_j = _normalised(tl.load(kg_row + offs_k).to(tl.float32), L2_EPS) * tl.exp(G - G_j)
         E += tl.load(u_ptr + (records + j) * V + offs_v)[:, None] * w_j[None, :]
     return E
-
-
-@triton.jit
-def _flushed(tile, vec, u, u_ptr, kg_ptr, records, n, dt_bias_ptr, A, offs_v, K: tl.constexpr, V: tl.constexpr,
-             RD: tl.constexpr, FB: tl.constexpr, L2_EPS: tl.constexpr):
-    """Stores ``S_0 exp(G') + sum_{j<n} u_j (k^_j exp(G' - G_j))^T + u k^T`` over the tile, ``FB`` columns a
-    pass: the records' sum one ``tl.dot`` of their deltas ``[RD, BV]`` and decayed keys ``[RD, FB]`` (RD
-    the ring padded to the dot's 16; three tf32 products), each pass's loads in bulk, not a record at a
-    time, so a flushing program is not the step's straggler."""
-    offs_r = tl.arange(0, RD)
-    kept = offs_r[:, None] < n
-    U = _committed_deltas(u_ptr, records, n, offs_r, offs_v, V)
-    rows = kg_ptr + (records + offs_r)[:, None] * (2 * K)
-    keys = tl.load(rows + tl.arange(0, K)[None, :], mask=kept, other=0.0).to(tl.float32)
-    inv_norm = 1.0 / tl.sqrt(tl.sum(keys * keys, axis=1) + L2_EPS)
-    for k0 in range(0, K, FB):
-        offs_k = k0 + tl.arange(0, FB)
-        G = tl.load(vec + K + offs_k)
-        g = tl.load(rows + K + offs_k[None, :], mask=kept, other=0.0).to(tl.float32)
-        G_j = tl.cumsum(tl.where(kept, _log_decay(g, tl.load(dt_bias_ptr + offs_k)[None, :], A), 0.0), axis=0)
-        W = tl.load(rows + offs_k[None, :], mask=kept, other=0.0).to(tl.float32) * inv_norm[:, None] * \
-            tl.exp(G[None, :] - G_j)
-        E = tl.load(tile + offs_k[None, :]).to(tl.float32) * tl.exp(G)[None, :] + \
-            tl.dot(tl.trans(U), W, input_precision="tf32x3") + u[:, None] * tl.load(vec + offs_k)[None, :]
-        tl.store(tile + offs_k[None, :], E.to(tile.dtype.element_ty))
 
 
 @triton.jit
@@ -211,17 +184,15 @@ def _verify_kernel(
 @triton.jit
 def _token_terms_kernel(
     q_ptr, k_ptr, a_ptr, A_log_ptr, dt_bias_ptr, slots_ptr, accepted_ptr, kg_ptr, length_ptr, vec_ptr, coef_ptr,
-    ops_ptr, scale, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+    scale, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     L2_EPS: tl.constexpr,
 ):
-    """A one-token step's per-head terms: ``ops`` ``[B * HV, 4, K]`` holds ``exp(G') k^`` and ``exp(G') q^``,
-    the state product's right operand, in the pool's dtype (high parts, then remainders; a float32 pool's
-    two rows exact); ``vec`` ``[B * HV, 2, K]`` ``k^`` and ``G'`` (fp32, read by a flush only); ``coef``
-    ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and ``k^ . q^``. The records are
-    walked newest first, so that the decay from each to the token, ``G' - G_j``, is a running sum of the
-    gates after it: ``[K]`` vectors, each record's three reductions within the program, only the
-    committed records' work (an ``[LP, K]`` tile on 4 warps computes every padded row's gate: 3x this
-    launch's time on the H200). The token's key/gate record is written here, once a head."""
+    """A one-token step's per-head terms: ``vec`` ``[B * HV, 4, K]`` holds ``exp(G') k^``, ``exp(G') q^``,
+    ``k^`` and ``G'``; ``coef`` ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and
+    ``k^ . q^``. The records are walked newest first, so that the decay from each to the token,
+    ``G' - G_j``, is a running sum of the gates after it: ``[K]`` vectors, each record's three
+    reductions within the program (no ``[LP, K]`` tile, no scan across records). The token's key/gate
+    record is written here, once a head."""
     pid = tl.program_id(0)
     row = (pid // HV).to(tl.int64)
     hv = pid % HV
@@ -250,17 +221,11 @@ def _token_terms_kernel(
             tl.store(coef + LP + n - 1 - back, tl.sum(k_j * decayed * q, axis=0) * norm)
             G += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
         decay = tl.exp(G)  # G is now G': the records' decay and this token's
-        ops = ops_ptr + pid * (4 * K) + offs_k
-        high_k = (decay * k).to(ops_ptr.dtype.element_ty)
-        high_q = (decay * q).to(ops_ptr.dtype.element_ty)
-        tl.store(ops, high_k)
-        tl.store(ops + K, high_q)
-        if ops_ptr.dtype.element_ty != tl.float32:
-            tl.store(ops + 2 * K, (decay * k - high_k.to(tl.float32)).to(high_k.dtype))
-            tl.store(ops + 3 * K, (decay * q - high_q.to(tl.float32)).to(high_q.dtype))
-        vec = vec_ptr + pid * (2 * K) + offs_k
-        tl.store(vec, k)
-        tl.store(vec + K, G)
+        vec = vec_ptr + pid * (4 * K) + offs_k
+        tl.store(vec, decay * k)
+        tl.store(vec + K, decay * q)
+        tl.store(vec + 2 * K, k)
+        tl.store(vec + 3 * K, G)
         tl.store(coef + 2 * LP, tl.sum(k * q, axis=0))
         at = records + n
         tl.store(kg_ptr + at * 2 * K + offs_k, k_raw)
@@ -270,14 +235,11 @@ def _token_terms_kernel(
 @triton.jit
 def _token_step_kernel(
     v_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr, u_ptr, kg_ptr, length_ptr,
-    vec_ptr, coef_ptr, ops_ptr, slot_stride, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-    BK: tl.constexpr, STAGES: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr,
+    vec_ptr, coef_ptr, slot_stride, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr,
 ):
     """A one-token step's outputs and delta records from the checkpoint tile and the per-head terms; the
-    flush where the record fills the ring. ``S_0 [exp(G') k^, exp(G') q^]`` is one ``tl.dot`` a pass of
-    ``BK`` columns, the tile its left operand: the software pipeline copies it into shared memory
-    ``STAGES`` passes ahead and the tensor cores read it there, in the pool's dtype (a 16-bit pool's
-    right operand in two parts, four of the dot's 16 columns; fp32 by three tf32 products)."""
+    flush where the record fills the ring."""
     pid = tl.program_id(0)
     head = pid // (V // BV)  # row * HV + hv
     row = (head // HV).to(tl.int64)
@@ -288,42 +250,29 @@ def _token_step_kernel(
         tl.store(out_ptr + head * V + offs_v, tl.zeros([BV], dtype=tl.float32).to(out_ptr.dtype.element_ty))
     else:
         s = slot.to(tl.int64)
-        tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K
-        # the small reads first, so that their latency overlaps the tile's
+        offs_k = tl.arange(0, K)
+        tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
+        S0 = tl.load(tile).to(tl.float32)  # first: the step's one large read
         n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)
         n = tl.where(n + 1 > L, 0, n)
         records = (s * HV + hv) * L
         offs_l = tl.arange(0, LP)
         u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
+        vec = vec_ptr + head * (4 * K) + offs_k
         coef = coef_ptr + head * (2 * LP + 1)
         kept = offs_l < n  # the terms of records past the commit are never written
-        coef_k = tl.load(coef + offs_l, mask=kept, other=0.0)
-        coef_q = tl.load(coef + LP + offs_l, mask=kept, other=0.0)
-        beta = tl.sigmoid(tl.load(b_ptr + head).to(tl.float32))
-        vals = tl.load(v_ptr + head * V + offs_v).to(tl.float32)
-        offs_c = tl.arange(0, 16)  # the dot's minimum N: columns k, q (then their remainders), the rest zero
-        PARTS: tl.constexpr = 1 if state_ptr.dtype.element_ty == tl.float32 else 2
-        ops = ops_ptr + head * (4 * K) + offs_c[None, :] * K
-        acc = tl.zeros([BV, 16], dtype=tl.float32)
-        for k0 in tl.range(0, K, BK, num_stages=STAGES):
-            offs_k = k0 + tl.arange(0, BK)
-            S0 = tl.load(tile + offs_k[None, :])  # the step's one large read
-            x = tl.load(ops + offs_k[:, None], mask=offs_c[None, :] < 2 * PARTS, other=0.0)
-            if INTERPRETED:  # the interpreter's 16-bit dot multiplies the bits: the same products in fp32
-                S0, x = S0.to(tl.float32), x.to(tl.float32)
-            if PARTS == 1:
-                acc = tl.dot(S0, x, acc, input_precision="tf32x3")
-            else:
-                acc = tl.dot(S0, x, acc)
-        s0_k = tl.sum(tl.where(offs_c[None, :] % 2 == 0, acc, 0.0), axis=1)  # S_0 exp(G') k^
-        s0_q = tl.sum(tl.where(offs_c[None, :] % 2 == 1, acc, 0.0), axis=1)
-        u = beta * (vals - s0_k - tl.sum(u_j * coef_k[:, None], axis=0))  # sum_j u_j (w_j . k^)
-        o = s0_q + tl.sum(u_j * coef_q[:, None], axis=0) + u * tl.load(coef + 2 * LP)
+        acc_k = tl.sum(u_j * tl.load(coef + offs_l, mask=kept, other=0.0)[:, None], axis=0)  # sum_j u_j (w_j . k^)
+        acc_q = tl.sum(u_j * tl.load(coef + LP + offs_l, mask=kept, other=0.0)[:, None], axis=0)
+        u = tl.sigmoid(tl.load(b_ptr + head).to(tl.float32)) * (
+            tl.load(v_ptr + head * V + offs_v).to(tl.float32) - tl.sum(S0 * tl.load(vec)[None, :], axis=1) - acc_k)
+        o = tl.sum(S0 * tl.load(vec + K)[None, :], axis=1) + acc_q + u * tl.load(coef + 2 * LP)
         tl.store(out_ptr + head * V + offs_v, o.to(out_ptr.dtype.element_ty))
         tl.store(u_ptr + (records + n) * V + offs_v, u)
-        if n + 1 == L:  # the record fills the ring: the flush stores the new effective state
-            _flushed(tile, vec_ptr + head * (2 * K), u, u_ptr, kg_ptr, records, n, dt_bias_ptr + hv * K,
-                     tl.exp(tl.load(A_log_ptr + hv)), offs_v, K, V, max(LP, 16), 16, L2_EPS)
+        if n + 1 == L:  # the record fills the ring: the flush forms the new effective state's tile
+            dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
+            A = tl.exp(tl.load(A_log_ptr + hv))
+            E = _carried(S0, tl.load(vec + 3 * K), u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V, L2_EPS)
+            tl.store(tile, (E + u[:, None] * tl.load(vec + 2 * K)[None, :]).to(state_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -339,25 +288,25 @@ def _advance_lengths(slots_ptr, accepted_ptr, length_ptr, T: tl.constexpr, L: tl
         tl.store(length_ptr + slot, n)
 
 
-def replay_tile(K: int, V: int, T: int) -> dict[str, int]:
-    """``{BV, BK, stages, num_warps, terms_warps}`` of a ``T``-token step: the environment's
-    ``KDA_TRITON_REPLAY_CONFIG`` (e.g. ``"BV=32,num_warps=4"``) over the default of its form. A one-token
-    step's step programs: 64 rows of V, 64 columns of K a pass, 2 passes in flight, 4 warps (the state
-    product's tile, as frozen verify's); its terms programs one warp. A verify's fused programs: 64
-    rows and 2 warps, the fastest timed on the H200 (``results/h200/replay-verify-tiles/tiles.csv``;
-    ``BK``, ``stages`` and ``terms_warps`` are the one-token step's only)."""
-    tile = {"BV": min(V, 64), "BK": min(K, 64), "stages": 2, "num_warps": 4 if T == 1 else 2, "terms_warps": 1}
+def replay_tile(V: int, T: int) -> dict[str, int]:
+    """``{BV, num_warps, terms_warps}`` of a ``T``-token step: the environment's ``KDA_TRITON_REPLAY_CONFIG``
+    (e.g. ``"BV=32,num_warps=4"``) over the default of its form, each the fastest of the tiles timed on
+    the H200 at B = 256: a one-token step's step programs 16 rows and one warp, as the in-place
+    kernel's at these shapes, and its terms programs (``terms_warps``) one warp
+    (``results/h200/replay-tiles/tiles.csv``); a verify's fused programs 64 rows and 2 warps
+    (``results/h200/replay-verify-tiles/tiles.csv``)."""
+    tile = {"BV": min(V, 16), "num_warps": 1, "terms_warps": 1} if T == 1 else \
+        {"BV": min(V, 64), "num_warps": 2, "terms_warps": 1}
     text = os.environ.get(REPLAY_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
         if name not in tile or not value.isdigit():
-            raise ValueError(f"{REPLAY_CONFIG_ENV} items must be one of {', '.join(tile)} as name=<int>; got {item!r}")
+            raise ValueError(f"{REPLAY_CONFIG_ENV} items must be BV=, num_warps= or terms_warps=<int>; got {item!r}")
         tile[name] = int(value)
-    BV, BK = tile["BV"], tile["BK"]
-    if (min(BV, BK) < 16 or BV & (BV - 1) or BK & (BK - 1) or V % BV or K % BK or tile["stages"] < 1
-            or {tile["num_warps"], tile["terms_warps"]} - {1, 2, 4, 8, 16}):
-        raise ValueError(f"{REPLAY_CONFIG_ENV}: BV and BK must be powers of two >= 16 dividing V={V} and K={K}, "
-                         f"stages >= 1, num_warps and terms_warps one of 1/2/4/8/16; got {text!r}")
+    BV = tile["BV"]
+    if BV < 1 or BV & (BV - 1) or V % BV or not {tile["num_warps"], tile["terms_warps"]} <= {1, 2, 4, 8, 16}:
+        raise ValueError(f"{REPLAY_CONFIG_ENV}: BV must be a power of two dividing V={V} and num_warps and "
+                         f"terms_warps each one of 1/2/4/8/16; got {text!r}")
     return tile
 
 
@@ -365,7 +314,7 @@ def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
     """The zero-argument launch of a replay step: the flush-first kernel (where a commit or T > 1 can
     make one), the step (a one-token step's terms and step launches, or a verify's fused one), the lengths."""
     cache, T = inputs.cache, inputs.T
-    tile = replay_tile(inputs.K, inputs.V, T)
+    tile = replay_tile(inputs.V, T)
     BV, heads = tile["BV"], inputs.B * inputs.HV
     grid = (heads * (inputs.V // BV),)
     # None commits nothing; the zeros and the one-token step's scratch are allocated here, never in the launch
@@ -379,17 +328,16 @@ def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
                                     num_warps=tile["num_warps"])
     if T == 1:
         # NaN-filled once: a term read that no launch wrote would poison the output, not pass unseen
-        vec = torch.full((heads, 2, inputs.K), float("nan"), device=inputs.device)
+        vec = torch.full((heads, 4, inputs.K), float("nan"), device=inputs.device)
         coef = torch.full((heads, 2 * ring["LP"] + 1), float("nan"), device=inputs.device)
-        ops = torch.full((heads, 4, inputs.K), float("nan"), dtype=inputs.state.dtype, device=inputs.device)
         terms = functools.partial(
             _token_terms_kernel[(heads,)], inputs.q, inputs.k, inputs.a, inputs.A_log, inputs.dt_bias, inputs.slots,
-            accepted, cache.kg, cache.length, vec, coef, ops, inputs.effective_scale, **shape,
-            GROUP=inputs.HV // inputs.H, **ring, num_warps=tile["terms_warps"])
+            accepted, cache.kg, cache.length, vec, coef, inputs.effective_scale, **shape, GROUP=inputs.HV // inputs.H,
+            **ring, num_warps=tile["terms_warps"])
         token = functools.partial(
             _token_step_kernel[grid], inputs.v, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots,
-            accepted, out, cache.u, cache.kg, cache.length, vec, coef, ops, inputs.slot_stride, **shape, V=inputs.V,
-            BV=BV, BK=tile["BK"], STAGES=tile["stages"], **ring, num_warps=tile["num_warps"])
+            accepted, out, cache.u, cache.kg, cache.length, vec, coef, inputs.slot_stride, **shape, V=inputs.V, BV=BV,
+            **ring, num_warps=tile["num_warps"])
 
         def step():
             terms()
