@@ -136,19 +136,20 @@ def test_the_frozen_form_by_shape(monkeypatch):
     from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV, RECURRENCE_HEADS, frozen_tile
 
     bf16, fp32 = torch.bfloat16, torch.float32
-    pipeline = {"BK": 32, "stages": 2, "num_warps": 4}
+    pipeline = {"BK": 64, "stages": 2, "num_warps": 4}
     assert frozen_tile(bf16, 32, 128, 128, RECURRENCE_HEADS // 32, 2) is None
-    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 128, **pipeline}
-    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 128, **pipeline}
-    assert frozen_tile(fp32, 32, 128, 128, 256, 16) == {"BV": 64, **pipeline}
+    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, **pipeline, "terms_warps": 1}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, **pipeline, "terms_warps": 1}
+    assert frozen_tile(fp32, 32, 128, 128, 256, 16) == {"BV": 32, **pipeline, "terms_warps": 4}
     assert frozen_tile(bf16, 2, 16, 16, 256, 4)["BK"] == 16  # a pass is at most the head's K
     assert frozen_tile(bf16, 32, 128, 128, 256, 17) is None and frozen_tile(bf16, 2, 16, 8, 256, 4) is None
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=64,BK=64,stages=3,num_warps=8")  # the fields it names; the form
-    assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 64, "BK": 64, "stages": 3, "num_warps": 8}
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,BK=32,stages=3,num_warps=8")  # the fields it names; the form
+    assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 128, "BK": 32, "stages": 3, "num_warps": 8,
+                                                     "terms_warps": 1}
     assert frozen_tile(bf16, 32, 128, 128, 1, 1) is None  # ... stays the rule's
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=64,recurrence=0")
-    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 64, **pipeline}
-    for text in ("BV=8", "BV=48", "BK=8", "BK=256", "stages=0", "num_warps=3", "terms_warps=1", "tile=2", "BV=x"):
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,recurrence=0")
+    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, **pipeline, "terms_warps": 1}
+    for text in ("BV=8", "BV=48", "BK=8", "BK=256", "stages=0", "num_warps=3", "terms_warps=3", "tile=2", "BV=x"):
         monkeypatch.setenv(FROZEN_CONFIG_ENV, text)
         with pytest.raises(ValueError, match=FROZEN_CONFIG_ENV):
             frozen_tile(bf16, 32, 128, 128, 256, 4)
@@ -335,8 +336,7 @@ meta = dict(HV=4, GROUP=2, K=64, V=64, BV=32, LOAD_HINT="evict_first", STORE_HIN
             SOFTPLUS_LINEAR_ABOVE=20.0, FAST_GATE=0)
 stores = {flag: len(re.findall(r"st\\.global", ptx(multitoken._kda_multitoken_kernel, ints, meta | dict(STORES=flag))))
           for flag in (1, 0)}
-product = ptx(frozen._frozen_step_kernel, ints | dict(v_ptr="*bf16", a_ptr="*bf16", b_ptr="*bf16"),
-              dict(HV=4, GROUP=2, K=64, V=64, BV=64, BK=32, TS=4, TP=16, STAGES=2, L2_EPS=1e-6))
+product = ptx(frozen._state_product_kernel, ints, dict(HV=4, K=64, V=64, BV=64, BK=32, TP=16, STAGES=2))
 print(json.dumps(dict(stores=stores, product_mma=len(re.findall(r"wgmma\\.mma_async|mma\\.sync", product)),
                       product_copies=len(re.findall(r"cp\\.async\\.c", product)))))
 """
@@ -345,8 +345,8 @@ print(json.dumps(dict(stores=stores, product_mma=len(re.findall(r"wgmma\\.mma_as
 def test_the_frozen_kernels_compiled_for_sm90():
     """Compiled for the H200 (Triton's own ptxas, no GPU needed): with STORES=0 the multi-token
     kernel's PTX keeps one global store (the output tile) of the in-place kernel's many; the closed
-    form copies its start tiles into shared memory asynchronously (the software pipeline) and multiplies
-    on the tensor cores (that it stores no state: verify, above)."""
+    form's state product copies its tile into shared memory asynchronously (the software pipeline) and
+    multiplies on the tensor cores (that it stores no state: verify, above)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
                           timeout=300)

@@ -103,7 +103,7 @@ def launches(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig) -> lis
     A T = 1 step, in either spelling, launches the one-token kernel (its persistent form where
     ``config.programs_per_sm`` > 0: that many programs per SM, at most one per tile); T > 1 the
     multi-token one, with num_accepted (all ones allocated here where None); frozen verify the closed
-    form's one launch where :func:`.frozen.frozen_tile` picks it, else the multi-token kernel
+    form's two launches where :func:`.frozen.frozen_tile` picks it, else the multi-token kernel
     without its stores.
     """
     if not inputs.update_state:
