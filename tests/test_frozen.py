@@ -138,17 +138,17 @@ def test_the_frozen_form_by_shape(monkeypatch):
     bf16, fp32 = torch.bfloat16, torch.float32
     pipeline = {"BK": 64, "stages": 2, "num_warps": 4}
     assert frozen_tile(bf16, 32, 128, 128, RECURRENCE_HEADS // 32, 2) is None
-    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, **pipeline, "terms_warps": 4}
-    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, **pipeline, "terms_warps": 4}
+    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, **pipeline, "terms_warps": 1}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, **pipeline, "terms_warps": 1}
     assert frozen_tile(fp32, 32, 128, 128, 256, 16) == {"BV": 32, **pipeline, "terms_warps": 4}
     assert frozen_tile(bf16, 2, 16, 16, 256, 4)["BK"] == 16  # a pass is at most the head's K
     assert frozen_tile(bf16, 32, 128, 128, 256, 17) is None and frozen_tile(bf16, 2, 16, 8, 256, 4) is None
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,BK=32,stages=3,num_warps=8")  # the fields it names; the form
     assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 128, "BK": 32, "stages": 3, "num_warps": 8,
-                                                     "terms_warps": 4}
+                                                     "terms_warps": 1}
     assert frozen_tile(bf16, 32, 128, 128, 1, 1) is None  # ... stays the rule's
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,recurrence=0")
-    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, **pipeline, "terms_warps": 4}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, **pipeline, "terms_warps": 1}
     for text in ("BV=8", "BV=48", "BK=8", "BK=256", "stages=0", "num_warps=3", "terms_warps=3", "tile=2", "BV=x"):
         monkeypatch.setenv(FROZEN_CONFIG_ENV, text)
         with pytest.raises(ValueError, match=FROZEN_CONFIG_ENV):
