@@ -55,6 +55,7 @@ CASES = {
     "bf16-B256-copy": ("triton", "bfloat16", 32, 128, 256, 1, "copy"),
     "bf16-B256-T4-frozen": ("triton", "bfloat16", 32, 128, 256, 4, "frozen"),
     "bf16-B256-T4-frozen-recurrence": ("triton", "bfloat16", 32, 128, 256, 4, "frozen:recurrence=1"),
+    "bf16-B256-T8-frozen": ("triton", "bfloat16", 32, 128, 256, 8, "frozen"),
     "bf16-B256-T8-frozen-terms1": ("triton", "bfloat16", 32, 128, 256, 8, "frozen:terms_warps=1"),
     "bf16-B256-replay": ("triton", "bfloat16", 32, 128, 256, 1, "replay"),
     "fp32-B256-replay": ("triton", "float32", 32, 128, 256, 1, "replay"),
