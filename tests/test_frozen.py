@@ -130,43 +130,25 @@ def test_triton_frozen_closed_form_at_any_T(T, state_dtype, monkeypatch):
     assert verdict.ok, verdict
 
 
-@pytest.mark.interpreter
-@pytest.mark.parametrize("programs_per_sm", [1, 3])
-def test_triton_frozen_persistent_product_is_the_one_program_a_unit_product(programs_per_sm, monkeypatch):
-    """Programs walking several units (one program, or three over 2 * 4 * 2 = 16 units: an uneven walk)
-    output bit for bit what one program a unit outputs: each unit's dots run in the same order, and no
-    unit's accumulator leaks into the next. On the CPU a device has one multiprocessor."""
-    from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV
-
-    x = make_inputs(2, 2, 4, 32, 32, T=3, update_state=False, slot_pad=16, pad_rows=1, seed=15)
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=16,BK=16")
-    want = get("triton").decode(x.clone(), poisoned(x))
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, f"BV=16,BK=16,programs_per_sm={programs_per_sm}")
-    got = get("triton").decode(x.clone(), poisoned(x))
-    assert torch.equal(bits(got), bits(want))
-    verdict = verify(get("triton"), x)
-    assert verdict.ok, verdict
-
-
 def test_the_frozen_form_by_shape(monkeypatch):
     """The closed form from three tokens, and at two or fewer above RECURRENCE_HEADS (row, head) pairs;
     the recurrence past 16 tokens and under 16-wide heads; the environment's tile, checked."""
     from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV, RECURRENCE_HEADS, frozen_tile
 
     bf16, fp32 = torch.bfloat16, torch.float32
-    pipeline = {"BK": 64, "stages": 2, "num_warps": 4, "programs_per_sm": 0}
+    pipeline = {"BK": 64, "stages": 2, "num_warps": 4}
     assert frozen_tile(bf16, 32, 128, 128, RECURRENCE_HEADS // 32, 2) is None
-    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, **pipeline, "terms_warps": 4}
-    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, **pipeline, "terms_warps": 4}
+    assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, **pipeline, "terms_warps": 1}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, **pipeline, "terms_warps": 1}
     assert frozen_tile(fp32, 32, 128, 128, 256, 16) == {"BV": 32, **pipeline, "terms_warps": 4}
     assert frozen_tile(bf16, 2, 16, 16, 256, 4)["BK"] == 16  # a pass is at most the head's K
     assert frozen_tile(bf16, 32, 128, 128, 256, 17) is None and frozen_tile(bf16, 2, 16, 8, 256, 4) is None
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,BK=32,stages=3,num_warps=8")  # the fields it names; the form
     assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 128, "BK": 32, "stages": 3, "num_warps": 8,
-                                                     "terms_warps": 4, "programs_per_sm": 0}
+                                                     "terms_warps": 1}
     assert frozen_tile(bf16, 32, 128, 128, 1, 1) is None  # ... stays the rule's
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,recurrence=0")
-    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, **pipeline, "terms_warps": 4}
+    assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, **pipeline, "terms_warps": 1}
     for text in ("BV=8", "BV=48", "BK=8", "BK=256", "stages=0", "num_warps=3", "terms_warps=3", "tile=2", "BV=x"):
         monkeypatch.setenv(FROZEN_CONFIG_ENV, text)
         with pytest.raises(ValueError, match=FROZEN_CONFIG_ENV):

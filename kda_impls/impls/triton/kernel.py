@@ -109,7 +109,7 @@ def launches(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig) -> lis
     if not inputs.update_state:
         tile = frozen_tile(inputs.state.dtype, inputs.HV, inputs.K, inputs.V, inputs.B, inputs.T)
         if tile is not None:
-            return frozen_launches(inputs, out, tile, multiprocessors(inputs.device))
+            return frozen_launches(inputs, out, tile)
     grid = (inputs.B * inputs.HV * (inputs.V // config.BV),)  # one program per tile
     one_token = inputs.T == 1 and inputs.update_state  # the one-token kernels always store
     pool = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots)
