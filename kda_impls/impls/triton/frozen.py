@@ -197,7 +197,8 @@ def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: in
     launch is the faster (results/h100-80gb-hbm3/frozen-closed-form/summary.md). The bf16 product tile (64
     rows, 64 columns a pass, 2 in flight) is the fastest of the four at every point the closed form runs in
     results/h100-80gb-hbm3/frozen-product-tiles/tiles.csv; one terms warp up to 8 tokens: faster than two
-    at every point timed at T = 4 and 8 (results/h100-80gb-hbm3/frozen-tiles/tiles.csv).
+    at every point timed at T = 4 and 8 (results/h100-80gb-hbm3/frozen-tiles/tiles.csv), and than four
+    warps on the tensor cores (results/h100-80gb-hbm3/frozen-stacked-terms).
     ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,BK=32,stages=3"``, ``"terms_warps=1"``, ``"recurrence=1"``,
     ``"recurrence=0"``) replaces the fields it names for every shape."""
     if T > TOKEN_ROWS or min(K, V) < 16:
