@@ -130,29 +130,13 @@ def test_triton_frozen_closed_form_at_any_T(T, state_dtype, monkeypatch):
     assert verdict.ok, verdict
 
 
-@pytest.mark.interpreter
-def test_triton_frozen_in_chunks_is_the_step_in_one(monkeypatch):
-    """Three chunks of heads over 2 * 4 = 8 (an uneven split: 3, 3, 2), each chunk's terms and product
-    launched for its heads only, output bit for bit what one chunk outputs, and pass verify."""
-    from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV
-
-    x = make_inputs(2, 2, 4, 32, 32, T=3, update_state=False, slot_pad=16, pad_rows=1, seed=15)
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=16,BK=16")
-    want = get("triton").decode(x.clone(), poisoned(x))
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=16,BK=16,chunks=3")
-    got = get("triton").decode(x.clone(), poisoned(x))
-    assert torch.equal(bits(got), bits(want))
-    verdict = verify(get("triton"), x)
-    assert verdict.ok, verdict
-
-
 def test_the_frozen_form_by_shape(monkeypatch):
     """The closed form from three tokens, and at two or fewer above RECURRENCE_HEADS (row, head) pairs;
     the recurrence past 16 tokens and under 16-wide heads; the environment's tile, checked."""
     from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV, RECURRENCE_HEADS, frozen_tile
 
     bf16, fp32 = torch.bfloat16, torch.float32
-    pipeline = {"BK": 64, "stages": 2, "num_warps": 4, "chunks": 1}
+    pipeline = {"BK": 64, "stages": 2, "num_warps": 4}
     assert frozen_tile(bf16, 32, 128, 128, RECURRENCE_HEADS // 32, 2) is None
     assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, **pipeline, "terms_warps": 1}
     assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, **pipeline, "terms_warps": 1}
@@ -161,12 +145,11 @@ def test_the_frozen_form_by_shape(monkeypatch):
     assert frozen_tile(bf16, 32, 128, 128, 256, 17) is None and frozen_tile(bf16, 2, 16, 8, 256, 4) is None
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,BK=32,stages=3,num_warps=8")  # the fields it names; the form
     assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 128, "BK": 32, "stages": 3, "num_warps": 8,
-                                                     "terms_warps": 1, "chunks": 1}
+                                                     "terms_warps": 1}
     assert frozen_tile(bf16, 32, 128, 128, 1, 1) is None  # ... stays the rule's
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,recurrence=0")
     assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, **pipeline, "terms_warps": 1}
-    for text in ("BV=8", "BV=48", "BK=8", "BK=256", "stages=0", "num_warps=3", "terms_warps=3", "chunks=0", "tile=2",
-                 "BV=x"):
+    for text in ("BV=8", "BV=48", "BK=8", "BK=256", "stages=0", "num_warps=3", "terms_warps=3", "tile=2", "BV=x"):
         monkeypatch.setenv(FROZEN_CONFIG_ENV, text)
         with pytest.raises(ValueError, match=FROZEN_CONFIG_ENV):
             frozen_tile(bf16, 32, 128, 128, 256, 4)
@@ -328,19 +311,10 @@ def test_frozen_verify_on_gpu(name, T, state_dtype):
 
 
 @gpu
-@pytest.mark.parametrize("chunks", [1, 4])
-def test_triton_frozen_graph_replay_and_no_allocation(chunks, monkeypatch):
-    """In one stream, and in four chunks whose terms run on a side stream: a graph replays the eager step,
-    and a launch allocates nothing; the chunks output bit for bit what one chunk does."""
-    from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV
-
+def test_triton_frozen_graph_replay_and_no_allocation():
     x = make_inputs(64, 32, 32, 128, 128, T=4, update_state=False, slot_pad=16, pad_rows=8, device="cuda", seed=32)
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, f"chunks={chunks}")
     assert_graph_replay_takes_eager_step("triton", x)
     assert_launch_allocates_nothing("triton", x)
-    got = get("triton").decode(x.clone(), poisoned(x))
-    monkeypatch.setenv(FROZEN_CONFIG_ENV, "chunks=1")
-    assert torch.equal(bits(got), bits(get("triton").decode(x.clone(), poisoned(x))))
 
 
 COMPILE_FOR_SM90 = """
@@ -357,7 +331,7 @@ def ptx(fn, types, meta):
     source = ASTSource(fn, signature=sig, constexprs=constants, attrs=aligned)  # as a launch specializes them
     return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
 ints = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accepted_ptr="*i32", qt_ptr="*fp32",
-            slot_stride="i32", scale="fp32", T="i32", head0="i32", heads="i32")
+            slot_stride="i32", scale="fp32", T="i32", heads="i32")
 meta = dict(HV=4, GROUP=2, K=64, V=64, BV=32, LOAD_HINT="evict_first", STORE_HINT="", L2_EPS=1e-6,
             SOFTPLUS_LINEAR_ABOVE=20.0, FAST_GATE=0)
 stores = {flag: len(re.findall(r"st\\.global", ptx(multitoken._kda_multitoken_kernel, ints, meta | dict(STORES=flag))))

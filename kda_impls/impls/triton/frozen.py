@@ -77,15 +77,14 @@ def _times(a, b):
 
 @triton.jit
 def _token_terms_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_ptr, qt_ptr, scale, T, head0, heads,
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_ptr, qt_ptr, scale, T,
     HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, TS: tl.constexpr, TP: tl.constexpr,
     L2_EPS: tl.constexpr,
 ):
     """Per row and value head (one warp for every four tokens): ``W`` (``[TP, K]``, rows past T untouched)
     as two parts in ``w_ptr``'s dtype (high part, then remainder; one fp32 part for an fp32 pool) and
-    ``QT`` (``[TP, TP]`` fp32); ``TS``: T padded to a power of two. Program i takes head ``head0 + i``
-    of the step's ``heads``."""
-    head = head0 + tl.program_id(0).to(tl.int64)  # row * HV + hv
+    ``QT`` (``[TP, TP]`` fp32); ``TS``: T padded to a power of two."""
+    head = tl.program_id(0).to(tl.int64)  # row * HV + hv
     row = head // HV
     hv = head % HV
     offs_k = tl.arange(0, K)
@@ -139,22 +138,22 @@ def _token_terms_kernel(
     high = W.to(w_ptr.dtype.element_ty)
     tl.store(part, high, mask=in_tk)
     if w_ptr.dtype.element_ty != tl.float32:
-        tl.store(part + heads.to(tl.int64) * TP * K, (W - high.to(tl.float32)).to(high.dtype), mask=in_tk)
+        tl.store(part + tl.num_programs(0).to(tl.int64) * TP * K, (W - high.to(tl.float32)).to(high.dtype),
+                 mask=in_tk)
 
 
 @triton.jit
 def _state_product_kernel(
-    v_ptr, state_ptr, slots_ptr, w_ptr, qt_ptr, out_ptr, slot_stride, T, head0, heads,
+    v_ptr, state_ptr, slots_ptr, w_ptr, qt_ptr, out_ptr, slot_stride, T, heads,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
     STAGES: tl.constexpr,
 ):
     """Per row, value head and ``BV`` rows of V: ``O^T = S0 W^T + V^T QT^T`` from one read of the start
     tile, ``BK`` columns a pass. The tile is the dot's left operand (``[BV, BK]``, ``BV`` its M rows), so
     the software pipeline copies it from memory into shared memory ``STAGES`` passes ahead and the tensor
-    cores read it there: it never passes through registers, and bytes stay in flight during the dots.
-    Program i takes the ``i``-th tile from head ``head0``'s first on."""
+    cores read it there: it never passes through registers, and bytes stay in flight during the dots."""
     V_TILES: tl.constexpr = V // BV
-    pid = head0 * V_TILES + tl.program_id(0)
+    pid = tl.program_id(0)
     head = (pid // V_TILES).to(tl.int64)  # row * HV + hv; int64: row * HV * V overflows int32
     row = head // HV
     hv = head % HV
@@ -207,7 +206,6 @@ def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: in
     # 16 KiB of a 16-bit tile; 16 KiB of fp32 (its three tf32 products hold more registers)
     tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "BK": min(K, 64), "stages": 2, "num_warps": 4,
             "terms_warps": 1 if T <= 8 else 4,  # more warps split the column passes' sums across warps
-            "chunks": 1,
             "recurrence": int(T <= 2 and B * HV <= RECURRENCE_HEADS)}
     text = os.environ.get(FROZEN_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -217,62 +215,27 @@ def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: in
         tile[name] = int(value)
     BV, BK = tile["BV"], tile["BK"]
     if (min(BV, BK) < 16 or BV & (BV - 1) or BK & (BK - 1) or V % BV or K % BK or tile["stages"] < 1
-            or {tile["num_warps"], tile["terms_warps"]} - {1, 2, 4, 8, 16} or tile["chunks"] < 1):
+            or {tile["num_warps"], tile["terms_warps"]} - {1, 2, 4, 8, 16}):
         raise ValueError(f"{FROZEN_CONFIG_ENV}: BV and BK must be powers of two >= 16 dividing V={V} and K={K}, "
-                         f"stages >= 1, num_warps and terms_warps one of 1/2/4/8/16, chunks >= 1; got {text!r}")
+                         f"stages >= 1, num_warps and terms_warps one of 1/2/4/8/16; got {text!r}")
     return None if tile.pop("recurrence") else tile
 
 
 def frozen_launches(inputs, out, tile: dict) -> list:
-    """The launches of a closed-form frozen step, each ``(kernel, grid, args, meta)``: the token terms of
-    each of ``tile["chunks"]`` runs of heads, then the state product of each, so that run in order they
-    are the step; :func:`frozen_launcher` runs each chunk's product beside the next chunk's terms. The
-    scratch they share is allocated here (bind time)."""
+    """The two launches of a closed-form frozen step, each ``(kernel, grid, args, meta)``; the scratch
+    they share is allocated here (bind time)."""
     heads = inputs.B * inputs.HV
     parts = 1 if inputs.state.dtype == torch.float32 else 2
     w = torch.empty(parts * heads * TOKEN_ROWS * inputs.K, dtype=inputs.state.dtype, device=inputs.device)
     qt = torch.empty(heads * TOKEN_ROWS * TOKEN_ROWS, dtype=torch.float32, device=inputs.device)
     group = inputs.HV // inputs.H
-    step = triton.cdiv(heads, min(tile["chunks"], heads))
-    chunks = [(head0, min(step, heads - head0)) for head0 in range(0, heads, step)]
-    terms = [(_token_terms_kernel, (n,),
-              (inputs.q, inputs.k, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, w, qt, inputs.effective_scale,
-               inputs.T, head0, heads),
-              dict(HV=inputs.HV, GROUP=group, K=inputs.K, TS=triton.next_power_of_2(inputs.T), TP=TOKEN_ROWS,
-                   L2_EPS=L2_EPS, num_warps=tile["terms_warps"])) for head0, n in chunks]
-    products = [(_state_product_kernel, (n * (inputs.V // tile["BV"]),),
-                 (inputs.v, inputs.state, inputs.slots, w, qt, out, inputs.slot_stride, inputs.T, head0, heads),
-                 dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=tile["BV"], BK=tile["BK"], TP=TOKEN_ROWS,
-                      STAGES=tile["stages"], num_warps=tile["num_warps"])) for head0, n in chunks]
-    return terms + products
-
-
-def frozen_launcher(bound: list, out: torch.Tensor, device: torch.device):
-    """The zero-argument launch of :func:`frozen_launches`' launches (``bound``: ``(kernel[grid], args,
-    meta)``, the chunks' terms then their products). On a GPU with more than one chunk the terms run in
-    order on a side stream, and each chunk's product waits for its own terms only: the terms launch is
-    bound by its instructions and the product by DRAM, so the two share the SMs. The side stream and its
-    events are made here (bind time); the launch forks from and joins back to the current stream, as CUDA
-    graph capture needs."""
-    chunks = len(bound) // 2
-    if device.type != "cuda" or chunks == 1:
-        def in_order() -> torch.Tensor:
-            for kernel, args, meta in bound:
-                kernel(*args, **meta)
-            return out
-        return in_order
-    side = torch.cuda.Stream(device)
-    done = [torch.cuda.Event() for _ in range(chunks)]
-
-    def overlapped() -> torch.Tensor:
-        main = torch.cuda.current_stream(device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            for (kernel, args, meta), event in zip(bound[:chunks], done, strict=True):
-                kernel(*args, **meta)
-                event.record(side)
-        for (kernel, args, meta), event in zip(bound[chunks:], done, strict=True):
-            main.wait_event(event)
-            kernel(*args, **meta)
-        return out
-    return overlapped
+    terms = (_token_terms_kernel, (heads,),
+             (inputs.q, inputs.k, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, w, qt, inputs.effective_scale,
+              inputs.T),
+             dict(HV=inputs.HV, GROUP=group, K=inputs.K, TS=triton.next_power_of_2(inputs.T), TP=TOKEN_ROWS,
+                  L2_EPS=L2_EPS, num_warps=tile["terms_warps"]))
+    product = (_state_product_kernel, (heads * (inputs.V // tile["BV"]),),
+               (inputs.v, inputs.state, inputs.slots, w, qt, out, inputs.slot_stride, inputs.T, heads),
+               dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=tile["BV"], BK=tile["BK"], TP=TOKEN_ROWS,
+                    STAGES=tile["stages"], num_warps=tile["num_warps"]))
+    return [terms, product]

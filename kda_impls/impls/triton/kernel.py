@@ -18,8 +18,7 @@ import triton
 from ...contract import Capabilities, Implementation
 from ...inputs import DecodeInputs
 from ...reference import L2_EPS, SOFTPLUS_LINEAR_ABOVE
-from .frozen import _token_terms_kernel as _frozen_terms_kernel
-from .frozen import frozen_launcher, frozen_launches, frozen_tile
+from .frozen import frozen_launches, frozen_tile
 from .gate import EVICTION_POLICY, INTERPRETED
 from .inplace import _kda_decode_kernel, _kda_decode_persistent_kernel
 from .multitoken import _kda_multitoken_kernel
@@ -89,8 +88,6 @@ class TritonKDA(Implementation):
         if inputs.device.type == "cuda":
             compile_launches(inputs, calls)
         bound = [(kernel[grid], args, meta) for kernel, grid, args, meta in calls]
-        if calls[0][0] is _frozen_terms_kernel:  # frozen verify's closed form: its chunks overlap
-            return frozen_launcher(bound, out, inputs.device)
 
         def launch() -> torch.Tensor:
             for kernel, args, meta in bound:
