@@ -130,13 +130,29 @@ def test_triton_frozen_closed_form_at_any_T(T, state_dtype, monkeypatch):
     assert verdict.ok, verdict
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("tile", ["terms_rows=16", "w_parts=1"])
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_triton_frozen_tile_forms(tile, state_dtype, monkeypatch):
+    """The terms on the tensor cores (tokens padded to 16) and W rounded once to the pool's dtype:
+    within tolerance on repeated and -1 slots, GVA and a padded pool, at 3 and 8 tokens."""
+    from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV
+
+    monkeypatch.setenv(FROZEN_CONFIG_ENV, f"recurrence=0,BV=16,BK=16,{tile}")
+    for T in (3, 8):
+        x = make_inputs(4, 2, 4, 32, 16, T=T, update_state=False, state_dtype=state_dtype, slot_pad=16, seed=15)
+        x.slots = torch.tensor([3, 3, -1, 1], dtype=torch.int32)
+        verdict = verify(get("triton"), x)
+        assert verdict.ok, f"T={T}: {verdict}"
+
+
 def test_the_frozen_form_by_shape(monkeypatch):
     """The closed form from three tokens, and at two or fewer above RECURRENCE_HEADS (row, head) pairs;
     the recurrence past 16 tokens and under 16-wide heads; the environment's tile, checked."""
     from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV, RECURRENCE_HEADS, frozen_tile
 
     bf16, fp32 = torch.bfloat16, torch.float32
-    pipeline = {"BK": 64, "stages": 2, "num_warps": 4}
+    pipeline = {"BK": 64, "stages": 2, "num_warps": 4, "terms_rows": 0, "w_parts": 2}
     assert frozen_tile(bf16, 32, 128, 128, RECURRENCE_HEADS // 32, 2) is None
     assert frozen_tile(bf16, 32, 128, 128, 2 * RECURRENCE_HEADS // 32, 2) == {"BV": 64, **pipeline, "terms_warps": 1}
     assert frozen_tile(bf16, 32, 128, 128, 1, 3) == {"BV": 64, **pipeline, "terms_warps": 1}
@@ -145,11 +161,12 @@ def test_the_frozen_form_by_shape(monkeypatch):
     assert frozen_tile(bf16, 32, 128, 128, 256, 17) is None and frozen_tile(bf16, 2, 16, 8, 256, 4) is None
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,BK=32,stages=3,num_warps=8")  # the fields it names; the form
     assert frozen_tile(bf16, 32, 128, 128, 1, 4) == {"BV": 128, "BK": 32, "stages": 3, "num_warps": 8,
-                                                     "terms_warps": 1}
+                                                     "terms_warps": 1, "terms_rows": 0, "w_parts": 2}
     assert frozen_tile(bf16, 32, 128, 128, 1, 1) is None  # ... stays the rule's
     monkeypatch.setenv(FROZEN_CONFIG_ENV, "BV=128,recurrence=0")
     assert frozen_tile(bf16, 32, 128, 128, 1, 1) == {"BV": 128, **pipeline, "terms_warps": 1}
-    for text in ("BV=8", "BV=48", "BK=8", "BK=256", "stages=0", "num_warps=3", "terms_warps=3", "tile=2", "BV=x"):
+    for text in ("BV=8", "BV=48", "BK=8", "BK=256", "stages=0", "num_warps=3", "terms_warps=3", "tile=2", "BV=x",
+                 "terms_rows=8", "w_parts=3"):
         monkeypatch.setenv(FROZEN_CONFIG_ENV, text)
         with pytest.raises(ValueError, match=FROZEN_CONFIG_ENV):
             frozen_tile(bf16, 32, 128, 128, 256, 4)

@@ -79,11 +79,11 @@ def _times(a, b):
 def _token_terms_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, w_ptr, qt_ptr, scale, T,
     HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, TS: tl.constexpr, TP: tl.constexpr,
-    L2_EPS: tl.constexpr,
+    L2_EPS: tl.constexpr, W_PARTS: tl.constexpr,
 ):
     """Per row and value head (one warp for every four tokens): ``W`` (``[TP, K]``, rows past T untouched)
-    as two parts in ``w_ptr``'s dtype (high part, then remainder; one fp32 part for an fp32 pool) and
-    ``QT`` (``[TP, TP]`` fp32); ``TS``: T padded to a power of two."""
+    in ``w_ptr``'s dtype, ``W_PARTS`` parts (high part, then remainder; one part for an fp32 pool) and
+    ``QT`` (``[TP, TP]`` fp32); ``TS``: T padded to a power of two, or to 16 for the tensor cores."""
     head = tl.program_id(0).to(tl.int64)  # row * HV + hv
     row = head // HV
     hv = head % HV
@@ -137,7 +137,7 @@ def _token_terms_kernel(
     part = w_ptr + rows[:, None] * K + offs_k[None, :]
     high = W.to(w_ptr.dtype.element_ty)
     tl.store(part, high, mask=in_tk)
-    if w_ptr.dtype.element_ty != tl.float32:
+    if W_PARTS == 2:
         tl.store(part + tl.num_programs(0).to(tl.int64) * TP * K, (W - high.to(tl.float32)).to(high.dtype),
                  mask=in_tk)
 
@@ -146,7 +146,7 @@ def _token_terms_kernel(
 def _state_product_kernel(
     v_ptr, state_ptr, slots_ptr, w_ptr, qt_ptr, out_ptr, slot_stride, T, heads,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, W_PARTS: tl.constexpr,
 ):
     """Per row, value head and ``BV`` rows of V: ``O^T = S0 W^T + V^T QT^T`` from one read of the start
     tile, ``BK`` columns a pass. The tile is the dot's left operand (``[BV, BK]``, ``BV`` its M rows), so
@@ -175,6 +175,8 @@ def _state_product_kernel(
             S0, high = S0.to(tl.float32), high.to(tl.float32)
         if state_ptr.dtype.element_ty == tl.float32:
             acc = tl.dot(S0, high, acc, input_precision="tf32x3")
+        elif W_PARTS == 1:
+            acc = tl.dot(S0, high, acc)
         else:
             low = tl.load(part + heads * TP * K, mask=in_kt, other=0.0)
             if INTERPRETED:
@@ -206,6 +208,8 @@ def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: in
     # 16 KiB of a 16-bit tile; 16 KiB of fp32 (its three tf32 products hold more registers)
     tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "BK": min(K, 64), "stages": 2, "num_warps": 4,
             "terms_warps": 1 if T <= 8 else 4,  # more warps split the column passes' sums across warps
+            "terms_rows": 0,  # 0: T padded to a power of two (CUDA cores up to 8); 16: to the dot's 16 rows
+            "w_parts": 2,  # a 16-bit pool's W as a high part and its remainder (2) or rounded once (1)
             "recurrence": int(T <= 2 and B * HV <= RECURRENCE_HEADS)}
     text = os.environ.get(FROZEN_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -215,9 +219,11 @@ def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: in
         tile[name] = int(value)
     BV, BK = tile["BV"], tile["BK"]
     if (min(BV, BK) < 16 or BV & (BV - 1) or BK & (BK - 1) or V % BV or K % BK or tile["stages"] < 1
-            or {tile["num_warps"], tile["terms_warps"]} - {1, 2, 4, 8, 16}):
+            or {tile["num_warps"], tile["terms_warps"]} - {1, 2, 4, 8, 16} or tile["terms_rows"] not in (0, 16)
+            or tile["w_parts"] not in (1, 2)):
         raise ValueError(f"{FROZEN_CONFIG_ENV}: BV and BK must be powers of two >= 16 dividing V={V} and K={K}, "
-                         f"stages >= 1, num_warps and terms_warps one of 1/2/4/8/16; got {text!r}")
+                         f"stages >= 1, num_warps and terms_warps one of 1/2/4/8/16, terms_rows 0 or 16, "
+                         f"w_parts 1 or 2; got {text!r}")
     return None if tile.pop("recurrence") else tile
 
 
@@ -225,17 +231,17 @@ def frozen_launches(inputs, out, tile: dict) -> list:
     """The two launches of a closed-form frozen step, each ``(kernel, grid, args, meta)``; the scratch
     they share is allocated here (bind time)."""
     heads = inputs.B * inputs.HV
-    parts = 1 if inputs.state.dtype == torch.float32 else 2
+    parts = 1 if inputs.state.dtype == torch.float32 else tile["w_parts"]
     w = torch.empty(parts * heads * TOKEN_ROWS * inputs.K, dtype=inputs.state.dtype, device=inputs.device)
     qt = torch.empty(heads * TOKEN_ROWS * TOKEN_ROWS, dtype=torch.float32, device=inputs.device)
     group = inputs.HV // inputs.H
     terms = (_token_terms_kernel, (heads,),
              (inputs.q, inputs.k, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, w, qt, inputs.effective_scale,
               inputs.T),
-             dict(HV=inputs.HV, GROUP=group, K=inputs.K, TS=triton.next_power_of_2(inputs.T), TP=TOKEN_ROWS,
-                  L2_EPS=L2_EPS, num_warps=tile["terms_warps"]))
+             dict(HV=inputs.HV, GROUP=group, K=inputs.K, TS=max(triton.next_power_of_2(inputs.T), tile["terms_rows"]),
+                  TP=TOKEN_ROWS, L2_EPS=L2_EPS, W_PARTS=parts, num_warps=tile["terms_warps"]))
     product = (_state_product_kernel, (heads * (inputs.V // tile["BV"]),),
                (inputs.v, inputs.state, inputs.slots, w, qt, out, inputs.slot_stride, inputs.T, heads),
                dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=tile["BV"], BK=tile["BK"], TP=TOKEN_ROWS,
-                    STAGES=tile["stages"], num_warps=tile["num_warps"]))
+                    STAGES=tile["stages"], W_PARTS=parts, num_warps=tile["num_warps"]))
     return [terms, product]
