@@ -353,7 +353,7 @@ meta = dict(HV=4, GROUP=2, K=64, V=64, BV=32, LOAD_HINT="evict_first", STORE_HIN
             SOFTPLUS_LINEAR_ABOVE=20.0, FAST_GATE=0)
 stores = {flag: len(re.findall(r"st\\.global", ptx(multitoken._kda_multitoken_kernel, ints, meta | dict(STORES=flag))))
           for flag in (1, 0)}
-product = ptx(frozen._state_product_kernel, ints, dict(HV=4, K=64, V=64, BV=64, BK=32, TP=16, STAGES=2))
+product = ptx(frozen._state_product_kernel, ints, dict(HV=4, K=64, V=64, BV=64, BK=32, TP=16, STAGES=2, W_PARTS=2))
 print(json.dumps(dict(stores=stores, product_mma=len(re.findall(r"wgmma\\.mma_async|mma\\.sync", product)),
                       product_copies=len(re.findall(r"cp\\.async\\.c", product)))))
 """
