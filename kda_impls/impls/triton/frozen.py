@@ -8,8 +8,8 @@ With ``G_t`` the cumulative log decay through token t (a ``[K]`` vector), ``khat
 
 Two launches. The *token terms* (one program per row and value head, no state) form
 ``W = qhat - QT khat`` and ``QT`` into a scratch the launcher allocates: ``W`` in the pool's dtype as a
-high part and its remainder (fp32 for an fp32 pool), the T x T solve a forward substitution in
-registers. Up to 8 tokens its products run on the CUDA cores, one column (or outer product) of
+high part and its remainder (fp32 for an fp32 pool; ``w_parts=1``: the high part alone), the T x T solve
+a forward substitution in registers. Up to 8 tokens its products run on the CUDA cores, one column (or outer product) of
 ``[T, K]`` a pass; 9-16 tokens, padded to 16, on the tensor cores. The *state product* (one program per
 row, value head and ``BV`` rows of V) reads its ``[BV, K]`` start tile once in the pool's dtype, ``BK``
 columns a pass, software-pipelined into shared memory, and forms ``O^T = S0 W^T + V^T QT^T`` by
@@ -201,8 +201,11 @@ def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: in
     results/h100-80gb-hbm3/frozen-product-tiles/tiles.csv; one terms warp up to 8 tokens: faster than two
     at every point timed at T = 4 and 8 (results/h100-80gb-hbm3/frozen-tiles/tiles.csv), and than four
     warps on the tensor cores (results/h100-80gb-hbm3/frozen-stacked-terms).
-    ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,BK=32,stages=3"``, ``"terms_warps=1"``, ``"recurrence=1"``,
-    ``"recurrence=0"``) replaces the fields it names for every shape."""
+    ``KDA_TRITON_FROZEN_CONFIG`` (``"BV=64,BK=32,stages=3"``, ``"terms_warps=1"``, ``"terms_rows=16"``,
+    ``"w_parts=1"``, ``"recurrence=1"``, ``"recurrence=0"``) replaces the fields it names for every shape.
+    ``terms_rows=16`` pads the terms' tokens to the dot's 16 rows, putting their products on the tensor
+    cores at any T; ``w_parts=1`` rounds a 16-bit pool's ``W`` once (one product dot, half the scratch;
+    against the float64 reference a bf16 output's error about doubles, within verify's tolerance)."""
     if T > TOKEN_ROWS or min(K, V) < 16:
         return None
     # 16 KiB of a 16-bit tile; 16 KiB of fp32 (its three tf32 products hold more registers)
