@@ -212,7 +212,7 @@ def frozen_tile(state_dtype: torch.dtype, HV: int, K: int, V: int, B: int, T: in
     tile = {"BV": min(V, 64 if state_dtype.itemsize <= 2 else 32), "BK": min(K, 64), "stages": 2, "num_warps": 4,
             "terms_warps": 1 if T <= 8 else 4,  # more warps split the column passes' sums across warps
             "terms_rows": 0,  # 0: T padded to a power of two (CUDA cores up to 8); 16: to the dot's 16 rows
-            "w_parts": 2,  # a 16-bit pool's W as a high part and its remainder (2) or rounded once (1)
+            "w_parts": 1,  # a 16-bit pool's W rounded once (1) or as a high part and its remainder (2)
             "recurrence": int(T <= 2 and B * HV <= RECURRENCE_HEADS)}
     text = os.environ.get(FROZEN_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
