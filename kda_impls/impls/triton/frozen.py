@@ -7,9 +7,9 @@ With ``G_t`` the cumulative log decay through token t (a ``[K]`` vector), ``khat
     Tm = (I + diag(beta) M)^{-1} diag(beta),   QT = P Tm,   O = (qhat - QT khat) S0^T + QT V
 
 Two launches. The *token terms* (one program per row and value head, no state) form
-``W = qhat - QT khat`` and ``QT`` into a scratch the launcher allocates: ``W`` in the pool's dtype as a
-high part and its remainder (fp32 for an fp32 pool; ``w_parts=1``: the high part alone), the T x T solve
-a forward substitution in registers. Up to 8 tokens its products run on the CUDA cores, one column (or outer product) of
+``W = qhat - QT khat`` and ``QT`` into a scratch the launcher allocates: ``W`` rounded once to the
+pool's dtype (fp32 for an fp32 pool; ``w_parts=2`` adds its remainder as a second part), the T x T solve
+a forward substitution in registers, in straight-line code with T compiled in. Up to 8 tokens its products run on the CUDA cores, one column (or outer product) of
 ``[T, K]`` a pass; 9-16 tokens, padded to 16, on the tensor cores. The *state product* (one program per
 row, value head and ``BV`` rows of V) reads its ``[BV, K]`` start tile once in the pool's dtype, ``BK``
 columns a pass, software-pipelined into shared memory, and forms ``O^T = S0 W^T + V^T QT^T`` by
