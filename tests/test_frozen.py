@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -371,3 +372,23 @@ def test_the_frozen_kernels_compiled_for_sm90():
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["stores"]["0"] == 1 and found["stores"]["1"] > 1, found
     assert found["product_mma"] > 0 and found["product_copies"] > 0, found
+
+
+@pytest.mark.parametrize("T", [4, 8])
+def test_the_token_terms_run_outside_any_branch(T):
+    """The terms launch compiled for sm_90 (scripts.tuning.triton_registers --frozen): ptxas wraps each
+    shuffle inside a branch it cannot prove uniform in a WARPSYNC, so the launch with its products under
+    the span-limit branch (7cedfe9) wrapped 37-41% of them and spilled 216 bytes at T = 8; straight-line,
+    only the rare exact pass's are (10-21%) and nothing spills."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KDA_TRITON_FROZEN_CONFIG")}
+    done = subprocess.run([sys.executable, "-m", "scripts.tuning.triton_registers", "--frozen", "default",
+                           "--T", str(T), "--B", "16", "--state-dtypes", "bfloat16"], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    if done.returncode == 2 and "no ptxas here" in done.stdout:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stdout + done.stderr
+    terms = next(line.split() for line in done.stdout.splitlines() if "_token_terms_kernel" in line)
+    if terms[-1] == "None":
+        pytest.skip("no cuobjdump beside this Triton: no SASS to count")
+    spill, shuffles, warp_syncs = int(terms[4]), int(terms[11]), int(terms[12])
+    assert spill == 0 and 0 < warp_syncs <= shuffles / 4, done.stdout

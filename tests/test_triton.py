@@ -448,7 +448,7 @@ def offline_sm90(tmp_path_factory):
     """offline_sm90(configs, HV, D, T=1): scripts.tuning.triton_registers's line per config (bf16 state,
     B = COMPILE_B, T tokens), split into fields: state, config, kernel, regs, spill, warps/SM, SASS to the
     first load, SASS, MUFU.LG2, state load spread, loads before the first warp-wide instruction,
-    shuffles, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte one, SASS
+    shuffles, WARPSYNCs, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte one, SASS
     digest. Each shape compiled once per run (SM90_CONFIGS with it), kept in a directory the xdist
     workers share. Skips where no ptxas here reads this Triton's PTX."""
     shared = tmp_path_factory.getbasetemp()

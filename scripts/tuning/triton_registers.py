@@ -5,6 +5,7 @@ itself again without it (Triton reads it when it is imported): the kernels are c
     python3 -m scripts.tuning.triton_registers                      # CONFIGS at HV=32 K=V=128, bf16 and fp32
     python3 -m scripts.tuning.triton_registers --configs "BV=32,num_warps=1;BV=32,num_warps=1,const_heads=1" --T 4
     python3 -m scripts.tuning.triton_registers --table --HV 32 --D 128   # every tabled entry of a shape
+    python3 -m scripts.tuning.triton_registers --frozen "default;w_parts=2" --T 8  # frozen verify's launches
 
 Each config is fitted to the shape and compiled as the launcher would launch it
 (kda_impls.impls.triton.kernel.launches: the same kernel, constexprs and argument types, slot
@@ -19,7 +20,8 @@ through the gate waits a second round trip for the last ones), the global loads 
 first warp-wide instruction (a shuffle, a shared-memory access or a barrier: in the compiles read,
 ptxas moved no load above one, so a warp stalled there on an input issues the loads after it a round
 trip late: ``tiled_inputs``), the shuffles (``SHFL``: each reduction along K takes log2 of the lanes
-sharing a row), the global loads and stores marked evict-first (``.EF``: the state's,
+sharing a row), the ``WARPSYNC`` instructions (ptxas wraps a shuffle inside a branch it cannot prove
+uniform in one), the global loads and stores marked evict-first (``.EF``: the state's,
 under ``load_evict_first`` and ``store_evict_first``), the TMA loads (``UTMALDG``: the TMA form's
 state tiles, two where its loop is pipelined, one issued ahead of the loop), the global loads issued
 before the first 16-byte one (the state tile's: how many of the small inputs' loads go ahead of it),
@@ -84,11 +86,11 @@ def sass_counts(cubin: Path) -> dict:
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
         return {"sass_before_load": None, "sass": None, "lg2": None, "state_load_spread": None,
-                "loads_before_warp_wide": None, "shuffles": None, "evict_first_loads": None,
+                "loads_before_warp_wide": None, "shuffles": None, "warp_syncs": None, "evict_first_loads": None,
                 "evict_first_stores": None, "tma_loads": None, "loads_before_16B": None, "sass_digest": None}
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     instructions = [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in sass.splitlines()
-                    if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+                    if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     first_load = next((i for i, line in enumerate(instructions) if "LDG" in line), None)
     loads = [line for line in instructions if re.search(r"\bLDG\.", line)]
     wide = next((i for i, line in enumerate(loads) if ".128" in line), None)
@@ -100,6 +102,7 @@ def sass_counts(cubin: Path) -> dict:
             "state_load_spread": state_loads[-1] - state_loads[0] if state_loads else None,
             "loads_before_warp_wide": sum(bool(re.search(r"\bLDG\.", line)) for line in instructions[:warp_wide]),
             "shuffles": sum(bool(re.search(r"\bSHFL\.", line)) for line in instructions),
+            "warp_syncs": sum(bool(re.search(r"\bWARPSYNC\b", line)) for line in instructions),
             "evict_first_loads": sum(".EF." in line for line in loads),
             "evict_first_stores": sum(".EF." in line for line in instructions if re.search(r"\bSTG\.", line)),
             "tma_loads": sum("UTMALDG" in line for line in instructions), "loads_before_16B": wide,
@@ -111,9 +114,12 @@ def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
     aligned, as the pool and inputs are), tensor descriptors by their block, integers as Triton's
     launcher specialises them (1 a constant, 16-divisible ones marked so, the rest i32), floats as fp32."""
     names = [n for n in kernel.arg_names if n not in meta]
+    constant = {p.name for p in getattr(kernel, "params", ()) if p.is_constexpr}  # none interpreted
     types, attrs, ones = {}, {}, {}
     for i, (name, value) in enumerate(zip(names, args, strict=True)):
-        if isinstance(value, torch.Tensor):
+        if name in constant:  # a constexpr passed by position (frozen verify's token count)
+            ones[name] = value
+        elif isinstance(value, torch.Tensor):
             types[name] = "*" + TRITON_TYPES[value.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, TensorDescriptor):  # the TMA form's view of the pool
@@ -131,16 +137,12 @@ def signature(kernel, args: tuple, meta: dict) -> tuple[dict, dict, dict]:
     return types, {(kernel.arg_names.index(n),): v for n, v in constexprs.items()}, attrs
 
 
-def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: int, T: int) -> dict:
-    from kda_impls.impls.triton.kernel import launches
-
-    inputs = make_inputs(B, HV, HV, D, D, T=T, state_dtype=state_dtype, seed=0)
-    config = config.fitted(D, T)
-    out = torch.empty(inputs.out_shape, dtype=inputs.v.dtype)
-    kernel, _, args, meta = launches(inputs, out, config)[-1]
+def compiled_counts(kernel, args: tuple, meta: dict, num_warps: int, config: str) -> dict:
+    """One launch compiled for sm_90a: its registers, spills, the warps per SM they allow and
+    :func:`sass_counts`."""
     types, constexprs, attrs = signature(kernel, args, meta)
     compiled = triton.compile(ASTSource(kernel, types, constexprs=constexprs, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32), options={k: v for k, v in meta.items() if k in OPTIONS})
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
     with tempfile.TemporaryDirectory() as scratch:
         ptx, cubin = Path(scratch) / "kernel.ptx", Path(scratch) / "kernel.cubin"
         ptx.write_text(compiled.asm["ptx"])
@@ -151,19 +153,44 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
             if done.returncode == 0 and used:
                 spills = re.search(r"(\d+) bytes spill stores", done.stderr)
                 regs = int(used.group(1))
-                warps = min(WARPS_PER_SM, REGISTERS_PER_SM // (regs * 32) // config.num_warps * config.num_warps,
-                            PROGRAMS_PER_SM * config.num_warps)
-                return {"config": str(config), "kernel": kernel.fn.__name__, "regs": regs,
+                warps = min(WARPS_PER_SM, REGISTERS_PER_SM // (regs * 32) // num_warps * num_warps,
+                            PROGRAMS_PER_SM * num_warps)
+                return {"config": config, "kernel": kernel.fn.__name__, "regs": regs,
                         "spill_bytes": int(spills.group(1)) if spills else 0, "warps_per_sm": warps,
                         **sass_counts(cubin)}
     raise RuntimeError(f"no ptxas here reads this Triton's PTX (tried {', '.join(assemblers()) or 'none'})")
+
+
+def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: int, T: int) -> dict:
+    from kda_impls.impls.triton.kernel import launches
+
+    inputs = make_inputs(B, HV, HV, D, D, T=T, state_dtype=state_dtype, seed=0)
+    config = config.fitted(D, T)
+    out = torch.empty(inputs.out_shape, dtype=inputs.v.dtype)
+    kernel, _, args, meta = launches(inputs, out, config)[-1]
+    return compiled_counts(kernel, args, meta, config.num_warps, str(config))
+
+
+def frozen_registers(tile: str, state_dtype: torch.dtype, HV: int, D: int, B: int, T: int) -> list[dict]:
+    """Each launch of a frozen-verify step under the frozen tile ``tile`` (``KDA_TRITON_FROZEN_CONFIG``'s
+    form; "" the default), compiled as the launcher would launch it."""
+    from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV
+    from kda_impls.impls.triton.kernel import launches
+    from kda_impls.impls.triton.tiles import TileConfig
+
+    os.environ[FROZEN_CONFIG_ENV] = tile
+    inputs = make_inputs(B, HV, HV, D, D, T=T, update_state=False, state_dtype=state_dtype, seed=0)
+    out = torch.empty(inputs.out_shape, dtype=inputs.v.dtype)
+    return [compiled_counts(kernel, args, {k: v for k, v in meta.items() if k != "num_warps"}, meta["num_warps"],
+                            tile or "default")
+            for kernel, _, args, meta in launches(inputs, out, TileConfig(BV=D))]
 
 
 # The compiled kernel's columns, after each line's own: (heading, field of registers(), width).
 COUNTS = [("regs", "regs", 4), ("spill B", "spill_bytes", 7), ("warps/SM", "warps_per_sm", 8),
           ("SASS to 1st load", "sass_before_load", 16), ("SASS", "sass", 5), ("LG2", "lg2", 4),
           ("state load spread", "state_load_spread", 17), ("loads before sync", "loads_before_warp_wide", 17),
-          ("SHFL", "shuffles", 4),
+          ("SHFL", "shuffles", 4), ("WARPSYNC", "warp_syncs", 8),
           ("EF loads", "evict_first_loads", 8),
           ("EF stores", "evict_first_stores", 9), ("TMA loads", "tma_loads", 9),
           ("loads before 16B", "loads_before_16B", 16), ("SASS digest", "sass_digest", 12)]
@@ -187,6 +214,17 @@ def print_table_entries(HV: int, D: int) -> int:
     return 0
 
 
+def print_frozen(args) -> int:
+    print(f"triton {triton.__version__}, sm_90a, frozen verify, HV={args.HV} K=V={args.D} B={args.B} T={args.T}")
+    print(f"{'state':9} {'frozen tile':32} {'kernel':24} {COUNTS_HEADING}")
+    for dtype in args.state_dtypes.split(","):
+        for tile in args.frozen.split(";"):
+            for r in frozen_registers("" if tile == "default" else tile, getattr(torch, dtype), args.HV, args.D,
+                                      args.B, args.T):
+                print(f"{dtype:9} {r['config']:32} {r['kernel']:24} {counts(r)}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -196,6 +234,9 @@ def main() -> int:
     parser.add_argument("--D", type=int, default=128, help="K = V")
     parser.add_argument("--B", type=int, default=256)
     parser.add_argument("--T", type=int, default=1)
+    parser.add_argument("--frozen", metavar="TILES",
+                        help="instead of --configs: frozen verify's launches under each frozen tile, separated "
+                             "by ';' (KDA_TRITON_FROZEN_CONFIG's form, 'default' for none), at --T tokens")
     parser.add_argument("--table", action="store_true",
                         help="instead of --configs: every entry of the tuning table for HV and K = V = D")
     args = parser.parse_args()
@@ -205,6 +246,8 @@ def main() -> int:
 
     if args.table:
         return print_table_entries(args.HV, args.D)
+    if args.frozen:
+        return print_frozen(args)
     print(f"triton {triton.__version__}, sm_90a, HV={args.HV} K=V={args.D} B={args.B} T={args.T}")
     print(f"{'state':9} {'config':78} {'kernel':32} {COUNTS_HEADING}")
     for dtype in args.state_dtypes.split(","):
