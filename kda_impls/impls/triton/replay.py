@@ -200,7 +200,8 @@ def _token_kernel(
     slot = tl.load(slots_ptr + row)
     if slot < 0:
         for v0 in range(0, V, BV):
-            tl.store(out_ptr + pid * V + v0 + tl.arange(0, BV), tl.zeros([BV], dtype=tl.float32).to(out_ptr.dtype.element_ty))
+            zeros = tl.zeros([BV], dtype=tl.float32).to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + pid * V + v0 + tl.arange(0, BV), zeros)
     else:
         s = slot.to(tl.int64)
         n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)  # the commit
@@ -243,7 +244,8 @@ def _token_kernel(
             u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
             acc_k = tl.sum(u_j * coef_k[:, None], axis=0)  # sum_j u_j (w_j . k^)
             acc_q = tl.sum(u_j * coef_q[:, None], axis=0)
-            u = beta * (tl.load(v_ptr + pid * V + offs_v).to(tl.float32) - tl.sum(S0 * decay_k[None, :], axis=1) - acc_k)
+            v = tl.load(v_ptr + pid * V + offs_v).to(tl.float32)
+            u = beta * (v - tl.sum(S0 * decay_k[None, :], axis=1) - acc_k)
             o = tl.sum(S0 * decay_q[None, :], axis=1) + acc_q + u * kq
             tl.store(out_ptr + pid * V + offs_v, o.to(out_ptr.dtype.element_ty))
             tl.store(u_ptr + (records + n) * V + offs_v, u)
@@ -275,7 +277,8 @@ def replay_tile(V: int, T: int) -> dict[str, int]:
     (e.g. ``"BV=32,num_warps=4"``) over the default of its form. A one-token step's program walks a
     head's ``BV``-row tiles with ``stages - 1`` tiles' loads in flight; a verify's fused programs take
     64 rows on 2 warps (``results/h200/replay-verify-tiles/tiles.csv``; ``stages`` unused)."""
-    tile = {"BV": min(V, 16), "num_warps": 1, "stages": 3} if T == 1 else {"BV": min(V, 64), "num_warps": 2, "stages": 1}
+    tile = {"BV": min(V, 16), "num_warps": 1, "stages": 3} if T == 1 else \
+        {"BV": min(V, 64), "num_warps": 2, "stages": 1}
     text = os.environ.get(REPLAY_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
