@@ -10,16 +10,18 @@ exp(G' - G_j)`` over every record j before the token those are
 a pass over the checkpoint (two reductions) and one over the records. The record terms ``w_j . x``
 depend on the keys and gates only, not on the value rows; the deltas ``u_j`` on the rows only.
 
-**A one-token step** (decode) splits the two: a *terms* launch, one program per row and head, walks
-the committed key/gate records newest first (the records past the commit are never read), forms
-``exp(G') k^``, ``exp(G') q^``, the record terms and ``k^ . q^`` into a small scratch, and writes the
-token's key/gate record at ``n``; a *step* launch, one program per row, head
-and ``BV``-row tile of the state, as the in-place kernel's, streams the checkpoint tile, adds
-``sum_j u_j (w_j . x)`` from the deltas' ``[LP, BV]`` tile, stores the output and the token's delta
-record, and where the record fills the ring forms the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T``
-(a loop over the records in memory, on the flush only) and stores it into the pool; else the pool is
-not written. The record work is done once a head, not once a V-tile, and the step's programs are as
-small as the in-place kernel's.
+**A one-token step** (decode) is one program per row and head. It walks the committed key/gate
+records newest first (the records past the commit are never read), forming the record terms ``w_j .
+k^`` and ``w_j . q^`` in registers, and writes the token's key/gate record at ``n``; then it streams
+the checkpoint's ``BV``-row tiles through shared memory, ``stages - 1`` tiles' loads in flight
+(bytes in flight that hold no registers: the step reads the state and writes none of it, so a
+program must keep more of it in flight than the in-place kernel's to move bytes as fast), and per
+tile adds ``sum_j u_j (w_j . x)`` from the deltas' ``[LP, BV]`` tile, stores the output and the
+token's delta record. Where the record fills the ring, the program then forms the new effective
+state ``S_0 exp(G') + sum_j u_j w_j^T`` (the token's record among the j) in 4-row pieces, re-reading
+the checkpoint (a loop over the records, on the flush only: holding the streamed tiles for it would
+cost the stream its registers), and stores it into the pool; else the pool is not written. The
+record work is done once a head, not once a V-tile.
 
 **A verify** (T > 1) is one fused launch: each program of a row, head and V-tile holds the records'
 tiles, then appends each token of the step to them as the record the next token reads (its delta
