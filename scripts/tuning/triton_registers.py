@@ -6,6 +6,7 @@ itself again without it (Triton reads it when it is imported): the kernels are c
     python3 -m scripts.tuning.triton_registers --configs "BV=32,num_warps=1;BV=32,num_warps=1,const_heads=1" --T 4
     python3 -m scripts.tuning.triton_registers --table --HV 32 --D 128   # every tabled entry of a shape
     python3 -m scripts.tuning.triton_registers --frozen "default;w_parts=2" --T 8  # frozen verify's launches
+    python3 -m scripts.tuning.triton_registers --replay "default;stages=2"          # a replay step's launches
 
 Each config is fitted to the shape and compiled as the launcher would launch it
 (kda_impls.impls.triton.kernel.launches: the same kernel, constexprs and argument types, slot
@@ -171,15 +172,18 @@ def registers(config: TileConfig, state_dtype: torch.dtype, HV: int, D: int, B: 
     return compiled_counts(kernel, args, meta, config.num_warps, str(config))
 
 
-def frozen_registers(tile: str, state_dtype: torch.dtype, HV: int, D: int, B: int, T: int) -> list[dict]:
-    """Each launch of a frozen-verify step under the frozen tile ``tile`` (``KDA_TRITON_FROZEN_CONFIG``'s
-    form; "" the default), compiled as the launcher would launch it."""
+def mode_registers(mode: str, tile: str, state_dtype: torch.dtype, HV: int, D: int, B: int, T: int) -> list[dict]:
+    """Each launch of a frozen-verify or replay step (``mode``, the latter on a ring of 16) under the tile
+    ``tile`` (``KDA_TRITON_FROZEN_CONFIG``'s or ``KDA_TRITON_REPLAY_CONFIG``'s form; "" the default),
+    compiled as the launcher would launch it."""
     from kda_impls.impls.triton.frozen import FROZEN_CONFIG_ENV
     from kda_impls.impls.triton.kernel import launches
+    from kda_impls.impls.triton.replay import REPLAY_CONFIG_ENV
     from kda_impls.impls.triton.tiles import TileConfig
 
-    os.environ[FROZEN_CONFIG_ENV] = tile
-    inputs = make_inputs(B, HV, HV, D, D, T=T, update_state=False, state_dtype=state_dtype, seed=0)
+    os.environ[FROZEN_CONFIG_ENV if mode == "frozen" else REPLAY_CONFIG_ENV] = tile
+    step = dict(update_state=False) if mode == "frozen" else dict(ring=16)
+    inputs = make_inputs(B, HV, HV, D, D, T=T, state_dtype=state_dtype, seed=0, **step)
     out = torch.empty(inputs.out_shape, dtype=inputs.v.dtype)
     return [compiled_counts(kernel, args, {k: v for k, v in meta.items() if k != "num_warps"}, meta["num_warps"],
                             tile or "default")
@@ -214,13 +218,13 @@ def print_table_entries(HV: int, D: int) -> int:
     return 0
 
 
-def print_frozen(args) -> int:
-    print(f"triton {triton.__version__}, sm_90a, frozen verify, HV={args.HV} K=V={args.D} B={args.B} T={args.T}")
-    print(f"{'state':9} {'frozen tile':32} {'kernel':24} {COUNTS_HEADING}")
+def print_mode(mode: str, args) -> int:
+    print(f"triton {triton.__version__}, sm_90a, {mode}, HV={args.HV} K=V={args.D} B={args.B} T={args.T}")
+    print(f"{'state':9} {mode + ' tile':32} {'kernel':24} {COUNTS_HEADING}")
     for dtype in args.state_dtypes.split(","):
-        for tile in args.frozen.split(";"):
-            for r in frozen_registers("" if tile == "default" else tile, getattr(torch, dtype), args.HV, args.D,
-                                      args.B, args.T):
+        for tile in getattr(args, mode).split(";"):
+            for r in mode_registers(mode, "" if tile == "default" else tile, getattr(torch, dtype), args.HV, args.D,
+                                    args.B, args.T):
                 print(f"{dtype:9} {r['config']:32} {r['kernel']:24} {counts(r)}")
     return 0
 
@@ -237,6 +241,9 @@ def main() -> int:
     parser.add_argument("--frozen", metavar="TILES",
                         help="instead of --configs: frozen verify's launches under each frozen tile, separated "
                              "by ';' (KDA_TRITON_FROZEN_CONFIG's form, 'default' for none), at --T tokens")
+    parser.add_argument("--replay", metavar="TILES",
+                        help="instead of --configs: a replay step's launches (ring 16) under each replay tile, "
+                             "separated by ';' (KDA_TRITON_REPLAY_CONFIG's form, 'default' for none), at --T tokens")
     parser.add_argument("--table", action="store_true",
                         help="instead of --configs: every entry of the tuning table for HV and K = V = D")
     args = parser.parse_args()
@@ -246,8 +253,9 @@ def main() -> int:
 
     if args.table:
         return print_table_entries(args.HV, args.D)
-    if args.frozen:
-        return print_frozen(args)
+    for mode in ("frozen", "replay"):
+        if getattr(args, mode):
+            return print_mode(mode, args)
     print(f"triton {triton.__version__}, sm_90a, HV={args.HV} K=V={args.D} B={args.B} T={args.T}")
     print(f"{'state':9} {'config':78} {'kernel':32} {COUNTS_HEADING}")
     for dtype in args.state_dtypes.split(","):

@@ -22,7 +22,7 @@ from .frozen import frozen_launches, frozen_tile
 from .gate import EVICTION_POLICY, INTERPRETED
 from .inplace import _kda_decode_kernel, _kda_decode_persistent_kernel
 from .multitoken import _kda_multitoken_kernel
-from .replay import replay_launcher
+from .replay import replay_launches
 from .tiles import CONFIG_ENV, TileConfig, choose_config
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -82,8 +82,6 @@ class TritonKDA(Implementation):
     def _launcher(self, inputs: DecodeInputs, out: torch.Tensor):
         if inputs.B == 0:
             return lambda: out
-        if inputs.replay:
-            return replay_launcher(inputs, out)
         calls = launches(inputs, out, self.config_for(inputs))
         if inputs.device.type == "cuda":
             compile_launches(inputs, calls)
@@ -104,8 +102,10 @@ def launches(inputs: DecodeInputs, out: torch.Tensor, config: TileConfig) -> lis
     ``config.programs_per_sm`` > 0: that many programs per SM, at most one per tile); T > 1 the
     multi-token one, with num_accepted (all ones allocated here where None); frozen verify the closed
     form's two launches where :func:`.frozen.frozen_tile` picks it, else the multi-token kernel
-    without its stores.
+    without its stores; a replay step :func:`.replay.replay_launches`.
     """
+    if inputs.replay:
+        return replay_launches(inputs, out)
     if not inputs.update_state:
         tile = frozen_tile(inputs.state.dtype, inputs.HV, inputs.K, inputs.V, inputs.B, inputs.T)
         if tile is not None:

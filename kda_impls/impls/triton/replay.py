@@ -38,7 +38,6 @@ advance last (one program per row), as every program of a row reads its length.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -294,40 +293,32 @@ def replay_tile(V: int, T: int) -> dict[str, int]:
     return tile
 
 
-def replay_launcher(inputs: DecodeInputs, out: torch.Tensor):
-    """The zero-argument launch of a replay step: the flush-first kernel (where a commit or T > 1 can
-    make one), the step (a one-token step's program a row and head, or a verify's fused one a row, head
-    and V-tile), the lengths."""
+def replay_launches(inputs: DecodeInputs, out: torch.Tensor) -> list:
+    """A replay step's launches, each ``(kernel, grid, args, meta)``: the flush-first kernel (where a
+    commit or T > 1 can make one), the step (a one-token step's program a row and head, or a verify's
+    fused one a row, head and V-tile), the lengths."""
     cache, T = inputs.cache, inputs.T
     tile = replay_tile(inputs.V, T)
     BV, heads = tile["BV"], inputs.B * inputs.HV
     grid = (heads * (inputs.V // BV),)
-    # None commits nothing; the zeros are allocated here, never in the launch
+    # None commits nothing; the zeros are allocated here (bind time), never in the launch
     accepted = inputs.num_accepted if inputs.num_accepted is not None else \
         torch.zeros(inputs.B, dtype=torch.int32, device=inputs.device)
     ring = dict(L=cache.L, LP=triton.next_power_of_2(cache.L), L2_EPS=L2_EPS)
-    shape = dict(HV=inputs.HV, K=inputs.K)
-    flush_args = (inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots, accepted, cache.u, cache.kg, cache.length,
-                  inputs.slot_stride)
-    flush_first = functools.partial(_flush_first_kernel[grid], *flush_args, T=T, **shape, V=inputs.V, BV=BV, **ring,
-                                    num_warps=tile["num_warps"])
+    shape = dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=BV, num_warps=tile["num_warps"])
+    flush_first = (_flush_first_kernel, grid,
+                   (inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots, accepted, cache.u, cache.kg,
+                    cache.length, inputs.slot_stride), dict(T=T, **shape, **ring))
     step_args = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
                  inputs.slots, accepted, out, cache.u, cache.kg, cache.length, inputs.slot_stride,
                  inputs.effective_scale)
+    group = inputs.HV // inputs.H
     if T == 1:
-        step = functools.partial(_token_kernel[(heads,)], *step_args, **shape, GROUP=inputs.HV // inputs.H, V=inputs.V,
-                                 BV=BV, FLUSH_BV=min(BV, 4), **ring, STAGES=tile["stages"], num_warps=tile["num_warps"])
+        step = (_token_kernel, (heads,), step_args,
+                dict(**shape, GROUP=group, FLUSH_BV=min(BV, 4), STAGES=tile["stages"], **ring))
     else:
-        step = functools.partial(_verify_kernel[grid], *step_args, T=T, **shape, GROUP=inputs.HV // inputs.H,
-                                 V=inputs.V, BV=BV, **ring, num_warps=tile["num_warps"])
+        step = (_verify_kernel, grid, step_args, dict(T=T, **shape, GROUP=group, **ring))
+    advance = (_advance_lengths, (inputs.B,), (inputs.slots, accepted, cache.length),
+               dict(T=T, L=cache.L, num_warps=1))
     may_flush_first = T > 1 or inputs.num_accepted is not None  # else n + 1 <= L: the contract holds n < L
-    advance = functools.partial(_advance_lengths[(inputs.B,)], inputs.slots, accepted, cache.length, T=T, L=cache.L)
-
-    def launch() -> torch.Tensor:
-        if may_flush_first:
-            flush_first()
-        step()
-        advance()
-        return out
-
-    return launch
+    return [flush_first, step, advance] if may_flush_first else [step, advance]
