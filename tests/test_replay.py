@@ -105,24 +105,24 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kda_impls.impls.triton import replay as r
 pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accepted_ptr="*i32", u_ptr="*fp32",
-                length_ptr="*i32")
+                length_ptr="*i32", vec_ptr="*fp32", coef_ptr="*fp32")
 runtime = dict(slot_stride="i32", scale="fp32")
 shape = dict(HV=32, GROUP=2, K=128, V=128, L=16, LP=16, L2_EPS=1e-6)
-for fn, T in ((r._token_kernel, 1), (r._verify_kernel, 4), (r._flush_first_kernel, 4)):
+for fn, T, warps in ((r._token_terms_kernel, 1, "terms_warps"), (r._token_step_kernel, 1, "num_warps"),
+                     (r._verify_kernel, 4, "num_warps"), (r._flush_first_kernel, 4, "num_warps")):
     tile = r.replay_tile(128, T)
     params = list(inspect.signature(fn.fn).parameters)
-    meta = dict(shape, T=T, BV=tile["BV"], FLUSH_BV=min(tile["BV"], 4), STAGES=tile["stages"])
-    meta = {n: v for n, v in meta.items() if n in params}
+    meta = {n: v for n, v in dict(shape, T=T, BV=tile["BV"]).items() if n in params}
     sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
     constants = {(params.index(n),): v for n, v in meta.items()}
     compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=tile["num_warps"]))
+                              options=dict(num_warps=tile[warps]))
     print(len(re.findall(r"st\\.global", compiled.asm["ptx"])))
 """
 
 
 def test_the_replay_kernel_compiles_for_sm90():
-    """Compiled for the H200 at a serving shape and the default tiles, a one-token step's kernel, a
+    """Compiled for the H200 at a serving shape and the default tiles, a one-token step's two kernels, a
     verify's (T = 4) and the flush first (Triton's own ptxas, no GPU needed): the interpreter accepts what
     the compiler refuses (a plain global read inside a kernel, a loop variable changing shape)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KDA_TRITON_REPLAY_CONFIG")}
@@ -136,13 +136,13 @@ def test_the_replay_kernel_compiles_for_sm90():
 def test_triton_replay_tile_from_the_environment(monkeypatch):
     from kda_impls.impls.triton.replay import REPLAY_CONFIG_ENV, replay_tile
 
-    assert replay_tile(128, 1) == dict(BV=16, num_warps=1, stages=3)
-    assert replay_tile(128, 4) == dict(BV=64, num_warps=2, stages=1)
-    monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4,stages=2")
-    assert replay_tile(64, 1) == replay_tile(64, 3) == dict(BV=32, num_warps=4, stages=2)
+    assert replay_tile(128, 1) == dict(BV=16, num_warps=1, terms_warps=1)
+    assert replay_tile(128, 4) == dict(BV=64, num_warps=2, terms_warps=1)
+    monkeypatch.setenv(REPLAY_CONFIG_ENV, "BV=32, num_warps=4,terms_warps=2")
+    assert replay_tile(64, 1) == replay_tile(64, 3) == dict(BV=32, num_warps=4, terms_warps=2)
     x = make_inputs(**TRITON_CASES["two-v-tiles-gva-fp32"], ring=2, seed=5)
     assert run_steps(get("triton"), x, 2) == []
-    for bad in ("BV=24", "BV=128", "warps=4", "num_warps=3", "stages=0", "stages=9", "terms_warps=1"):
+    for bad in ("BV=24", "BV=128", "warps=4", "num_warps=3", "terms_warps=32"):
         monkeypatch.setenv(REPLAY_CONFIG_ENV, bad)
         with pytest.raises(ValueError, match=REPLAY_CONFIG_ENV):
             get("triton").bind(x)

@@ -10,18 +10,16 @@ exp(G' - G_j)`` over every record j before the token those are
 a pass over the checkpoint (two reductions) and one over the records. The record terms ``w_j . x``
 depend on the keys and gates only, not on the value rows; the deltas ``u_j`` on the rows only.
 
-**A one-token step** (decode) is one program per row and head. It walks the committed key/gate
-records newest first (the records past the commit are never read), forming the record terms ``w_j .
-k^`` and ``w_j . q^`` in registers, and writes the token's key/gate record at ``n``; then it streams
-the checkpoint's ``BV``-row tiles through shared memory, ``stages - 1`` tiles' loads in flight
-(bytes in flight that hold no registers: the step reads the state and writes none of it, so a
-program must keep more of it in flight than the in-place kernel's to move bytes as fast), and per
-tile adds ``sum_j u_j (w_j . x)`` from the deltas' ``[LP, BV]`` tile, stores the output and the
-token's delta record. Where the record fills the ring, the program then forms the new effective
-state ``S_0 exp(G') + sum_j u_j w_j^T`` (the token's record among the j) in 4-row pieces, re-reading
-the checkpoint (a loop over the records, on the flush only: holding the streamed tiles for it would
-cost the stream its registers), and stores it into the pool; else the pool is not written. The
-record work is done once a head, not once a V-tile.
+**A one-token step** (decode) splits the two: a *terms* launch, one program per row and head, walks
+the committed key/gate records newest first (the records past the commit are never read), forms
+``exp(G') k^``, ``exp(G') q^``, the record terms and ``k^ . q^`` into a small scratch, and writes the
+token's key/gate record at ``n``; a *step* launch, one program per row, head
+and ``BV``-row tile of the state, as the in-place kernel's, streams the checkpoint tile, adds
+``sum_j u_j (w_j . x)`` from the deltas' ``[LP, BV]`` tile, stores the output and the token's delta
+record, and where the record fills the ring forms the tile ``S_0 exp(G') + sum_j u_j w_j^T + u k^T``
+(a loop over the records in memory, on the flush only) and stores it into the pool; else the pool is
+not written. The record work is done once a head, not once a V-tile, and the step's programs are as
+small as the in-place kernel's.
 
 **A verify** (T > 1) is one fused launch: each program of a row, head and V-tile holds the records'
 tiles, then appends each token of the step to them as the record the next token reads (its delta
@@ -183,32 +181,26 @@ def _verify_kernel(
 
 
 @triton.jit
-def _token_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr, u_ptr,
-    kg_ptr, length_ptr, slot_stride, scale, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BV: tl.constexpr, FLUSH_BV: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, STAGES: tl.constexpr,
+def _token_terms_kernel(
+    q_ptr, k_ptr, a_ptr, A_log_ptr, dt_bias_ptr, slots_ptr, accepted_ptr, kg_ptr, length_ptr, vec_ptr, coef_ptr,
+    scale, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
     L2_EPS: tl.constexpr,
 ):
-    """A one-token step of a row and head: the record terms, then the checkpoint's ``BV``-row tiles in a
-    loop whose loads run ``STAGES - 1`` tiles ahead through shared memory (bytes in flight that hold no
-    registers: the step only reads the state, so a program must keep more of it in flight than the
-    in-place kernel's, which writes as much as it reads); each tile's outputs and delta record, and
-    where the record fills the ring the tile of the new effective state ``S_0 exp(G') + sum_j u_j
-    w_j^T + u k^T``, stored into the pool."""
+    """A one-token step's per-head terms: ``vec`` ``[B * HV, 4, K]`` holds ``exp(G') k^``, ``exp(G') q^``,
+    ``k^`` and ``G'``; ``coef`` ``[B * HV, 2 * LP + 1]`` the record terms ``w_j . k^``, ``w_j . q^`` and
+    ``k^ . q^``. The records are walked newest first, so that the decay from each to the token,
+    ``G' - G_j``, is a running sum of the gates after it: ``[K]`` vectors, each record's three
+    reductions within the program (no ``[LP, K]`` tile, no scan across records). The token's key/gate
+    record is written here, once a head."""
     pid = tl.program_id(0)
     row = (pid // HV).to(tl.int64)
     hv = pid % HV
     slot = tl.load(slots_ptr + row)
-    if slot < 0:
-        for v0 in range(0, V, BV):
-            zeros = tl.zeros([BV], dtype=tl.float32).to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + pid * V + v0 + tl.arange(0, BV), zeros)
-    else:
+    if slot >= 0:
         s = slot.to(tl.int64)
         n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)  # the commit
         n = tl.where(n + 1 > L, 0, n)  # flushed first by _flush_first_kernel: the state is the pool's
         offs_k = tl.arange(0, K)
-        offs_l = tl.arange(0, LP)
         dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
         A = tl.exp(tl.load(A_log_ptr + hv))
         records = (s * HV + hv) * L
@@ -217,47 +209,69 @@ def _token_kernel(
         a_raw = tl.load(a_ptr + pid * K + offs_k)
         q = _normalised(tl.load(q_ptr + tok_h * K + offs_k).to(tl.float32), L2_EPS) * scale
         k = _normalised(k_raw.to(tl.float32), L2_EPS)
-        # newest record first, so that the decay from each to the token, G' - G_j, is a running sum
-        G = _log_decay(a_raw.to(tl.float32), dt_bias, A)
-        coef_k = tl.zeros([LP], dtype=tl.float32)  # w_j . k^
-        coef_q = tl.zeros([LP], dtype=tl.float32)  # w_j . q^
+        G = _log_decay(a_raw.to(tl.float32), dt_bias, A)  # G' - G_j for the record before the token
+        coef = coef_ptr + pid * (2 * LP + 1)
         for back in range(0, n):
-            j = n - 1 - back
-            kg_row = kg_ptr + (records + j) * 2 * K
+            kg_row = kg_ptr + (records + n - 1 - back) * 2 * K
             k_j = tl.load(kg_row + offs_k).to(tl.float32)
-            decayed = tl.exp(G) * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + L2_EPS)
-            coef_k = tl.where(offs_l == j, tl.sum(k_j * decayed * k, axis=0), coef_k)
-            coef_q = tl.where(offs_l == j, tl.sum(k_j * decayed * q, axis=0), coef_q)
+            decayed = tl.exp(G)
+            norm = tl.rsqrt(tl.sum(k_j * k_j, axis=0) + L2_EPS)
+            tl.store(coef + n - 1 - back, tl.sum(k_j * decayed * k, axis=0) * norm)
+            tl.store(coef + LP + n - 1 - back, tl.sum(k_j * decayed * q, axis=0) * norm)
             G += _log_decay(tl.load(kg_row + K + offs_k).to(tl.float32), dt_bias, A)
         decay = tl.exp(G)  # G is now G': the records' decay and this token's
-        decay_k = decay * k
-        decay_q = decay * q
-        kq = tl.sum(k * q, axis=0)
-        beta = tl.sigmoid(tl.load(b_ptr + pid).to(tl.float32))
+        vec = vec_ptr + pid * (4 * K) + offs_k
+        tl.store(vec, decay * k)
+        tl.store(vec + K, decay * q)
+        tl.store(vec + 2 * K, k)
+        tl.store(vec + 3 * K, G)
+        tl.store(coef + 2 * LP, tl.sum(k * q, axis=0))
         at = records + n
         tl.store(kg_ptr + at * 2 * K + offs_k, k_raw)
         tl.store(kg_ptr + at * 2 * K + K + offs_k, a_raw)
-        pool = state_ptr + s * slot_stride + hv * (V * K)
-        for v0 in tl.range(0, V, BV, num_stages=STAGES):
-            offs_v = v0 + tl.arange(0, BV)
-            tile = pool + offs_v[:, None] * K + offs_k[None, :]
-            S0 = tl.load(tile).to(tl.float32)
-            u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
-            acc_k = tl.sum(u_j * coef_k[:, None], axis=0)  # sum_j u_j (w_j . k^)
-            acc_q = tl.sum(u_j * coef_q[:, None], axis=0)
-            v = tl.load(v_ptr + pid * V + offs_v).to(tl.float32)
-            u = beta * (v - tl.sum(S0 * decay_k[None, :], axis=1) - acc_k)
-            o = tl.sum(S0 * decay_q[None, :], axis=1) + acc_q + u * kq
-            tl.store(out_ptr + pid * V + offs_v, o.to(out_ptr.dtype.element_ty))
-            tl.store(u_ptr + (records + n) * V + offs_v, u)
-        if n + 1 == L:  # the record fills the ring: the flush forms the new effective state, a tile at a time
-            tl.debug_barrier()  # the delta record just stored, by other threads of the program, is read back
-            for v0 in range(0, V, FLUSH_BV):
-                offs_v = v0 + tl.arange(0, FLUSH_BV)
-                tile = pool + offs_v[:, None] * K + offs_k[None, :]
-                E = _carried(tl.load(tile).to(tl.float32), G, u_ptr, kg_ptr, records, n + 1, dt_bias, A, offs_k,
-                             offs_v, K, V, L2_EPS)
-                tl.store(tile, E.to(state_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _token_step_kernel(
+    v_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, slots_ptr, accepted_ptr, out_ptr, u_ptr, kg_ptr, length_ptr,
+    vec_ptr, coef_ptr, slot_stride, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    L: tl.constexpr, LP: tl.constexpr, L2_EPS: tl.constexpr,
+):
+    """A one-token step's outputs and delta records from the checkpoint tile and the per-head terms; the
+    flush where the record fills the ring."""
+    pid = tl.program_id(0)
+    head = pid // (V // BV)  # row * HV + hv
+    row = (head // HV).to(tl.int64)
+    hv = head % HV
+    offs_v = (pid % (V // BV)) * BV + tl.arange(0, BV)
+    slot = tl.load(slots_ptr + row)
+    if slot < 0:
+        tl.store(out_ptr + head * V + offs_v, tl.zeros([BV], dtype=tl.float32).to(out_ptr.dtype.element_ty))
+    else:
+        s = slot.to(tl.int64)
+        offs_k = tl.arange(0, K)
+        tile = state_ptr + s * slot_stride + hv * (V * K) + offs_v[:, None] * K + offs_k[None, :]
+        S0 = tl.load(tile).to(tl.float32)  # first: the step's one large read
+        n = tl.load(length_ptr + s) + tl.load(accepted_ptr + row)
+        n = tl.where(n + 1 > L, 0, n)
+        records = (s * HV + hv) * L
+        offs_l = tl.arange(0, LP)
+        u_j = _committed_deltas(u_ptr, records, n, offs_l, offs_v, V)
+        vec = vec_ptr + head * (4 * K) + offs_k
+        coef = coef_ptr + head * (2 * LP + 1)
+        kept = offs_l < n  # the terms of records past the commit are never written
+        acc_k = tl.sum(u_j * tl.load(coef + offs_l, mask=kept, other=0.0)[:, None], axis=0)  # sum_j u_j (w_j . k^)
+        acc_q = tl.sum(u_j * tl.load(coef + LP + offs_l, mask=kept, other=0.0)[:, None], axis=0)
+        u = tl.sigmoid(tl.load(b_ptr + head).to(tl.float32)) * (
+            tl.load(v_ptr + head * V + offs_v).to(tl.float32) - tl.sum(S0 * tl.load(vec)[None, :], axis=1) - acc_k)
+        o = tl.sum(S0 * tl.load(vec + K)[None, :], axis=1) + acc_q + u * tl.load(coef + 2 * LP)
+        tl.store(out_ptr + head * V + offs_v, o.to(out_ptr.dtype.element_ty))
+        tl.store(u_ptr + (records + n) * V + offs_v, u)
+        if n + 1 == L:  # the record fills the ring: the flush forms the new effective state's tile
+            dt_bias = tl.load(dt_bias_ptr + hv * K + offs_k)
+            A = tl.exp(tl.load(A_log_ptr + hv))
+            E = _carried(S0, tl.load(vec + 3 * K), u_ptr, kg_ptr, records, n, dt_bias, A, offs_k, offs_v, K, V, L2_EPS)
+            tl.store(tile, (E + u[:, None] * tl.load(vec + 2 * K)[None, :]).to(state_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -274,51 +288,64 @@ def _advance_lengths(slots_ptr, accepted_ptr, length_ptr, T: tl.constexpr, L: tl
 
 
 def replay_tile(V: int, T: int) -> dict[str, int]:
-    """``{BV, num_warps, stages}`` of a ``T``-token step: the environment's ``KDA_TRITON_REPLAY_CONFIG``
-    (e.g. ``"BV=32,num_warps=4"``) over the default of its form. A one-token step's program walks a
-    head's ``BV``-row tiles with ``stages - 1`` tiles' loads in flight; a verify's fused programs take
-    64 rows on 2 warps (``results/h200/replay-verify-tiles/tiles.csv``; ``stages`` unused)."""
-    tile = {"BV": min(V, 16), "num_warps": 1, "stages": 3} if T == 1 else \
-        {"BV": min(V, 64), "num_warps": 2, "stages": 1}
+    """``{BV, num_warps, terms_warps}`` of a ``T``-token step: the environment's ``KDA_TRITON_REPLAY_CONFIG``
+    (e.g. ``"BV=32,num_warps=4"``) over the default of its form, each the fastest of the tiles timed on
+    the H200 at B = 256: a one-token step's step programs 16 rows and one warp, as the in-place
+    kernel's at these shapes, and its terms programs (``terms_warps``) one warp
+    (``results/h200/replay-tiles/tiles.csv``); a verify's fused programs 64 rows and 2 warps
+    (``results/h200/replay-verify-tiles/tiles.csv``)."""
+    tile = {"BV": min(V, 16), "num_warps": 1, "terms_warps": 1} if T == 1 else \
+        {"BV": min(V, 64), "num_warps": 2, "terms_warps": 1}
     text = os.environ.get(REPLAY_CONFIG_ENV, "")
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = item.partition("=")
         if name not in tile or not value.isdigit():
-            raise ValueError(f"{REPLAY_CONFIG_ENV} items must be BV=, num_warps= or stages=<int>; got {item!r}")
+            raise ValueError(f"{REPLAY_CONFIG_ENV} items must be BV=, num_warps= or terms_warps=<int>; got {item!r}")
         tile[name] = int(value)
     BV = tile["BV"]
-    if BV < 1 or BV & (BV - 1) or V % BV or tile["num_warps"] not in {1, 2, 4, 8, 16} or not 1 <= tile["stages"] <= 8:
-        raise ValueError(f"{REPLAY_CONFIG_ENV}: BV must be a power of two dividing V={V}, num_warps one of "
-                         f"1/2/4/8/16 and stages 1-8; got {text!r}")
+    if BV < 1 or BV & (BV - 1) or V % BV or not {tile["num_warps"], tile["terms_warps"]} <= {1, 2, 4, 8, 16}:
+        raise ValueError(f"{REPLAY_CONFIG_ENV}: BV must be a power of two dividing V={V} and num_warps and "
+                         f"terms_warps each one of 1/2/4/8/16; got {text!r}")
     return tile
 
 
 def replay_launches(inputs: DecodeInputs, out: torch.Tensor) -> list:
     """A replay step's launches, each ``(kernel, grid, args, meta)``: the flush-first kernel (where a
-    commit or T > 1 can make one), the step (a one-token step's program a row and head, or a verify's
-    fused one a row, head and V-tile), the lengths."""
+    commit or T > 1 can make one), the step (a one-token step's terms and step launches, or a verify's
+    fused one), the lengths. A one-token step's scratch is allocated here (bind time)."""
     cache, T = inputs.cache, inputs.T
     tile = replay_tile(inputs.V, T)
     BV, heads = tile["BV"], inputs.B * inputs.HV
     grid = (heads * (inputs.V // BV),)
-    # None commits nothing; the zeros are allocated here (bind time), never in the launch
+    # None commits nothing; the zeros are allocated here, never in the launch
     accepted = inputs.num_accepted if inputs.num_accepted is not None else \
         torch.zeros(inputs.B, dtype=torch.int32, device=inputs.device)
     ring = dict(L=cache.L, LP=triton.next_power_of_2(cache.L), L2_EPS=L2_EPS)
-    shape = dict(HV=inputs.HV, K=inputs.K, V=inputs.V, BV=BV, num_warps=tile["num_warps"])
+    shape = dict(HV=inputs.HV, K=inputs.K)
+    tiles = dict(V=inputs.V, BV=BV, num_warps=tile["num_warps"])
     flush_first = (_flush_first_kernel, grid,
                    (inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots, accepted, cache.u, cache.kg,
-                    cache.length, inputs.slot_stride), dict(T=T, **shape, **ring))
-    step_args = (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
-                 inputs.slots, accepted, out, cache.u, cache.kg, cache.length, inputs.slot_stride,
-                 inputs.effective_scale)
+                    cache.length, inputs.slot_stride), dict(T=T, **shape, **tiles, **ring))
     group = inputs.HV // inputs.H
     if T == 1:
-        step = (_token_kernel, (heads,), step_args,
-                dict(**shape, GROUP=group, FLUSH_BV=min(BV, 4), STAGES=tile["stages"], **ring))
+        # NaN-filled once: a term read that no launch wrote would poison the output, not pass unseen
+        vec = torch.full((heads, 4, inputs.K), float("nan"), device=inputs.device)
+        coef = torch.full((heads, 2 * ring["LP"] + 1), float("nan"), device=inputs.device)
+        terms = (_token_terms_kernel, (heads,),
+                 (inputs.q, inputs.k, inputs.a, inputs.A_log, inputs.dt_bias, inputs.slots, accepted, cache.kg,
+                  cache.length, vec, coef, inputs.effective_scale),
+                 dict(**shape, GROUP=group, **ring, num_warps=tile["terms_warps"]))
+        token = (_token_step_kernel, grid,
+                 (inputs.v, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state, inputs.slots, accepted, out,
+                  cache.u, cache.kg, cache.length, vec, coef, inputs.slot_stride),
+                 dict(**shape, **tiles, **ring))
+        step = [terms, token]
     else:
-        step = (_verify_kernel, grid, step_args, dict(T=T, **shape, GROUP=group, **ring))
+        step = [(_verify_kernel, grid,
+                 (inputs.q, inputs.k, inputs.v, inputs.a, inputs.b, inputs.A_log, inputs.dt_bias, inputs.state,
+                  inputs.slots, accepted, out, cache.u, cache.kg, cache.length, inputs.slot_stride,
+                  inputs.effective_scale), dict(T=T, **shape, GROUP=group, **tiles, **ring))]
     advance = (_advance_lengths, (inputs.B,), (inputs.slots, accepted, cache.length),
                dict(T=T, L=cache.L, num_warps=1))
     may_flush_first = T > 1 or inputs.num_accepted is not None  # else n + 1 <= L: the contract holds n < L
-    return [flush_first, step, advance] if may_flush_first else [step, advance]
+    return [flush_first, *step, advance] if may_flush_first else [*step, advance]
