@@ -13,6 +13,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,37 +100,24 @@ def test_3L_triton_replay_steps_are_3L_in_place_steps(case):
     assert run_steps(get("triton"), x, 3 * x.cache.L) == []
 
 
-COMPILE_FOR_SM90 = """
-import inspect, re, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kda_impls.impls.triton import replay as r
-pointers = dict(A_log_ptr="*fp32", dt_bias_ptr="*fp32", slots_ptr="*i32", accepted_ptr="*i32", u_ptr="*fp32",
-                length_ptr="*i32", vec_ptr="*fp32", coef_ptr="*fp32")
-runtime = dict(slot_stride="i32", scale="fp32")
-shape = dict(HV=32, GROUP=2, K=128, V=128, L=16, LP=16, L2_EPS=1e-6)
-for fn, T, warps in ((r._token_terms_kernel, 1, "terms_warps"), (r._token_step_kernel, 1, "num_warps"),
-                     (r._verify_kernel, 4, "num_warps"), (r._flush_first_kernel, 4, "num_warps")):
-    tile = r.replay_tile(128, T)
-    params = list(inspect.signature(fn.fn).parameters)
-    meta = {n: v for n, v in dict(shape, T=T, BV=tile["BV"]).items() if n in params}
-    sig = {p: runtime.get(p) or (pointers.get(p, "*bf16") if p.endswith("_ptr") else "constexpr") for p in params}
-    constants = {(params.index(n),): v for n, v in meta.items()}
-    compiled = triton.compile(ASTSource(fn, signature=sig, constexprs=constants), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=tile[warps]))
-    print(len(re.findall(r"st\\.global", compiled.asm["ptx"])))
-"""
-
-
-def test_the_replay_kernel_compiles_for_sm90():
-    """Compiled for the H200 at a serving shape and the default tiles, a one-token step's two kernels, a
-    verify's (T = 4) and the flush first (Triton's own ptxas, no GPU needed): the interpreter accepts what
-    the compiler refuses (a plain global read inside a kernel, a loop variable changing shape)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KDA_TRITON_REPLAY_CONFIG")}
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_SM90], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert all(int(stores) > 0 for stores in done.stdout.split()), done.stdout
+@pytest.mark.parametrize("T, kernels", [(1, ["_token_terms_kernel", "_token_step_kernel", "_advance_lengths"]),
+                                         (4, ["_flush_first_kernel", "_verify_kernel", "_advance_lengths"])])
+def test_the_replay_launches_compile_for_sm90(T, kernels):
+    """A replay step's launches as the launcher binds them (replay_launches), compiled for sm_90a at a
+    serving shape and the default tiles by ``scripts.tuning.triton_registers --replay`` (Triton's own
+    ptxas, no GPU needed): the interpreter accepts what the compiler refuses (a plain global read inside
+    a kernel, a loop variable changing shape). A one-token step's launches spill nothing."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", triton_replay.REPLAY_CONFIG_ENV)}
+    done = subprocess.run([sys.executable, "-m", "scripts.tuning.triton_registers", "--replay", "default", "--T",
+                           str(T), "--B", "16", "--state-dtypes", "bfloat16"], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    if done.returncode == 2 and "no ptxas here" in done.stdout:
+        pytest.skip(done.stdout.strip())
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("bfloat16")]
+    assert [row[2] for row in rows] == kernels, done.stdout
+    assert all(int(row[3]) > 0 for row in rows), done.stdout
+    assert T > 1 or all(int(row[4]) == 0 for row in rows), done.stdout
 
 
 @pytest.mark.interpreter

@@ -223,8 +223,13 @@ def print_mode(mode: str, args) -> int:
     print(f"{'state':9} {mode + ' tile':32} {'kernel':24} {COUNTS_HEADING}")
     for dtype in args.state_dtypes.split(","):
         for tile in getattr(args, mode).split(";"):
-            for r in mode_registers(mode, "" if tile == "default" else tile, getattr(torch, dtype), args.HV, args.D,
-                                    args.B, args.T):
+            try:
+                found = mode_registers(mode, "" if tile == "default" else tile, getattr(torch, dtype), args.HV,
+                                       args.D, args.B, args.T)
+            except RuntimeError as exc:
+                print(exc)
+                return 2
+            for r in found:
                 print(f"{dtype:9} {r['config']:32} {r['kernel']:24} {counts(r)}")
     return 0
 
