@@ -6,7 +6,7 @@ itself again without it (Triton reads it when it is imported): the kernels are c
     python3 -m scripts.tuning.triton_registers --configs "BV=32,num_warps=1;BV=32,num_warps=1,const_heads=1" --T 4
     python3 -m scripts.tuning.triton_registers --table --HV 32 --D 128   # every tabled entry of a shape
     python3 -m scripts.tuning.triton_registers --frozen "default;w_parts=2" --T 8  # frozen verify's launches
-    python3 -m scripts.tuning.triton_registers --replay "default;stages=2"          # a replay step's launches
+    python3 -m scripts.tuning.triton_registers --replay "default;BV=32"            # a replay step's launches
 
 Each config is fitted to the shape and compiled as the launcher would launch it
 (kda_impls.impls.triton.kernel.launches: the same kernel, constexprs and argument types, slot

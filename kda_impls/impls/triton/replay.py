@@ -346,6 +346,6 @@ def replay_launches(inputs: DecodeInputs, out: torch.Tensor) -> list:
                   inputs.slots, accepted, out, cache.u, cache.kg, cache.length, inputs.slot_stride,
                   inputs.effective_scale), dict(T=T, **shape, GROUP=group, **tiles, **ring))]
     advance = (_advance_lengths, (inputs.B,), (inputs.slots, accepted, cache.length),
-               dict(T=T, L=cache.L, num_warps=1))
+               dict(T=T, L=cache.L, num_warps=4))
     may_flush_first = T > 1 or inputs.num_accepted is not None  # else n + 1 <= L: the contract holds n < L
     return [flush_first, *step, advance] if may_flush_first else [*step, advance]
