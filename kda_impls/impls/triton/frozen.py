@@ -160,11 +160,16 @@ def _state_product_kernel(
     hv = head % HV
     offs_t = tl.arange(0, TP)
     offs_v = pid % V_TILES * BV + tl.arange(0, BV)
+    in_t = offs_t < T
+    rows = head * TP + offs_t
+    # V and QT need no slot: issued first, their round trip overlaps the slot's and the tile's
+    token_hv = (row * T + offs_t) * HV + hv
+    in_vt = (offs_v[:, None] < V) & in_t[None, :]
+    vals = tl.load(v_ptr + token_hv[None, :] * V + offs_v[:, None], mask=in_vt, other=0.0).to(tl.float32)
+    QT = tl.load(qt_ptr + rows[None, :] * TP + offs_t[:, None], mask=in_t[:, None] & in_t[None, :], other=0.0)
     slot = tl.load(slots_ptr + row)
     live = (tl.zeros([BV, BK], dtype=tl.int32) + slot) >= 0  # a splat, not a scalar: 16-byte accesses stay
     tile = state_ptr + tl.maximum(slot, 0).to(tl.int64) * slot_stride + hv * (V * K) + offs_v[:, None] * K
-    in_t = offs_t < T
-    rows = head * TP + offs_t
     acc = tl.zeros([BV, TP], dtype=tl.float32)
     for k0 in tl.range(0, K, BK, num_stages=STAGES):
         offs_k = k0 + tl.arange(0, BK)
@@ -183,10 +188,6 @@ def _state_product_kernel(
             if INTERPRETED:
                 low = low.to(tl.float32)
             acc = tl.dot(S0, low, tl.dot(S0, high, acc))
-    token_hv = (row * T + offs_t) * HV + hv
-    in_vt = (offs_v[:, None] < V) & in_t[None, :]
-    vals = tl.load(v_ptr + token_hv[None, :] * V + offs_v[:, None], mask=in_vt, other=0.0).to(tl.float32)
-    QT = tl.load(qt_ptr + rows[None, :] * TP + offs_t[:, None], mask=in_t[:, None] & in_t[None, :], other=0.0)
     acc = tl.dot(vals, QT, acc, input_precision="tf32x3")  # V^T QT^T: QT loaded transposed
     tl.store(out_ptr + token_hv[None, :] * V + offs_v[:, None],
              tl.where(slot >= 0, acc, 0.0).to(out_ptr.dtype.element_ty), mask=in_vt)
