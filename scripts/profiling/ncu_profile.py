@@ -1,7 +1,8 @@
 """Nsight Compute counters of the Triton KDA decode kernel, beside a device-to-device copy of the
 same bytes (where the time goes when the kernel misses the copy bandwidth), beside FlashInfer's
 call at B = 1 (where its step is shorter: its launch shape, registers and stalls against ours), and of
-its one-token replay step's launches (where replay misses its target).
+its one-token replay step's launches (where replay misses its target), at B = 16 beside SGLang's
+ReplaySSM and our in-place step.
 
     python3 -m scripts.profiling.ncu_profile --out DIR    # our kernel's cases of CASES, under ncu
     python3 -m scripts.profiling.ncu_profile --cases bf16-B1-table,bf16-B1-flashinfer --out DIR   # needs FlashInfer
@@ -59,6 +60,9 @@ CASES = {
     "bf16-B256-T8-frozen-terms1": ("triton", "bfloat16", 32, 128, 256, 8, "frozen:terms_warps=1"),
     "bf16-B256-replay": ("triton", "bfloat16", 32, 128, 256, 1, "replay"),
     "fp32-B256-replay": ("triton", "float32", 32, 128, 256, 1, "replay"),
+    "bf16-B16-table": ("triton", "bfloat16", 32, 128, 16, 1, None),
+    "bf16-B16-replay": ("triton", "bfloat16", 32, 128, 16, 1, "replay"),
+    "bf16-B16-replayssm": ("sglang-replayssm", "bfloat16", 32, 128, 16, 1, "replay"),
     "bf16-B1-flashinfer": ("flashinfer", "bfloat16", 32, 128, 1, 1, None),
     "bf16-B1-HV64-table": ("triton", "bfloat16", 64, 128, 1, 1, None),
     "bf16-B1-HV64-flashinfer": ("flashinfer", "bfloat16", 64, 128, 1, 1, None),
