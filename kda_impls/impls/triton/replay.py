@@ -211,7 +211,8 @@ def _token_terms_kernel(
         k = _normalised(k_raw.to(tl.float32), L2_EPS)
         G = _log_decay(a_raw.to(tl.float32), dt_bias, A)  # G' - G_j for the record before the token
         coef = coef_ptr + pid * (2 * LP + 1)
-        for back in range(0, n):
+        # pipelined: the next records' loads are issued before this one's sums (the walk waits on DRAM, not math)
+        for back in tl.range(0, n, num_stages=3):
             kg_row = kg_ptr + (records + n - 1 - back) * 2 * K
             k_j = tl.load(kg_row + offs_k).to(tl.float32)
             decayed = tl.exp(G)
