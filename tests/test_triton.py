@@ -448,9 +448,9 @@ def offline_sm90(tmp_path_factory):
     """offline_sm90(configs, HV, D, T=1): scripts.tuning.triton_registers's line per config (bf16 state,
     B = COMPILE_B, T tokens), split into fields: state, config, kernel, regs, spill, warps/SM, SASS to the
     first load, SASS, MUFU.LG2, state load spread, loads before the first warp-wide instruction,
-    shuffles, WARPSYNCs, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte one, SASS
-    digest. Each shape compiled once per run (SM90_CONFIGS with it), kept in a directory the xdist
-    workers share. Skips where no ptxas here reads this Triton's PTX."""
+    shuffles, WARPSYNCs, evict-first loads, evict-first stores, TMA loads, loads before the first 16-byte
+    one, asynchronous copies, SASS digest. Each shape compiled once per run (SM90_CONFIGS with it), kept
+    in a directory the xdist workers share. Skips where no ptxas here reads this Triton's PTX."""
     shared = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         shared = shared.parent  # each worker's base directory is a folder of the run's
@@ -482,7 +482,7 @@ def test_state_first_issues_the_state_load_ahead_of_the_small_inputs(offline_sm9
     rows = offline_sm90("BV=32,num_warps=1;BV=32,num_warps=1,state_first=1;BV=32,num_warps=1,state_first=2", 64, 64)
     if rows[0][-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
-    (after, after_digest), (first, first_digest), (_, between_digest) = ((int(r[-2]), r[-1]) for r in rows)
+    (after, after_digest), (first, first_digest), (_, between_digest) = ((int(r[16]), r[-1]) for r in rows)
     assert first < after and first_digest != after_digest, rows
     assert between_digest not in (first_digest, after_digest), rows  # state_first=2: a third order
 
@@ -508,12 +508,12 @@ def test_eviction_hints_mark_only_the_state_accesses_they_name(offline_sm90):
                         "BV=8,num_warps=1,programs_per_sm=8,load_evict_first=0,store_evict_first=0", 64, 64)
     if rows[0][-1] == "None":
         pytest.skip("no cuobjdump beside this Triton")
-    (plain, no_loads, no_stores, persistent, persistent_unhinted) = ((int(r[-5]), int(r[-4])) for r in rows)
+    (plain, no_loads, no_stores, persistent, persistent_unhinted) = ((int(r[13]), int(r[14])) for r in rows)
     # 16 rows of 64 bf16 in 16-byte accesses on one warp: 4 loads and 4 stores per thread
     assert plain == (4, 4) and no_loads == (0, 4) and no_stores == (4, 0), rows
     assert persistent[0] > 0 and persistent[1] > 0 and persistent_unhinted == (0, 0), rows
     multitoken = offline_sm90("BV=8,num_warps=1;BV=8,num_warps=1,load_evict_first=0,store_evict_first=0", 64, 64, T=4)
-    (hinted, unhinted) = ((int(r[-5]), int(r[-4])) for r in multitoken)
+    (hinted, unhinted) = ((int(r[13]), int(r[14])) for r in multitoken)
     assert hinted[0] > 0 and hinted[1] > 0 and unhinted == (0, 0), multitoken
 
 

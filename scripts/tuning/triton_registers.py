@@ -26,11 +26,12 @@ uniform in one), the global loads and stores marked evict-first (``.EF``: the st
 under ``load_evict_first`` and ``store_evict_first``), the TMA loads (``UTMALDG``: the TMA form's
 state tiles, two where its loop is pipelined, one issued ahead of the loop), the global loads issued
 before the first 16-byte one (the state tile's: how many of the small inputs' loads go ahead of it),
-and a digest of the SASS without its addresses (equal digests: the same code). The figures are this
-Triton's, and they move with its version: run it under the H200 image's (Triton 3.6, ``pip install
-triton==3.6.0`` in a virtual environment), whose counts matched the box's own (the tune's ``regs``
-column) where Triton 3.9's did not: the bf16 K=V=64 ``BV=32`` tile takes 125 registers under 3.6 and
-on the H200, 96 under 3.9
+the asynchronous copies into shared memory (``LDGSTS``: the loads a pipelined loop issues ahead, as
+replay's record walk), and a digest of the SASS without its addresses (equal digests: the same
+code). The figures are this Triton's, and they move with its version: run it under the H200
+image's (Triton 3.6, ``pip install triton==3.6.0`` in a virtual environment), whose counts matched
+the box's own (the tune's ``regs`` column) where Triton 3.9's did not: the bf16 K=V=64 ``BV=32`` tile
+takes 125 registers under 3.6 and on the H200, 96 under 3.9
 (docs/triton-kernel.md, "The head counts compiled in, and where the state load sits").
 """
 
@@ -82,13 +83,15 @@ def sass_counts(cubin: Path) -> dict:
     instructions from the first of the state's 16-byte loads (predicated: masked on the row's slot) to
     the last; the global loads before the first warp-wide instruction (shuffle, shared memory, barrier);
     the shuffles; the global loads and stores marked evict-first; the TMA loads; the global loads issued
-    before the first 16-byte one (the state tile's: how many of the small inputs' loads go first); and a
+    before the first 16-byte one (the state tile's: how many of the small inputs' loads go first); the
+    asynchronous copies into shared memory (a pipelined loop's loads issued ahead); and a
     digest of the instructions without their addresses, equal for equal code (None without cuobjdump)."""
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.exists():
         return {"sass_before_load": None, "sass": None, "lg2": None, "state_load_spread": None,
                 "loads_before_warp_wide": None, "shuffles": None, "warp_syncs": None, "evict_first_loads": None,
-                "evict_first_stores": None, "tma_loads": None, "loads_before_16B": None, "sass_digest": None}
+                "evict_first_stores": None, "tma_loads": None, "loads_before_16B": None, "async_copies": None,
+                "sass_digest": None}
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     instructions = [re.sub(r"/\*[0-9a-f]+\*/", "", line).strip() for line in sass.splitlines()
                     if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
@@ -107,6 +110,7 @@ def sass_counts(cubin: Path) -> dict:
             "evict_first_loads": sum(".EF." in line for line in loads),
             "evict_first_stores": sum(".EF." in line for line in instructions if re.search(r"\bSTG\.", line)),
             "tma_loads": sum("UTMALDG" in line for line in instructions), "loads_before_16B": wide,
+            "async_copies": sum(bool(re.search(r"\bLDGSTS\b", line)) for line in instructions),
             "sass_digest": hashlib.sha256("\n".join(instructions).encode()).hexdigest()[:12]}
 
 
@@ -197,7 +201,8 @@ COUNTS = [("regs", "regs", 4), ("spill B", "spill_bytes", 7), ("warps/SM", "warp
           ("SHFL", "shuffles", 4), ("WARPSYNC", "warp_syncs", 8),
           ("EF loads", "evict_first_loads", 8),
           ("EF stores", "evict_first_stores", 9), ("TMA loads", "tma_loads", 9),
-          ("loads before 16B", "loads_before_16B", 16), ("SASS digest", "sass_digest", 12)]
+          ("loads before 16B", "loads_before_16B", 16), ("async copies", "async_copies", 12),
+          ("SASS digest", "sass_digest", 12)]
 COUNTS_HEADING = " ".join(f"{heading:>{width}}" for heading, _, width in COUNTS)
 
 
