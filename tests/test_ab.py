@@ -134,6 +134,22 @@ def test_two_checkout_directories_compare_as_they_are(repo, tmp_path):
     assert done.returncode == 1 and statuses(tmp_path / "ab") == {"slowpoke": "broken"}, done.stderr
 
 
+def test_each_directory_side_records_the_commit_its_own_environment_names(repo, tmp_path):
+    """Trees without git history (copies) are named by KDA_GIT_SHA/KDA_GIT_DIRTY: the process's for both
+    sides, each side's --env-base/--env-head over it, in its rows' meta as in the gate's."""
+    plain, a, b = tmp_path / "plain", tmp_path / "a", tmp_path / "b"
+    git(repo["root"], "worktree", "add", "-q", "--detach", str(plain), repo["plain"])
+    for path in (a, b):
+        shutil.copytree(plain, path, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    out = tmp_path / "ab"
+    done = kda_ab(a, str(a), str(b), *TINY, "--env-head", "KDA_GIT_SHA=" + "b" * 40,
+                  "--env-head", "KDA_GIT_DIRTY=1", "--out", str(out),
+                  env={"KDA_GIT_SHA": "a" * 40, "KDA_GIT_DIRTY": "0"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    base, head = (json.loads((out / side / "meta.json").read_text())["git"] for side in ("base", "head"))
+    assert (base["sha"], base["dirty"], head["sha"], head["dirty"]) == ("a" * 40, False, "b" * 40, True)
+
+
 def test_an_extra_implementation_imports_only_in_the_sides_trees(repo, tmp_path):
     """The driver runs where slowpoke.py is not: each side's worker imports it from its own tree."""
     a, elsewhere = tmp_path / "a", tmp_path / "elsewhere"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
 import shutil
@@ -248,10 +249,11 @@ def run(argv: list[str] | None = None) -> int:
         print(f"{len(configs)} configurations x 2 sides x {args.rounds} rounds into {out}:\n" +
               "\n".join(cfg.key() for cfg in configs))
         return 0
-    sides = [revisions.side("base", args.base, cwd), revisions.side("head", args.head, cwd)]
+    extra = {"base": dict(args.env_base), "head": dict(args.env_head)}
+    sides = [revisions.side(label, spec, cwd, os.environ | extra[label])
+             for label, spec in (("base", args.base), ("head", args.head))]
     device = spec.devices[0]
     copy_bw = copy_bandwidth(device)  # before any worker runs: one roofline for both sides
-    extra = {"base": dict(args.env_base), "head": dict(args.env_head)}
     workers = {s.label: SideWorker(s, device, side_environment(s, extra[s.label])) for s in sides}
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.perf_counter()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,21 +99,23 @@ def worktree(repo: Path, sha: str) -> Path:
     return tree
 
 
-def git_state(path: Path) -> dict:
+def git_state(path: Path, env: Mapping[str, str]) -> dict:
     """The commit of checkout ``path`` and whether its tree differs from it, as
-    :func:`kda_impls.bench.results.git_state` reads them (``KDA_GIT_SHA``/``KDA_GIT_DIRTY`` first)."""
-    if os.environ.get("KDA_GIT_SHA"):
-        dirty = os.environ.get("KDA_GIT_DIRTY")
-        return {"sha": os.environ["KDA_GIT_SHA"], "dirty": None if dirty is None else dirty == "1"}
+    :func:`kda_impls.bench.results.git_state` reads them (``KDA_GIT_SHA``/``KDA_GIT_DIRTY`` of ``env``,
+    the side's environment, first)."""
+    if env.get("KDA_GIT_SHA"):
+        dirty = env.get("KDA_GIT_DIRTY")
+        return {"sha": env["KDA_GIT_SHA"], "dirty": None if dirty is None else dirty == "1"}
     head = git("rev-parse", "HEAD", cwd=path, check=False)
     return {"sha": head, "dirty": None if head is None else git("status", "--porcelain", cwd=path, check=False) != ""}
 
 
-def side(label: str, spec: str, cwd: Path) -> Side:
+def side(label: str, spec: str, cwd: Path, env: Mapping[str, str]) -> Side:
     """The side ``spec`` names, its worktree made or reused (call :func:`resolve` first to refuse bad
-    input before anything is written)."""
+    input before anything is written); ``env`` is the side's environment (``--env-base``/``--env-head``
+    over this process's)."""
     kind, path, sha = resolve(label, spec, cwd)
-    if kind == "dir":  # its commit as the sweeps record it: KDA_GIT_SHA where set, else its git HEAD
-        state = git_state(path)
+    if kind == "dir":  # its commit as the sweeps record it: the side's KDA_GIT_SHA where set, else its git HEAD
+        state = git_state(path, env)
         return Side(label, spec, path, state["sha"], state["dirty"])
     return Side(label, spec, worktree(repository(cwd), sha), sha, False)
